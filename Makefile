@@ -1,0 +1,51 @@
+# The two commands of README.md are `make demo` (the main job) and `make test` (the tests).
+# Both set up what is missing first, so they work on a fresh machine and in CI.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+EXTRAS := dev,launcher,postgres,metrics
+# torch 2.13.0's CPU build lies on this machine's disk; an unpinned torch pulls a CUDA build.
+TORCH := torch==2.13.0
+
+.PHONY: setup test lint typecheck importlint pytest demo cluster-up cluster-down clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q -e '.[$(EXTRAS)]'
+	touch $@
+
+setup: $(VENV)/.installed
+	bash slurm_conf/dev/cluster.sh install
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(VENV)/.installed
+	$(VENV)/bin/mypy icefrog_slurm
+
+importlint: $(VENV)/.installed
+	$(VENV)/bin/lint-imports
+
+pytest: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The README's test command.
+test: setup lint typecheck importlint pytest
+
+demo: setup
+	@echo "The main job (a local cluster, the controller and real training jobs) arrives with"
+	@echo "the launcher issue; until then see README.md."; exit 1
+
+cluster-up: setup
+	bash slurm_conf/dev/cluster.sh up
+
+cluster-down:
+	bash slurm_conf/dev/cluster.sh down
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,56 @@
+"""The ``icefrog`` command: parse, load settings, wire adapters, call one function.
+
+Each subcommand lives in its own module with ``add_arguments(parser)`` and ``run(args) -> int``;
+modules are imported only when their subcommand runs, so ``icefrog tune`` never loads
+SQLAlchemy and ``icefrog launch`` (job side, torch) never loads the controller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from icefrog_slurm import __version__
+from icefrog_slurm.errors import IcefrogError
+
+# name -> (module, one-line help). Add a subcommand by adding a line here.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "tune": ("icefrog_slurm.commands.tune", "Layer Tuner what-if: best batch and freeze depth"),
+}
+
+
+def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, str | None]:
+    parser = argparse.ArgumentParser(
+        prog="icefrog",
+        description="ICEFROG on Slurm: layer freezing as a scheduling variable.",
+    )
+    parser.add_argument("--version", action="version", version=f"icefrog {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module_name, help_text) in COMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sp)
+            sp.set_defaults(_run=module.run)
+    return parser, chosen
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser, _ = build_parser(args_list)
+    args = parser.parse_args(args_list)
+    run = getattr(args, "_run", None)
+    if run is None:
+        parser.print_help()
+        return 2
+    try:
+        code: int = run(args)
+    except IcefrogError as exc:
+        print(f"icefrog {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return code

@@ -1,0 +1,1 @@
+"""tick(snapshot) -> plan; reconcile(plan) applies it idempotently; the daemon."""

@@ -1,0 +1,13 @@
+"""The project's exception types and the exit codes the CLI maps them to."""
+
+
+class IcefrogError(Exception):
+    """Base class of every error icefrog raises on purpose."""
+
+    exit_code = 1
+
+
+class InputError(IcefrogError):
+    """Bad input from a user or a file: the message names the offending field. Exit code 2."""
+
+    exit_code = 2

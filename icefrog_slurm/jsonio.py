@@ -1,0 +1,166 @@
+"""Strict reading of the JSON documents users hand to the CLI (``icefrog tune``, ``solve``...).
+
+Every check raises :class:`InputError` with the path of the offending field, e.g.
+``jobs[2].options[0].tta_s: must be > 0``. Unknown fields are errors, never ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from icefrog_slurm.errors import InputError
+
+JsonObject = Mapping[str, Any]
+
+
+def load_json_file(path: str | Path) -> Any:
+    """Parse a JSON file, or stdin when ``path`` is ``-``."""
+    import sys
+
+    try:
+        if str(path) == "-":
+            return json.load(sys.stdin)
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not valid JSON: {exc}") from None
+
+
+def expect_object(value: Any, where: str) -> JsonObject:
+    if not isinstance(value, Mapping):
+        raise InputError(f"{where}: must be an object")
+    return value
+
+
+def reject_unknown(obj: JsonObject, allowed: Iterable[str], where: str) -> None:
+    """Fail on any key of ``obj`` that is not in ``allowed``, naming all of them."""
+    allowed_set = set(allowed)
+    unknown = sorted(k for k in obj if k not in allowed_set)
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise InputError(
+            f"{prefix}{unknown[0]}: unknown field"
+            + (f" (also: {', '.join(unknown[1:])})" if len(unknown) > 1 else "")
+            + f"; allowed: {', '.join(sorted(allowed_set))}"
+        )
+
+
+def _path(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def get_number(
+    obj: JsonObject,
+    key: str,
+    where: str = "",
+    *,
+    default: float | None = None,
+    minimum: float | None = None,
+    exclusive_minimum: float | None = None,
+    maximum: float | None = None,
+) -> float:
+    """A finite number (bools refused), with optional bounds; missing -> default or error."""
+    name = _path(where, key)
+    if key not in obj:
+        if default is None:
+            raise InputError(f"{name}: missing")
+        return default
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(f"{name}: must be a number, got {json.dumps(value)}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise InputError(f"{name}: must be finite")
+    if minimum is not None and number < minimum:
+        raise InputError(f"{name}: must be >= {minimum:g}, got {number:g}")
+    if exclusive_minimum is not None and number <= exclusive_minimum:
+        raise InputError(f"{name}: must be > {exclusive_minimum:g}, got {number:g}")
+    if maximum is not None and number > maximum:
+        raise InputError(f"{name}: must be <= {maximum:g}, got {number:g}")
+    return number
+
+
+def get_int(
+    obj: JsonObject,
+    key: str,
+    where: str = "",
+    *,
+    default: int | None = None,
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> int:
+    """An integer (bools and 2.5 refused), with optional bounds; missing -> default or error."""
+    name = _path(where, key)
+    if key not in obj:
+        if default is None:
+            raise InputError(f"{name}: missing")
+        return default
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{name}: must be an integer, got {json.dumps(value)}")
+    if minimum is not None and value < minimum:
+        raise InputError(f"{name}: must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise InputError(f"{name}: must be <= {maximum}, got {value}")
+    return value
+
+
+def get_bool(obj: JsonObject, key: str, where: str = "", *, default: bool | None = None) -> bool:
+    name = _path(where, key)
+    if key not in obj:
+        if default is None:
+            raise InputError(f"{name}: missing")
+        return default
+    value = obj[key]
+    if not isinstance(value, bool):
+        raise InputError(f"{name}: must be true or false, got {json.dumps(value)}")
+    return value
+
+
+def get_str(obj: JsonObject, key: str, where: str = "", *, default: str | None = None) -> str:
+    name = _path(where, key)
+    if key not in obj:
+        if default is None:
+            raise InputError(f"{name}: missing")
+        return default
+    value = obj[key]
+    if not isinstance(value, str) or not value:
+        raise InputError(f"{name}: must be a non-empty string, got {json.dumps(value)}")
+    return value
+
+
+def get_list(obj: JsonObject, key: str, where: str = "", *, required: bool = True) -> list[Any]:
+    name = _path(where, key)
+    if key not in obj:
+        if required:
+            raise InputError(f"{name}: missing")
+        return []
+    value = obj[key]
+    if not isinstance(value, list):
+        raise InputError(f"{name}: must be a list")
+    return value
+
+
+def number_list(values: list[Any], where: str, *, minimum: float | None = None) -> list[float]:
+    """Every element a finite number (>= minimum when given)."""
+    out: list[float] = []
+    for i, value in enumerate(values):
+        out.append(_one_number(value, f"{where}[{i}]", minimum))
+    return out
+
+
+def _one_number(value: Any, name: str, minimum: float | None) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(f"{name}: must be a number, got {json.dumps(value)}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise InputError(f"{name}: must be finite")
+    if minimum is not None and number < minimum:
+        raise InputError(f"{name}: must be >= {minimum:g}, got {number:g}")
+    return number

@@ -1,0 +1,1 @@
+"""The state store: SQLAlchemy tables and the one place that commits (SQLite and Postgres)."""
