@@ -1,0 +1,373 @@
+"""The wire protocol between a training job (launcher/) and the controller.
+
+This module is the only part of icefrog_slurm the job side imports. It is pure: dataclasses,
+JSON (de)serialisation and validation with size limits. Nothing here trusts its input.
+
+Two directions:
+
+- **Reports** (job -> controller): JSON documents the job drops into an append-only inbox
+  folder on the shared filesystem. Each is an :class:`Envelope`: who claims to send it
+  (Slurm job id, icefrog job name), a sequence number, a kind, a payload, and a munge
+  credential whose payload is :func:`body_digest` of the rest, so a credential cannot be
+  replayed on different content. The controller accepts a report only when the credential
+  decodes to the uid Slurm says owns that Slurm job (see the store's inbox).
+- **Decisions** (controller -> job): one :class:`Decision` JSON file per job, replaced
+  atomically by the controller, read by the trainer at epoch boundaries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from icefrog_slurm.errors import InputError
+
+PROTOCOL_VERSION = 1
+MAX_REPORT_BYTES = 256 * 1024  # a report larger than this is rejected unread
+MAX_LAYERS = 4096
+MAX_SAMPLES_PER_REPORT = 1024
+
+ReportKind = Literal["register", "profile", "grad_stats", "metric", "progress", "finished"]
+REPORT_KINDS: tuple[str, ...] = (
+    "register",
+    "profile",
+    "grad_stats",
+    "metric",
+    "progress",
+    "finished",
+)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a user declares when a job starts (kind ``register``)."""
+
+    min_gpus: int
+    max_gpus: int
+    min_batch: int  # per-GPU batch range; the tuner uses the powers of two inside it
+    max_batch: int
+    max_frozen_fraction: float  # default 0.9 of the layers (spec section 12)
+    target_metric: str  # e.g. "val_acc"
+    target_op: Literal[">=", "<="]
+    target_value: float
+    max_epochs: int
+    samples_per_epoch: int
+    layer_flops: tuple[float, ...]
+    layer_param_bytes: tuple[float, ...]
+    layer_boundaries: tuple[int, ...] = ()  # legal frozen counts; () = every layer end
+    accepts_shared: bool = True  # may run on a shared GPU (only jobs that accept 1 GPU)
+
+
+@dataclass(frozen=True)
+class ProfileSample:
+    """One measured configuration, averaged over several iterations (kind ``profile``)."""
+
+    gpus: int
+    batch: int  # per-GPU
+    frozen: int
+    shared: bool
+    t_fwd_s: float
+    t_bwd_s: float
+    t_sync_s: float  # the part of synchronisation not hidden behind backward
+    t_iter_s: float
+    samples_per_s: float
+    peak_mem_bytes: float = 0.0
+    gpu_util: float = -1.0  # 0..1; -1 when unknown (no NVML, CPU run)
+
+
+@dataclass(frozen=True)
+class GradStats:
+    """Per-layer gradient variance and squared norm over one epoch (kind ``grad_stats``).
+
+    For a frozen layer the values are those taken when it was frozen (spec eq 3)."""
+
+    epoch: int
+    frozen: int
+    grad_var: tuple[float, ...]
+    grad_sqr: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class MetricReport:
+    epoch: int
+    name: str
+    value: float
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    """Where the job stands: epochs and samples done, and effective progress (spec section 4:
+    a sample trained under penalty psi advances the remaining work by psi samples)."""
+
+    epoch: int
+    samples_done: int
+    effective_samples_done: float
+    checkpoint_path: str = ""
+
+
+@dataclass(frozen=True)
+class FinishedReport:
+    reason: Literal["target_reached", "max_epochs", "failed"]
+    epoch: int
+    final_metric: float
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A report as it travels: the claim, the payload, and the munge credential."""
+
+    version: int
+    kind: str
+    slurm_job_id: str
+    job_name: str
+    seq: int
+    time: float
+    payload: Mapping[str, Any]
+    credential: str = ""
+
+    def body(self) -> dict[str, Any]:
+        """Everything but the credential: what the credential's digest covers."""
+        data = asdict(self)
+        data.pop("credential")
+        data["payload"] = dict(self.payload)
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps({**self.body(), "credential": self.credential}, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the controller wants a job to run with, written to ``decision.json``."""
+
+    round: int
+    gpus: int
+    batch: int  # per-GPU
+    frozen: int
+    shared: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self) | {"extra": dict(self.extra)}, sort_keys=True)
+
+
+def body_digest(body: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON of a report body; the munge credential's payload."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def parse_envelope(raw: bytes | str) -> Envelope:
+    """Parse and validate an inbox document: size, fields and the payload of its kind."""
+    if len(raw) > MAX_REPORT_BYTES:
+        raise InputError(f"report: {len(raw)} bytes, more than the limit {MAX_REPORT_BYTES}")
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"report: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError("report: must be a JSON object")
+    _only(
+        data,
+        ("version", "kind", "slurm_job_id", "job_name", "seq", "time", "payload", "credential"),
+        "report",
+    )
+    if data.get("version") != PROTOCOL_VERSION:
+        raise InputError(f"report.version: must be {PROTOCOL_VERSION}")
+    kind = data.get("kind")
+    if kind not in REPORT_KINDS:
+        raise InputError(f"report.kind: must be one of {', '.join(REPORT_KINDS)}")
+    payload = data.get("payload")
+    if not isinstance(payload, dict):
+        raise InputError("report.payload: must be an object")
+    env = Envelope(
+        version=PROTOCOL_VERSION,
+        kind=kind,
+        slurm_job_id=_job_id(data.get("slurm_job_id")),
+        job_name=_short_str(data.get("job_name"), "report.job_name"),
+        seq=_int(data.get("seq"), "report.seq", minimum=0),
+        time=_num(data.get("time"), "report.time", minimum=0.0),
+        payload=payload,
+        credential=_short_str(
+            data.get("credential", ""), "report.credential", 4096, allow_empty=True
+        ),
+    )
+    parse_payload(kind, payload)  # validates; raises InputError naming the field
+    return env
+
+
+def parse_payload(kind: str, payload: Mapping[str, Any]) -> Any:
+    """Turn a validated payload into its dataclass."""
+    where = f"report.payload({kind})"
+    if kind == "register":
+        return _parse_spec(payload, where)
+    if kind == "profile":
+        samples = payload.get("samples")
+        if not isinstance(samples, list) or not 0 < len(samples) <= MAX_SAMPLES_PER_REPORT:
+            raise InputError(f"{where}.samples: a list of 1..{MAX_SAMPLES_PER_REPORT} samples")
+        return [_parse_sample(s, f"{where}.samples[{i}]") for i, s in enumerate(samples)]
+    if kind == "grad_stats":
+        _only(payload, ("epoch", "frozen", "grad_var", "grad_sqr"), where)
+        var = _floats(payload.get("grad_var"), f"{where}.grad_var")
+        sqr = _floats(payload.get("grad_sqr"), f"{where}.grad_sqr")
+        if len(var) != len(sqr):
+            raise InputError(f"{where}.grad_sqr: length differs from grad_var")
+        return GradStats(
+            epoch=_int(payload.get("epoch"), f"{where}.epoch", minimum=0),
+            frozen=_int(payload.get("frozen"), f"{where}.frozen", minimum=0, maximum=len(var)),
+            grad_var=var,
+            grad_sqr=sqr,
+        )
+    if kind == "metric":
+        _only(payload, ("epoch", "name", "value"), where)
+        return MetricReport(
+            epoch=_int(payload.get("epoch"), f"{where}.epoch", minimum=0),
+            name=_short_str(payload.get("name"), f"{where}.name"),
+            value=_num(payload.get("value"), f"{where}.value"),
+        )
+    if kind == "progress":
+        _only(
+            payload, ("epoch", "samples_done", "effective_samples_done", "checkpoint_path"), where
+        )
+        return ProgressReport(
+            epoch=_int(payload.get("epoch"), f"{where}.epoch", minimum=0),
+            samples_done=_int(payload.get("samples_done"), f"{where}.samples_done", minimum=0),
+            effective_samples_done=_num(
+                payload.get("effective_samples_done"),
+                f"{where}.effective_samples_done",
+                minimum=0.0,
+            ),
+            checkpoint_path=_short_str(
+                payload.get("checkpoint_path", ""),
+                f"{where}.checkpoint_path",
+                4096,
+                allow_empty=True,
+            ),
+        )
+    _only(payload, ("reason", "epoch", "final_metric"), where)
+    reason = payload.get("reason")
+    if reason not in ("target_reached", "max_epochs", "failed"):
+        raise InputError(f"{where}.reason: must be target_reached, max_epochs or failed")
+    return FinishedReport(
+        reason=reason,
+        epoch=_int(payload.get("epoch"), f"{where}.epoch", minimum=0),
+        final_metric=_num(payload.get("final_metric"), f"{where}.final_metric"),
+    )
+
+
+def _parse_spec(p: Mapping[str, Any], where: str) -> JobSpec:
+    names = [f.name for f in JobSpec.__dataclass_fields__.values()]
+    _only(p, names, where)
+    op = p.get("target_op")
+    if op not in (">=", "<="):
+        raise InputError(f"{where}.target_op: must be '>=' or '<='")
+    spec = JobSpec(
+        min_gpus=_int(p.get("min_gpus"), f"{where}.min_gpus", minimum=1, maximum=4096),
+        max_gpus=_int(p.get("max_gpus"), f"{where}.max_gpus", minimum=1, maximum=4096),
+        min_batch=_int(p.get("min_batch"), f"{where}.min_batch", minimum=1),
+        max_batch=_int(p.get("max_batch"), f"{where}.max_batch", minimum=1),
+        max_frozen_fraction=_num(
+            p.get("max_frozen_fraction"), f"{where}.max_frozen_fraction", minimum=0.0, maximum=1.0
+        ),
+        target_metric=_short_str(p.get("target_metric"), f"{where}.target_metric"),
+        target_op=op,
+        target_value=_num(p.get("target_value"), f"{where}.target_value"),
+        max_epochs=_int(p.get("max_epochs"), f"{where}.max_epochs", minimum=1),
+        samples_per_epoch=_int(p.get("samples_per_epoch"), f"{where}.samples_per_epoch", minimum=1),
+        layer_flops=_floats(p.get("layer_flops"), f"{where}.layer_flops"),
+        layer_param_bytes=_floats(p.get("layer_param_bytes"), f"{where}.layer_param_bytes"),
+        layer_boundaries=tuple(
+            _int(b, f"{where}.layer_boundaries[{i}]", minimum=0)
+            for i, b in enumerate(_list(p.get("layer_boundaries", []), f"{where}.layer_boundaries"))
+        ),
+        accepts_shared=bool(p.get("accepts_shared", True)),
+    )
+    if spec.max_gpus < spec.min_gpus:
+        raise InputError(f"{where}.max_gpus: smaller than min_gpus")
+    if spec.max_batch < spec.min_batch:
+        raise InputError(f"{where}.max_batch: smaller than min_batch")
+    if len(spec.layer_flops) != len(spec.layer_param_bytes):
+        raise InputError(f"{where}.layer_param_bytes: length differs from layer_flops")
+    return spec
+
+
+def _parse_sample(s: Any, where: str) -> ProfileSample:
+    if not isinstance(s, dict):
+        raise InputError(f"{where}: must be an object")
+    names = [f.name for f in ProfileSample.__dataclass_fields__.values()]
+    _only(s, names, where)
+    return ProfileSample(
+        gpus=_int(s.get("gpus"), f"{where}.gpus", minimum=1),
+        batch=_int(s.get("batch"), f"{where}.batch", minimum=1),
+        frozen=_int(s.get("frozen"), f"{where}.frozen", minimum=0),
+        shared=bool(s.get("shared", False)),
+        t_fwd_s=_num(s.get("t_fwd_s"), f"{where}.t_fwd_s", minimum=0.0),
+        t_bwd_s=_num(s.get("t_bwd_s"), f"{where}.t_bwd_s", minimum=0.0),
+        t_sync_s=_num(s.get("t_sync_s"), f"{where}.t_sync_s", minimum=0.0),
+        t_iter_s=_num(s.get("t_iter_s"), f"{where}.t_iter_s", minimum=0.0),
+        samples_per_s=_num(s.get("samples_per_s"), f"{where}.samples_per_s", minimum=0.0),
+        peak_mem_bytes=_num(s.get("peak_mem_bytes", 0.0), f"{where}.peak_mem_bytes", minimum=0.0),
+        gpu_util=_num(s.get("gpu_util", -1.0), f"{where}.gpu_util", minimum=-1.0, maximum=1.0),
+    )
+
+
+def _only(obj: Mapping[str, Any], allowed: Any, where: str) -> None:
+    unknown = sorted(set(obj) - set(allowed))
+    if unknown:
+        raise InputError(f"{where}.{unknown[0]}: unknown field")
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise InputError(f"{where}: must be a list")
+    if len(value) > MAX_LAYERS:
+        raise InputError(f"{where}: more than {MAX_LAYERS} entries")
+    return value
+
+
+def _floats(value: Any, where: str) -> tuple[float, ...]:
+    return tuple(_num(v, f"{where}[{i}]") for i, v in enumerate(_list(value, where)))
+
+
+def _num(
+    value: Any, where: str, minimum: float | None = None, maximum: float | None = None
+) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(f"{where}: must be a number")
+    number = float(value)
+    if not math.isfinite(number):
+        raise InputError(f"{where}: must be finite")
+    if minimum is not None and number < minimum:
+        raise InputError(f"{where}: must be >= {minimum:g}")
+    if maximum is not None and number > maximum:
+        raise InputError(f"{where}: must be <= {maximum:g}")
+    return number
+
+
+def _int(value: Any, where: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{where}: must be an integer")
+    if minimum is not None and value < minimum:
+        raise InputError(f"{where}: must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise InputError(f"{where}: must be <= {maximum}")
+    return value
+
+
+def _short_str(value: Any, where: str, limit: int = 256, allow_empty: bool = False) -> str:
+    if not isinstance(value, str) or (not value and not allow_empty):
+        raise InputError(f"{where}: must be a non-empty string")
+    if len(value) > limit:
+        raise InputError(f"{where}: longer than {limit} characters")
+    return value
+
+
+def _job_id(value: Any) -> str:
+    text = _short_str(value, "report.slurm_job_id", 32)
+    if not text.isdigit():
+        raise InputError("report.slurm_job_id: must be a number")
+    return text
