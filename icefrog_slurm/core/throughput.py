@@ -34,6 +34,7 @@ import numpy.typing as npt
 
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.protocol import ProfileSample
 
 FloatArray = npt.NDArray[np.float64]
 Num = TypeVar("Num", float, FloatArray)
@@ -180,6 +181,28 @@ class DdpThroughputModel:
             nodes=nodes,
         )
         return float(samples_per_second(float(gpus), float(batch), t_iter, lam))
+
+    def profile_sample(
+        self,
+        *,
+        gpus: int,
+        batch: int,
+        frozen: int,
+        layers: LayerTable,
+        noise: tuple[float, float, float] = (1.0, 1.0, 1.0),
+    ) -> ProfileSample:
+        """The profile this model predicts for a configuration, its forward, backward and
+        iteration times multiplied by ``noise`` (synthetic data for tests and benchmarks;
+        the caller draws the factors). ``t_sync_s`` is the part not hidden: iter - fwd - bwd.
+        """
+        t_fwd, t_bwd, _, t_iter = self.times(
+            gpus=gpus, batch=batch, theta=layers.theta(frozen), omega=layers.omega(frozen)
+        )
+        f, b, it = t_fwd * noise[0], t_bwd * noise[1], t_iter * noise[2]
+        return ProfileSample(
+            gpus=gpus, batch=batch, frozen=frozen, shared=False, t_fwd_s=f, t_bwd_s=b,
+            t_sync_s=max(it - f - b, 0.0), t_iter_s=it, samples_per_s=gpus * batch / it,
+        )  # fmt: skip
 
 
 def _like(template: Num, value: object) -> Num:

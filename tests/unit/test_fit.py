@@ -41,14 +41,14 @@ def synthetic(
     rng: np.random.Generator,
 ) -> ProfileSample:
     """A profile of ``model`` with multiplicative Gaussian noise on each measured time."""
-    t_fwd, t_bwd, _, t_iter = model.times(
-        gpus=gpus, batch=batch, theta=LAYERS.theta(frozen), omega=LAYERS.omega(frozen)
+    factors = 1 + noise * rng.standard_normal(3)
+    return model.profile_sample(
+        gpus=gpus,
+        batch=batch,
+        frozen=frozen,
+        layers=LAYERS,
+        noise=(factors[0], factors[1], factors[2]),
     )
-    f, b, it = (t * (1 + noise * rng.standard_normal()) for t in (t_fwd, t_bwd, t_iter))
-    return ProfileSample(
-        gpus=gpus, batch=batch, frozen=frozen, shared=False, t_fwd_s=f, t_bwd_s=b,
-        t_sync_s=max(it - f - b, 0.0), t_iter_s=it, samples_per_s=gpus * batch / it,
-    )  # fmt: skip
 
 
 def test_recovers_known_parameters_within_10pct_ape_on_held_back_configs() -> None:
