@@ -357,9 +357,12 @@ class ProfileHistory:
     def samples(self) -> tuple[ProfileSample, ...]:
         return tuple(s for s, _ in self._samples.values())
 
-    def measured(self) -> dict[tuple[int, int, int, bool], float]:
-        """Measured samples a second by configuration (the Layer Tuner uses them as they are)."""
-        return {key: _rate(s) for key, (s, _) in self._samples.items()}
+    def measured(self, *, shared: bool = False) -> dict[tuple[int, int, int], float]:
+        """Measured samples a second by (gpus, batch, frozen), of the shared or the unshared
+        runs (the Layer Tuner uses them as they are, see ``tuner.measured_or_predicted``)."""
+        return {
+            (g, m, k): _rate(s) for (g, m, k, sh), (s, _) in self._samples.items() if sh == shared
+        }
 
     def model(self) -> DdpThroughputModel:
         """The model fitted to every configuration seen so far (refitted when stale)."""

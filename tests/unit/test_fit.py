@@ -141,7 +141,8 @@ def test_history_refits_only_on_new_configurations() -> None:
     second = history.model()
     assert second is not first
     assert len(history.samples) == 3
-    rate = history.measured()[(4, 64, 8, False)]
+    assert history.measured(shared=True) == {}
+    rate = history.measured()[(4, 64, 8)]
     assert rate == pytest.approx(TRUE.throughput(gpus=4, batch=64, frozen=8, layers=LAYERS))
 
 
