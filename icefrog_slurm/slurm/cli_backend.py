@@ -5,9 +5,10 @@ socket timeout, the command's own timeout) it is retried with exponential backof
 number of times, then ``SlurmUnavailable`` is raised: the caller keeps its decision and tries
 again next round. A refusal is ``SlurmRejected`` at once. Nothing here exits the process.
 
-``sbatch`` is not idempotent: after a failed or timed-out submission the backend looks for a
-live job carrying the same icefrog comment before submitting again, so a submission that did
-reach slurmctld is not duplicated.
+``sbatch`` is not idempotent, so submissions are made idempotent by their icefrog tag: before
+every sbatch the backend looks for a live job with the same name and comment (one
+``squeue -n NAME`` call) and returns it instead, so a submission that timed out but did
+reach slurmctld is never duplicated, neither by a retry here nor by the next round.
 
 Resubmission as the job's owner (``resubmit``): the controller runs as root; it reads the
 pending job's batch script (``scontrol write batch_script``) and submits it again through
@@ -144,20 +145,19 @@ class SlurmCliBackend:
                 self._wait(attempt)
         raise AssertionError("unreachable")
 
-    def _submit(self, argv: Argv, *, script: str, comment: str, env: Mapping[str, str]) -> str:
-        """sbatch, never twice: before a retry, a live job with the same comment wins."""
+    def _submit(
+        self, argv: Argv, *, script: str, name: str, comment: str, env: Mapping[str, str]
+    ) -> str:
+        """sbatch at most once a tag: a live job with the same name and comment (an earlier
+        submission that timed out but reached slurmctld) is returned instead."""
         last: SlurmUnavailable | None = None
         for attempt in range(self.settings.attempts):
             if attempt:
                 self._wait(attempt - 1)
-                try:
-                    found = self._find_live_by_comment(comment)
-                except SlurmUnavailable as exc:
-                    last = exc
-                    continue
+            try:
+                found = self._find_live(name=name, comment=comment)
                 if found is not None:
                     return found
-            try:
                 return parse.parse_sbatch_parsable(self._once(argv, stdin=script, env=env))
             except SlurmUnavailable as exc:
                 log.warning("sbatch unavailable (try %d): %s", attempt + 1, exc)
@@ -166,9 +166,10 @@ class SlurmCliBackend:
             f"{last} (gave up after {self.settings.attempts} tries)", command=argv
         )
 
-    def _find_live_by_comment(self, comment: str) -> str | None:
-        jobs = parse.parse_squeue(self._once(commands.squeue_all(), stdin=None, env=None))
-        live = [j.job_id for j in jobs.values() if j.comment == comment and not j.finished]
+    def _find_live(self, *, name: str, comment: str) -> str | None:
+        out = self._once(commands.squeue_named(name), stdin=None, env=None)
+        jobs = parse.parse_squeue(out).values()
+        live = [j.job_id for j in jobs if j.comment == comment and not j.finished]
         return max(live, key=int) if live else None
 
     # ---- ClusterPort ------------------------------------------------------------------
@@ -177,7 +178,9 @@ class SlurmCliBackend:
         with open(request.script, encoding="utf-8") as fh:
             script = fh.read()
         argv = commands.sbatch_held(request)
-        return self._submit(argv, script=script, comment=request.tag.comment(), env=self._env())
+        return self._submit(
+            argv, script=script, name=request.name, comment=request.tag.comment(), env=self._env()
+        )
 
     def release(self, *, job_id: str) -> None:
         self._run(commands.release(job_id))
@@ -281,7 +284,7 @@ class SlurmCliBackend:
             time_limit=old.time_limit,
         )
         argv, env = self._as_owner(argv, uid=old.user_id, gid=old.group_id)
-        new_id = self._submit(argv, script=script, comment=comment, env=env)
+        new_id = self._submit(argv, script=script, name=old.name, comment=comment, env=env)
         log.info("resubmitted job %s as %s (uid %d, %s)", job_id, new_id, old.user_id, gres)
         self.cancel(job_id=job_id)
         return new_id

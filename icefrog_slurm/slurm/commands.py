@@ -99,6 +99,11 @@ def squeue_all() -> Argv:
     return ("squeue", "-h", "-t", "all", "-o", SQUEUE_FORMAT)
 
 
+def squeue_named(name: str) -> Argv:
+    """Jobs of one name (every user, every state): finds a submission by name and comment."""
+    return ("squeue", "-h", "-t", "all", "-n", name, "-o", SQUEUE_FORMAT)
+
+
 def show_job(job_id: str) -> Argv:
     return ("scontrol", "-o", "show", "job", job_id)
 

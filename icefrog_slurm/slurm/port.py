@@ -117,7 +117,8 @@ class JobState:
 
     @property
     def held(self) -> bool:
-        return self.state == "PENDING" and self.reason in ("JobHeldUser", "JobHeldAdmin")
+        # JobHeldUser / JobHeldAdmin, or "job requeued in held state" after requeuehold
+        return self.state == "PENDING" and "held" in self.reason.lower()
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,8 @@ class ClusterPort(Protocol):
     round), ``SlurmRejected``/``JobNotFound`` (the request itself is wrong)."""
 
     def submit_held(self, *, request: SubmitRequest) -> str:
-        """Submit held (``sbatch -H --requeue``); return the Slurm job id."""
+        """Submit held (``sbatch -H --requeue``); return the Slurm job id. Idempotent per
+        tag: when a live job with the same name and tag exists, its id is returned."""
         ...
 
     def release(self, *, job_id: str) -> None:

@@ -187,3 +187,21 @@ def test_builders() -> None:
     )  # fmt: skip
     with pytest.raises(ValueError, match=">= 1"):
         Gres("gpu", 0)
+
+
+def test_production_examples_comment_every_line() -> None:
+    examples = sorted((GOLDEN.parent.parent / "slurm_conf").glob("*.example"))
+    assert len(examples) >= 5
+    for path in examples:
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if line.strip() and not line.startswith("#"):
+                assert i and lines[i - 1].startswith("#"), f"{path.name}:{i + 1} has no comment"
+
+
+def test_resubmitted_output_gets_its_own_file() -> None:
+    from icefrog_slurm.slurm.cli_backend import _job_pattern
+
+    assert _job_pattern("/o/16.out", "16") == "/o/%j.out"
+    assert _job_pattern("/o16/116.out", "16") == "/o16/116.out"
+    assert _job_pattern(None, "16") is None
