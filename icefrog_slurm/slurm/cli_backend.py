@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from icefrog_slurm.slurm import capacity, commands, parse
 from icefrog_slurm.slurm.commands import Argv
 from icefrog_slurm.slurm.port import (
+    ClusterPort,
     Gres,
     GresAllocation,
     IcefrogTag,
@@ -106,6 +107,7 @@ class SlurmCliBackend:
                 input=stdin,
                 capture_output=True,
                 text=True,
+                errors="replace",
                 timeout=self.settings.timeout_s,
                 env=dict(env) if env is not None else self._env(),
                 check=False,
@@ -323,3 +325,8 @@ def _min_nodes(num_nodes: str) -> int:
     """``NumNodes=2-2`` / ``2`` / ``1-1`` -> 2 / 2 / 1."""
     head = num_nodes.split("-")[0].split(":")[0]
     return int(head) if head.isdigit() else 1
+
+
+def _conforms(backend: SlurmCliBackend) -> ClusterPort:
+    """mypy proves here that SlurmCliBackend implements the whole port."""
+    return backend

@@ -20,6 +20,7 @@ from icefrog_slurm.slurm.port import (
     JobDetail,
     JobState,
     NodeGpus,
+    SlurmError,
 )
 
 _NULL = ("(null)", "N/A", "")
@@ -27,8 +28,9 @@ _NULL = ("(null)", "N/A", "")
 _FIELD_START = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=")
 
 
-class ParseError(ValueError):
-    """Slurm printed something the parser does not understand (names the text)."""
+class ParseError(SlurmError, ValueError):
+    """Slurm printed something the parser does not understand (names the text). A
+    SlurmError, so a controller that handles SlurmError never crashes on odd output."""
 
 
 def _opt(value: str | None) -> str | None:
