@@ -7,14 +7,13 @@ epoch's gradient statistics or metric) replace the earlier row, so they are idem
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, fields
 from typing import Any
 
 from sqlalchemy import func, select, update
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import selectinload
 
-from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.protocol import (
     FinishedReport,
     GradStats,
@@ -23,49 +22,28 @@ from icefrog_slurm.protocol import (
     ProfileSample,
     ProgressReport,
 )
+from icefrog_slurm.store.ledger import LedgerTx, StoreError, record
 from icefrog_slurm.store.models import (
-    AcceptedReportRow,
-    AllocationRow,
     GradStatsRow,
-    IntentRow,
     Job,
     MetricRow,
     ProfileSampleRow,
-    RejectedReportRow,
-    RoundRow,
-    SlurmActionRow,
     SlurmJob,
 )
 from icefrog_slurm.store.records import (
     ACTIVE_STATES,
-    INTENT_END_STATES,
     JOB_STATES,
-    OPEN_INTENT_STATES,
-    Allocation,
-    Intent,
     JobRecord,
     JobView,
     Progress,
-    RejectedReport,
-    RoundRecord,
-    SlurmAction,
     StoreSnapshot,
 )
 
 _SPEC_FIELDS = tuple(f.name for f in fields(JobSpec))
-_SAMPLE_FIELDS = tuple(f.name for f in fields(ProfileSample))
-_MAX_DETAIL = 4000
 
 
-class StoreError(IcefrogError):
-    """A store call that breaks an invariant (unknown job, a Slurm id already taken...)."""
-
-
-class StoreTx:
+class StoreTx(LedgerTx):
     """The operations of one transaction (see :class:`SqlStore.transaction`)."""
-
-    def __init__(self, session: Session) -> None:
-        self._s = session
 
     # ----- jobs and their Slurm chain -------------------------------------------------
     def create_job(
@@ -132,18 +110,18 @@ class StoreTx:
             job.end_time = now
 
     def job(self, job_id: int) -> JobRecord:
-        return _job_record(self._job_row(job_id))
+        return _jobrecord(self._job_row(job_id))
 
     def job_by_slurm_id(self, slurm_job_id: str) -> JobRecord | None:
         """The icefrog job whose chain holds this Slurm job id, if any."""
         link = self._s.get(SlurmJob, slurm_job_id)
-        return None if link is None else _job_record(link.job)
+        return None if link is None else _jobrecord(link.job)
 
     def jobs(self, *, states: Iterable[str] | None = None) -> list[JobRecord]:
         query = select(Job).options(selectinload(Job.slurm_jobs)).order_by(Job.id)
         if states is not None:
             query = query.where(Job.state.in_(tuple(states)))
-        return [_job_record(row) for row in self._s.scalars(query)]
+        return [_jobrecord(row) for row in self._s.scalars(query)]
 
     # ----- what jobs measured -----------------------------------------------------------
     def add_profile_samples(
@@ -205,250 +183,6 @@ class StoreTx:
             job_id=job_id, state="failed" if report.reason == "failed" else "finished", now=now
         )
 
-    # ----- rounds ------------------------------------------------------------------------
-    def next_round_no(self) -> int:
-        last = self._s.scalar(select(func.max(RoundRow.round_no)))
-        return 1 if last is None else last + 1
-
-    def record_round(
-        self,
-        *,
-        round_no: int,
-        now: float,
-        policy: str,
-        capacity_gpus: int,
-        allocations: Sequence[Allocation],
-        solve_s: float | None = None,
-        min_share: float | None = None,
-    ) -> None:
-        """Record a round's decision: one row for the round, one a job."""
-        self._s.add(
-            RoundRow(
-                round_no=round_no,
-                time=now,
-                policy=policy,
-                capacity_gpus=capacity_gpus,
-                solve_s=solve_s,
-                min_share=min_share,
-            )
-        )
-        self._s.flush()
-        for a in allocations:
-            self._s.add(AllocationRow(round_no=round_no, **{**asdict(a), "nodes": list(a.nodes)}))
-
-    def round(self, round_no: int | None = None) -> RoundRecord | None:
-        """A round's decision (the last one when ``round_no`` is None)."""
-        if round_no is None:
-            round_no = self._s.scalar(select(func.max(RoundRow.round_no)))
-        row = None if round_no is None else self._s.get(RoundRow, round_no)
-        if row is None:
-            return None
-        allocs = self._s.scalars(
-            select(AllocationRow)
-            .where(AllocationRow.round_no == row.round_no)
-            .order_by(AllocationRow.job_id)
-        )
-        return RoundRecord(
-            round_no=row.round_no,
-            time=row.time,
-            policy=row.policy,
-            capacity_gpus=row.capacity_gpus,
-            solve_s=row.solve_s,
-            min_share=row.min_share,
-            allocations=tuple(_allocation(a) for a in allocs),
-        )
-
-    def job_allocations(self, job_id: int) -> list[tuple[int, Allocation]]:
-        """A job's trajectory: (round_no, allocation) for every round that decided it."""
-        rows = self._s.scalars(
-            select(AllocationRow)
-            .where(AllocationRow.job_id == job_id)
-            .order_by(AllocationRow.round_no)
-        )
-        return [(r.round_no, _allocation(r)) for r in rows]
-
-    # ----- reconcile: intents and the audit log -----------------------------------------
-    def add_intent(
-        self,
-        *,
-        action: str,
-        params: Mapping[str, Any],
-        now: float,
-        job_id: int | None = None,
-        round_no: int | None = None,
-        supersede: bool = True,
-    ) -> int:
-        """Write what reconcile is about to do, before doing it. With ``supersede``, the
-        job's earlier open intents are closed as ``superseded`` (a newer plan wins)."""
-        if supersede and job_id is not None:
-            self._s.execute(
-                update(IntentRow)
-                .where(IntentRow.job_id == job_id, IntentRow.status.in_(OPEN_INTENT_STATES))
-                .values(status="superseded", updated_at=now)
-            )
-        row = IntentRow(
-            round_no=round_no,
-            job_id=job_id,
-            action=action,
-            params=dict(params),
-            status="pending",
-            attempts=0,
-            created_at=now,
-            updated_at=now,
-            detail="",
-        )
-        self._s.add(row)
-        self._s.flush()
-        return row.id
-
-    def start_intent(self, *, intent_id: int, now: float) -> Intent:
-        """Mark an intent as being acted on (counts the attempt); commit before acting."""
-        row = self._intent_row(intent_id)
-        if row.status not in OPEN_INTENT_STATES:
-            raise StoreError(f"intent {intent_id} is {row.status}, not open")
-        row.status, row.attempts, row.updated_at = "acting", row.attempts + 1, now
-        return _intent(row)
-
-    def finish_intent(self, *, intent_id: int, status: str, now: float, detail: str = "") -> None:
-        if status not in INTENT_END_STATES:
-            raise StoreError(
-                f"intent status {status!r}: must be one of {', '.join(INTENT_END_STATES)}"
-            )
-        row = self._intent_row(intent_id)
-        row.status, row.updated_at, row.detail = status, now, detail[:_MAX_DETAIL]
-
-    def open_intents(self) -> list[Intent]:
-        """Intents written but not finished: what a restarted reconcile must check."""
-        rows = self._s.scalars(
-            select(IntentRow).where(IntentRow.status.in_(OPEN_INTENT_STATES)).order_by(IntentRow.id)
-        )
-        return [_intent(r) for r in rows]
-
-    def intent(self, intent_id: int) -> Intent:
-        return _intent(self._intent_row(intent_id))
-
-    def log_action(
-        self,
-        *,
-        action: str,
-        command: Sequence[str],
-        outcome: str,
-        now: float,
-        duration_s: float,
-        rc: int | None = None,
-        detail: str = "",
-        slurm_job_id: str | None = None,
-        job_id: int | None = None,
-        intent_id: int | None = None,
-    ) -> int:
-        """Append one Slurm command and its outcome to the audit log."""
-        row = SlurmActionRow(
-            time=now,
-            intent_id=intent_id,
-            job_id=job_id,
-            slurm_job_id=slurm_job_id,
-            action=action,
-            command=list(command),
-            outcome=outcome,
-            rc=rc,
-            detail=detail[:_MAX_DETAIL],
-            duration_s=duration_s,
-        )
-        self._s.add(row)
-        self._s.flush()
-        return row.id
-
-    def actions(
-        self, *, job_id: int | None = None, intent_id: int | None = None
-    ) -> list[SlurmAction]:
-        query = select(SlurmActionRow).order_by(SlurmActionRow.id)
-        if job_id is not None:
-            query = query.where(SlurmActionRow.job_id == job_id)
-        if intent_id is not None:
-            query = query.where(SlurmActionRow.intent_id == intent_id)
-        return [_action(r) for r in self._s.scalars(query)]
-
-    # ----- the inbox's ledger ------------------------------------------------------------
-    def accepted_digest(self, *, slurm_job_id: str, seq: int) -> str | None:
-        """The digest of the accepted report (Slurm job, seq), or None if there is none."""
-        return self._s.scalar(
-            select(AcceptedReportRow.digest).where(
-                AcceptedReportRow.slurm_job_id == slurm_job_id, AcceptedReportRow.seq == seq
-            )
-        )
-
-    def record_accepted(
-        self,
-        *,
-        slurm_job_id: str,
-        seq: int,
-        kind: str,
-        job_id: int,
-        uid: int,
-        digest: str,
-        sent_time: float,
-        now: float,
-        munge_status: int,
-    ) -> None:
-        self._s.add(
-            AcceptedReportRow(
-                slurm_job_id=slurm_job_id,
-                seq=seq,
-                kind=kind,
-                job_id=job_id,
-                uid=uid,
-                digest=digest,
-                sent_time=sent_time,
-                received_at=now,
-                munge_status=munge_status,
-            )
-        )
-
-    def accepted_count(self, *, job_id: int | None = None) -> int:
-        query = select(func.count()).select_from(AcceptedReportRow)
-        if job_id is not None:
-            query = query.where(AcceptedReportRow.job_id == job_id)
-        return int(self._s.scalar(query) or 0)
-
-    def record_rejected(
-        self,
-        *,
-        file: str,
-        reason: str,
-        size: int,
-        now: float,
-        slurm_job_id: str | None = None,
-        seq: int | None = None,
-        uid: int | None = None,
-    ) -> None:
-        self._s.add(
-            RejectedReportRow(
-                received_at=now,
-                file=file[:1024],
-                slurm_job_id=slurm_job_id,
-                seq=seq,
-                uid=uid,
-                size=size,
-                reason=reason[:_MAX_DETAIL],
-            )
-        )
-
-    def rejected_reports(self) -> list[RejectedReport]:
-        rows = self._s.scalars(select(RejectedReportRow).order_by(RejectedReportRow.id))
-        return [
-            RejectedReport(
-                id=r.id,
-                received_at=r.received_at,
-                file=r.file,
-                slurm_job_id=r.slurm_job_id,
-                seq=r.seq,
-                uid=r.uid,
-                size=r.size,
-                reason=r.reason,
-            )
-            for r in rows
-        ]
-
     # ----- the tick's read ---------------------------------------------------------------
     def snapshot(self, *, include_finished: bool = False) -> StoreSnapshot:
         """Every (active) job with its measurements, the last round and open intents; a
@@ -461,7 +195,7 @@ class StoreTx:
                 .where(ProfileSampleRow.job_id.in_(ids))
                 .order_by(ProfileSampleRow.id)
             ),
-            lambda r: ProfileSample(**{k: getattr(r, k) for k in _SAMPLE_FIELDS}),
+            lambda r: record(ProfileSample, r),
         )
         metrics = _group(
             self._s.scalars(
@@ -469,7 +203,7 @@ class StoreTx:
                 .where(MetricRow.job_id.in_(ids))
                 .order_by(MetricRow.epoch, MetricRow.id)
             ),
-            lambda r: MetricReport(epoch=r.epoch, name=r.name, value=r.value),
+            lambda r: record(MetricReport, r),
         )
         latest = (
             select(GradStatsRow.job_id, func.max(GradStatsRow.epoch).label("epoch"))
@@ -478,12 +212,7 @@ class StoreTx:
             .subquery()
         )
         grads = {
-            r.job_id: GradStats(
-                epoch=r.epoch,
-                frozen=r.frozen,
-                grad_var=tuple(r.grad_var),
-                grad_sqr=tuple(r.grad_sqr),
-            )
+            r.job_id: record(GradStats, r, grad_var=tuple(r.grad_var), grad_sqr=tuple(r.grad_sqr))
             for r in self._s.scalars(
                 select(GradStatsRow).join(
                     latest,
@@ -512,12 +241,6 @@ class StoreTx:
             raise StoreError(f"no icefrog job {job_id}")
         return row
 
-    def _intent_row(self, intent_id: int) -> IntentRow:
-        row = self._s.get(IntentRow, intent_id)
-        if row is None:
-            raise StoreError(f"no intent {intent_id}")
-        return row
-
     def _require_free_slurm_id(self, slurm_job_id: str) -> None:
         link = self._s.get(SlurmJob, slurm_job_id)
         if link is not None:
@@ -540,7 +263,7 @@ def _spec_columns(spec: JobSpec) -> dict[str, Any]:
     return values
 
 
-def _job_record(row: Job) -> JobRecord:
+def _jobrecord(row: Job) -> JobRecord:
     spec_values = {name: getattr(row, name) for name in _SPEC_FIELDS}
     for name in ("layer_flops", "layer_param_bytes", "layer_boundaries"):
         spec_values[name] = tuple(spec_values[name])
@@ -564,49 +287,4 @@ def _job_record(row: Job) -> JobRecord:
         ),
         finish_reason=row.finish_reason,
         final_metric=row.final_metric,
-    )
-
-
-def _allocation(r: AllocationRow) -> Allocation:
-    return Allocation(
-        job_id=r.job_id,
-        gpus=r.gpus,
-        batch=r.batch,
-        frozen=r.frozen,
-        shared=r.shared,
-        nodes=tuple(r.nodes),
-        psi=r.psi,
-        predicted_tta_s=r.predicted_tta_s,
-        share=r.share,
-    )
-
-
-def _intent(r: IntentRow) -> Intent:
-    return Intent(
-        id=r.id,
-        round_no=r.round_no,
-        job_id=r.job_id,
-        action=r.action,
-        params=dict(r.params),
-        status=r.status,
-        attempts=r.attempts,
-        created_at=r.created_at,
-        updated_at=r.updated_at,
-        detail=r.detail,
-    )
-
-
-def _action(r: SlurmActionRow) -> SlurmAction:
-    return SlurmAction(
-        id=r.id,
-        time=r.time,
-        intent_id=r.intent_id,
-        job_id=r.job_id,
-        slurm_job_id=r.slurm_job_id,
-        action=r.action,
-        command=tuple(r.command),
-        outcome=r.outcome,
-        rc=r.rc,
-        detail=r.detail,
-        duration_s=r.duration_s,
     )

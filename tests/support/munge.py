@@ -21,7 +21,9 @@ def munge_works() -> bool:
         cred = subprocess.run(["munge", "-n"], capture_output=True, text=True, timeout=10)
         if cred.returncode != 0:
             return False
-        dec = subprocess.run(["unmunge"], input=cred.stdout, capture_output=True, timeout=10)
+        dec = subprocess.run(
+            ["unmunge"], input=cred.stdout, capture_output=True, text=True, timeout=10
+        )
         return dec.returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from icefrog_slurm.protocol import FinishedReport, GradStats, MetricReport, ProgressReport
+from icefrog_slurm.store import StoreError
 from icefrog_slurm.store.records import Allocation, Progress
 from icefrog_slurm.store.sql import SqlStore
-from icefrog_slurm.store.tx import StoreError
 from tests.integration.store.helpers import sample, spec
 
 
