@@ -12,7 +12,7 @@ from dataclasses import asdict, fields
 from typing import Any
 
 from sqlalchemy import func, select, update
-from sqlalchemy.orm import selectinload
+from sqlalchemy import inspect as sa_inspect
 
 from icefrog_slurm.protocol import (
     FinishedReport,
@@ -110,18 +110,24 @@ class StoreTx(LedgerTx):
             job.end_time = now
 
     def job(self, job_id: int) -> JobRecord:
-        return _jobrecord(self._job_row(job_id))
+        return _orm_job_record(self._job_row(job_id))
 
     def job_by_slurm_id(self, slurm_job_id: str) -> JobRecord | None:
         """The icefrog job whose chain holds this Slurm job id, if any."""
         link = self._s.get(SlurmJob, slurm_job_id)
-        return None if link is None else _jobrecord(link.job)
+        return None if link is None else _orm_job_record(link.job)
 
     def jobs(self, *, states: Iterable[str] | None = None) -> list[JobRecord]:
-        query = select(Job).options(selectinload(Job.slurm_jobs)).order_by(Job.id)
+        """Jobs (in ``states``), read as plain rows: no ORM object per job."""
+        query = select(*_columns(Job)).order_by(Job.id)
+        chains = select(SlurmJob.job_id, SlurmJob.slurm_job_id).order_by(
+            SlurmJob.job_id, SlurmJob.position
+        )
         if states is not None:
             query = query.where(Job.state.in_(tuple(states)))
-        return [_jobrecord(row) for row in self._s.scalars(query)]
+            chains = chains.join(Job).where(Job.state.in_(tuple(states)))
+        chain = _group(self._s.execute(chains), lambda r: r.slurm_job_id)
+        return [_job_record(row, chain.get(row.id, ())) for row in self._s.execute(query)]
 
     # ----- what jobs measured -----------------------------------------------------------
     def add_profile_samples(
@@ -187,19 +193,22 @@ class StoreTx(LedgerTx):
     def snapshot(self, *, include_finished: bool = False) -> StoreSnapshot:
         """Every (active) job with its measurements, the last round and open intents; a
         fixed number of queries whatever the number of jobs."""
-        jobs = self.jobs(states=None if include_finished else ACTIVE_STATES)
-        ids = [j.id for j in jobs]
+        states = None if include_finished else ACTIVE_STATES
+        jobs = self.jobs(states=states)
+        ids = select(Job.id)  # a subquery, not a list: no bound-parameter limit
+        if states is not None:
+            ids = ids.where(Job.state.in_(states))
         samples = _group(
-            self._s.scalars(
-                select(ProfileSampleRow)
+            self._s.execute(
+                select(*_columns(ProfileSampleRow))
                 .where(ProfileSampleRow.job_id.in_(ids))
                 .order_by(ProfileSampleRow.id)
             ),
             lambda r: record(ProfileSample, r),
         )
         metrics = _group(
-            self._s.scalars(
-                select(MetricRow)
+            self._s.execute(
+                select(*_columns(MetricRow))
                 .where(MetricRow.job_id.in_(ids))
                 .order_by(MetricRow.epoch, MetricRow.id)
             ),
@@ -213,8 +222,8 @@ class StoreTx(LedgerTx):
         )
         grads = {
             r.job_id: record(GradStats, r, grad_var=tuple(r.grad_var), grad_sqr=tuple(r.grad_sqr))
-            for r in self._s.scalars(
-                select(GradStatsRow).join(
+            for r in self._s.execute(
+                select(*_columns(GradStatsRow)).join(
                     latest,
                     (GradStatsRow.job_id == latest.c.job_id)
                     & (GradStatsRow.epoch == latest.c.epoch),
@@ -263,7 +272,16 @@ def _spec_columns(spec: JobSpec) -> dict[str, Any]:
     return values
 
 
-def _jobrecord(row: Job) -> JobRecord:
+def _columns(model: type[Any]) -> list[Any]:
+    """Every column of a model, to select plain rows instead of ORM objects."""
+    return [getattr(model, attr.key) for attr in sa_inspect(model).column_attrs]
+
+
+def _orm_job_record(row: Job) -> JobRecord:
+    return _job_record(row, [link.slurm_job_id for link in row.slurm_jobs])
+
+
+def _job_record(row: Any, chain: Sequence[str]) -> JobRecord:
     spec_values = {name: getattr(row, name) for name in _SPEC_FIELDS}
     for name in ("layer_flops", "layer_param_bytes", "layer_boundaries"):
         spec_values[name] = tuple(spec_values[name])
@@ -277,7 +295,7 @@ def _jobrecord(row: Job) -> JobRecord:
         start_time=row.start_time,
         end_time=row.end_time,
         spec=JobSpec(**spec_values),
-        slurm_job_ids=tuple(link.slurm_job_id for link in row.slurm_jobs),
+        slurm_job_ids=tuple(chain),
         progress=Progress(
             epoch=row.epoch,
             samples_done=row.samples_done,
