@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, fields
 from typing import Any, TypeVar
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session
 
 from icefrog_slurm.errors import IcefrogError
@@ -74,8 +75,11 @@ class LedgerTx:
             )
         )
         self._s.flush()
-        for a in allocations:
-            self._s.add(AllocationRow(round_no=round_no, **{**asdict(a), "nodes": list(a.nodes)}))
+        if allocations:  # one bulk INSERT, not one ORM object a job
+            rows = [
+                {**asdict(a), "round_no": round_no, "nodes": list(a.nodes)} for a in allocations
+            ]
+            self._s.execute(insert(AllocationRow), rows)
 
     def round(self, round_no: int | None = None) -> RoundRecord | None:
         """A round's decision (the last one when ``round_no`` is None)."""
@@ -84,8 +88,8 @@ class LedgerTx:
         row = None if round_no is None else self._s.get(RoundRow, round_no)
         if row is None:
             return None
-        allocs = self._s.scalars(
-            select(AllocationRow)
+        allocs = self._s.execute(
+            select(*columns(AllocationRow))
             .where(AllocationRow.round_no == row.round_no)
             .order_by(AllocationRow.job_id)
         )
@@ -285,13 +289,18 @@ class LedgerTx:
         return row
 
 
+def columns(model: type[Any]) -> list[Any]:
+    """Every column of a model, to select plain rows instead of ORM objects."""
+    return [getattr(model, attr.key) for attr in sa_inspect(model).column_attrs]
+
+
 def record(cls: type[_T], row: Any, **override: Any) -> _T:
     """An immutable record from an ORM row: same-named fields copied, some converted."""
     values = {f.name: getattr(row, f.name) for f in fields(cls) if f.name not in override}  # type: ignore[arg-type]
     return cls(**values, **override)
 
 
-def _allocation(r: AllocationRow) -> Allocation:
+def _allocation(r: Any) -> Allocation:
     return record(Allocation, r, nodes=tuple(r.nodes))
 
 

@@ -32,6 +32,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
 from icefrog_slurm.errors import IcefrogError, InputError
+from icefrog_slurm.store.leader import LeaderLock, try_lead
 from icefrog_slurm.store.records import StoreSnapshot
 from icefrog_slurm.store.tx import StoreTx
 
@@ -94,6 +95,11 @@ class SqlStore:
                 f"database {self.engine.url.render_as_string(hide_password=True)} is at "
                 f"revision {current or 'none'}, the code needs {head}: run `icefrog db upgrade`"
             )
+
+    def try_lead(self) -> LeaderLock | None:
+        """Become the one active controller: a held lock, or None if another holds it
+        (a Postgres advisory lock; ``flock`` on a file beside a SQLite database)."""
+        return try_lead(self.engine)
 
     @contextmanager
     def transaction(self) -> Iterator[StoreTx]:

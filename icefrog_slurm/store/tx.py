@@ -12,7 +12,6 @@ from dataclasses import asdict, fields
 from typing import Any
 
 from sqlalchemy import func, select, update
-from sqlalchemy import inspect as sa_inspect
 
 from icefrog_slurm.protocol import (
     FinishedReport,
@@ -22,7 +21,7 @@ from icefrog_slurm.protocol import (
     ProfileSample,
     ProgressReport,
 )
-from icefrog_slurm.store.ledger import LedgerTx, StoreError, record
+from icefrog_slurm.store.ledger import LedgerTx, StoreError, columns, record
 from icefrog_slurm.store.models import (
     GradStatsRow,
     Job,
@@ -64,7 +63,7 @@ class StoreTx(LedgerTx):
             owner_user=owner_user,
             state="pending",
             submit_time=now,
-            **_spec_columns(spec),
+            **_speccolumns(spec),
         )
         self._s.add(row)
         self._s.flush()
@@ -80,7 +79,7 @@ class StoreTx(LedgerTx):
         return row.id
 
     def set_spec(self, *, job_id: int, spec: JobSpec) -> None:
-        self._s.execute(update(Job).where(Job.id == job_id).values(**_spec_columns(spec)))
+        self._s.execute(update(Job).where(Job.id == job_id).values(**_speccolumns(spec)))
 
     def link_slurm_job(self, *, job_id: int, slurm_job_id: str, reason: str, now: float) -> None:
         """Append a Slurm job (a resubmission) to the chain; the job keeps its identity."""
@@ -119,7 +118,7 @@ class StoreTx(LedgerTx):
 
     def jobs(self, *, states: Iterable[str] | None = None) -> list[JobRecord]:
         """Jobs (in ``states``), read as plain rows: no ORM object per job."""
-        query = select(*_columns(Job)).order_by(Job.id)
+        query = select(*columns(Job)).order_by(Job.id)
         chains = select(SlurmJob.job_id, SlurmJob.slurm_job_id).order_by(
             SlurmJob.job_id, SlurmJob.position
         )
@@ -200,7 +199,7 @@ class StoreTx(LedgerTx):
             ids = ids.where(Job.state.in_(states))
         samples = _group(
             self._s.execute(
-                select(*_columns(ProfileSampleRow))
+                select(*columns(ProfileSampleRow))
                 .where(ProfileSampleRow.job_id.in_(ids))
                 .order_by(ProfileSampleRow.id)
             ),
@@ -208,7 +207,7 @@ class StoreTx(LedgerTx):
         )
         metrics = _group(
             self._s.execute(
-                select(*_columns(MetricRow))
+                select(*columns(MetricRow))
                 .where(MetricRow.job_id.in_(ids))
                 .order_by(MetricRow.epoch, MetricRow.id)
             ),
@@ -223,7 +222,7 @@ class StoreTx(LedgerTx):
         grads = {
             r.job_id: record(GradStats, r, grad_var=tuple(r.grad_var), grad_sqr=tuple(r.grad_sqr))
             for r in self._s.execute(
-                select(*_columns(GradStatsRow)).join(
+                select(*columns(GradStatsRow)).join(
                     latest,
                     (GradStatsRow.job_id == latest.c.job_id)
                     & (GradStatsRow.epoch == latest.c.epoch),
@@ -265,16 +264,11 @@ def _group(rows: Iterable[Any], convert: Any) -> dict[int, list[Any]]:
     return out
 
 
-def _spec_columns(spec: JobSpec) -> dict[str, Any]:
+def _speccolumns(spec: JobSpec) -> dict[str, Any]:
     values = asdict(spec)
     for name in ("layer_flops", "layer_param_bytes", "layer_boundaries"):
         values[name] = list(values[name])
     return values
-
-
-def _columns(model: type[Any]) -> list[Any]:
-    """Every column of a model, to select plain rows instead of ORM objects."""
-    return [getattr(model, attr.key) for attr in sa_inspect(model).column_attrs]
 
 
 def _orm_job_record(row: Job) -> JobRecord:

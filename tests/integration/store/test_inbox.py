@@ -209,3 +209,16 @@ def test_replayed_credential_on_other_content_and_reused_seq(site: Site) -> None
     assert site.state() == before
     reasons = site.reasons()
     assert "digest mismatch" in reasons[0] and "was used for other content" in reasons[1]
+
+
+def test_owner_recorded_at_registration_serves_when_slurm_forgot_the_job(site: Site) -> None:
+    _register(site)
+    del site.owners[ALICE_JOB]  # Slurm purged the finished job (MinJobAge)
+    site.drop(
+        ALICE, "finished", {"reason": "target_reached", "epoch": 9, "final_metric": 0.95}, seq=1
+    )
+    site.drop(BOB, "metric", METRIC, seq=2)  # the record's owner still rules out Bob
+    assert site.drain() == DrainResult(accepted=1, rejected=1)
+    with site.inbox.store.transaction() as tx:
+        (job,) = tx.jobs()
+    assert (job.state, job.final_metric) == ("finished", 0.95)
