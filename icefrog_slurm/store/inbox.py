@@ -35,6 +35,7 @@ import pwd
 import re
 import stat
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -109,34 +110,44 @@ class ReportInbox:
 
     def drain(self) -> DrainResult:
         """Process what is in the inbox now (at most ``max_reports`` files)."""
-        counts = {"accepted": 0, "rejected": 0, "duplicate": 0}
-        budget = self.max_reports
+        counts: Counter[str] = Counter()
         with _dir_fd(self.inbox_dir, follow=True) as inbox_fd:
             for folder in sorted(os.listdir(inbox_fd), key=_numeric_key):
-                if budget <= 0:
+                if counts.total() >= self.max_reports:
                     break
                 if not folder.isdigit() or len(folder) > 18:
                     continue  # not a job folder: nothing of ours
                 try:
+                    owner: int | Rejected = self._owner(folder)
+                except Rejected as exc:
+                    owner = exc  # every file in the folder is rejected with this reason
+                except Exception as exc:  # the Slurm lookup failed: leave it for next pass
+                    log.warning("inbox: owner of Slurm job %s unknown for now: %s", folder, exc)
+                    continue
+                try:
                     with _dir_fd(folder, dir_fd=inbox_fd) as job_fd:
-                        for name in sorted(os.listdir(job_fd), key=_numeric_key):
-                            if budget <= 0:
-                                break
-                            if name.startswith("."):
-                                continue  # still being written
-                            budget -= 1
-                            counts[self._one(job_fd, folder, name)] += 1
+                        self._folder(job_fd, folder, owner, counts)
                 except OSError as exc:  # e.g. a symlink in place of the folder
                     log.warning("inbox: skipping %s: %s", folder, exc)
         return DrainResult(counts["accepted"], counts["rejected"], counts["duplicate"])
 
+    def _folder(
+        self, job_fd: int, folder: str, owner: int | Rejected, counts: Counter[str]
+    ) -> None:
+        for name in sorted(os.listdir(job_fd), key=_numeric_key):
+            if counts.total() >= self.max_reports:
+                return
+            if not name.startswith("."):  # a dot file is still being written
+                counts[self._one(job_fd, folder, name, owner)] += 1
+
     # ----- one file ----------------------------------------------------------------------
-    def _one(self, job_fd: int, folder: str, name: str) -> str:
+    def _one(self, job_fd: int, folder: str, name: str, owner: int | Rejected) -> str:
         now = self.clock()
         where = f"{folder}/{name}"
         size, claim, outcome = 0, None, "rejected"
         try:
-            owner = self._owner(folder)
+            if isinstance(owner, Rejected):
+                raise owner
             raw, size = _read_report(job_fd, name, owner)
             claim = self._check(raw, folder, name, owner)
             with self.store.transaction() as tx:

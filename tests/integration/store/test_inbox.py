@@ -222,3 +222,17 @@ def test_owner_recorded_at_registration_serves_when_slurm_forgot_the_job(site: S
     with site.inbox.store.transaction() as tx:
         (job,) = tx.jobs()
     assert (job.state, job.final_metric) == ("finished", 0.95)
+
+
+def test_a_failing_slurm_lookup_leaves_reports_for_the_next_pass(site: Site) -> None:
+    _register(site)
+    path = site.drop(ALICE, "metric", METRIC, seq=1)
+    owners = site.inbox.owner_of
+
+    def down(job: str) -> int | None:
+        raise OSError("slurmctld is down")
+
+    site.inbox.owner_of = down
+    assert site.drain() == DrainResult() and path.exists() and site.reasons() == []
+    site.inbox.owner_of = owners
+    assert site.drain() == DrainResult(accepted=1)
