@@ -93,15 +93,7 @@ class LedgerTx:
             .where(AllocationRow.round_no == row.round_no)
             .order_by(AllocationRow.job_id)
         )
-        return RoundRecord(
-            round_no=row.round_no,
-            time=row.time,
-            policy=row.policy,
-            capacity_gpus=row.capacity_gpus,
-            solve_s=row.solve_s,
-            min_share=row.min_share,
-            allocations=tuple(_allocation(a) for a in allocs),
-        )
+        return record(RoundRecord, row, allocations=tuple(_allocation(a) for a in allocs))
 
     def job_allocations(self, job_id: int) -> list[tuple[int, Allocation]]:
         """A job's trajectory: (round_no, allocation) for every round that decided it."""

@@ -8,7 +8,7 @@ epoch's gradient statistics or metric) replace the earlier row, so they are idem
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -37,8 +37,6 @@ from icefrog_slurm.store.records import (
     Progress,
     StoreSnapshot,
 )
-
-_SPEC_FIELDS = tuple(f.name for f in fields(JobSpec))
 
 
 class StoreTx(LedgerTx):
@@ -276,27 +274,13 @@ def _orm_job_record(row: Job) -> JobRecord:
 
 
 def _job_record(row: Any, chain: Sequence[str]) -> JobRecord:
-    spec_values = {name: getattr(row, name) for name in _SPEC_FIELDS}
-    for name in ("layer_flops", "layer_param_bytes", "layer_boundaries"):
-        spec_values[name] = tuple(spec_values[name])
-    return JobRecord(
-        id=row.id,
-        name=row.name,
-        owner_uid=row.owner_uid,
-        owner_user=row.owner_user,
-        state=row.state,
-        submit_time=row.submit_time,
-        start_time=row.start_time,
-        end_time=row.end_time,
-        spec=JobSpec(**spec_values),
+    layers = {
+        n: tuple(getattr(row, n)) for n in ("layer_flops", "layer_param_bytes", "layer_boundaries")
+    }
+    return record(
+        JobRecord,
+        row,
+        spec=record(JobSpec, row, **layers),
         slurm_job_ids=tuple(chain),
-        progress=Progress(
-            epoch=row.epoch,
-            samples_done=row.samples_done,
-            effective_samples_done=row.effective_samples_done,
-            checkpoint_path=row.checkpoint_path,
-            time=row.progress_time,
-        ),
-        finish_reason=row.finish_reason,
-        final_metric=row.final_metric,
+        progress=record(Progress, row, time=row.progress_time),
     )
