@@ -17,7 +17,8 @@ was in flight with ``open_intents()``.
 SQLite connections run in WAL mode with foreign keys on and a real ``BEGIN`` (pysqlite's
 default would not open a transaction for reads); write transactions take ``BEGIN
 IMMEDIATE`` so two writers queue instead of failing on a lock upgrade. On Postgres a
-snapshot runs at REPEATABLE READ so all its queries see the same state.
+snapshot (and a ``consistent`` transaction) runs at REPEATABLE READ so all its queries see
+the same state.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
 from icefrog_slurm.errors import IcefrogError, InputError
+from icefrog_slurm.settings import Settings
 from icefrog_slurm.store.leader import LeaderLock, try_lead
 from icefrog_slurm.store.records import StoreSnapshot
 from icefrog_slurm.store.tx import StoreTx
@@ -101,23 +103,33 @@ class SqlStore:
         (a Postgres advisory lock; ``flock`` on a file beside a SQLite database)."""
         return try_lead(self.engine)
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SqlStore:
+        return cls(settings.store.url)
+
     @contextmanager
-    def transaction(self) -> Iterator[StoreTx]:
-        """One read-write transaction: committed when the block ends, rolled back on error."""
+    def transaction(self, *, consistent: bool = False) -> Iterator[StoreTx]:
+        """One read-write transaction: committed when the block ends, rolled back on error.
+
+        ``consistent`` (a tick that reads its snapshot and writes in one transaction): every
+        read sees the state of the first one. SQLite's write transactions always do; on
+        Postgres it runs at REPEATABLE READ, and a concurrent update of a row it also
+        updates makes it fail (serialization error) rather than overwrite.
+        """
         with self._sessions() as session, session.begin():
-            self._first_connection(session, write=True)
+            self._first_connection(session, write=True, consistent=consistent)
             yield StoreTx(session)
 
     def snapshot(self, *, include_finished: bool = False) -> StoreSnapshot:
         """One consistent read of everything a tick needs."""
         with self._sessions() as session, session.begin():
-            self._first_connection(session, write=False)
+            self._first_connection(session, write=False, consistent=True)
             return StoreTx(session).snapshot(include_finished=include_finished)
 
-    def _first_connection(self, session: Session, *, write: bool) -> None:
+    def _first_connection(self, session: Session, *, write: bool, consistent: bool) -> None:
         """Open the transaction's connection with the right BEGIN / isolation level."""
         if self._is_sqlite:
             begin = "BEGIN IMMEDIATE" if write else "BEGIN"
             session.connection(execution_options={_BEGIN_OPTION: begin})
-        elif not write:
+        elif consistent:
             session.connection(execution_options={"isolation_level": "REPEATABLE READ"})

@@ -205,3 +205,18 @@ def test_only_one_controller_leads(db_url: str) -> None:
     finally:
         first.close()
         second.close()
+
+
+def test_a_consistent_transaction_reads_one_state(store: SqlStore) -> None:
+    if store.engine.dialect.name == "sqlite":
+        pytest.skip("SQLite: a write transaction (BEGIN IMMEDIATE) excludes other writers")
+    other = SqlStore(store.url)
+    try:
+        with store.transaction(consistent=True) as tx:
+            assert tx.jobs() == []
+            _job(other, "300")  # committed by another connection meanwhile
+            assert tx.snapshot().jobs == ()
+        with store.transaction() as tx:
+            assert len(tx.jobs()) == 1
+    finally:
+        other.close()
