@@ -80,12 +80,14 @@ def running_server() -> Iterator[PgServer]:
     def run(*args: str) -> None:
         subprocess.run([*prefix, *args], check=True, capture_output=True, timeout=120)
 
-    run(str(bin_dir / "initdb"), "-D", str(data), "-U", user, "-A", "trust", "--no-sync")
-    options = f"-F -p {port} -k {sockets} -c listen_addresses=127.0.0.1"
-    log = base / "server.log"
-    run(str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(log), "-w", "start")
     try:
-        yield PgServer(host="127.0.0.1", port=port, user=user)
+        run(str(bin_dir / "initdb"), "-D", str(data), "-U", user, "-A", "trust", "--no-sync")
+        options = f"-F -p {port} -k {sockets} -c listen_addresses=127.0.0.1"
+        log = base / "server.log"
+        run(str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(log), "-w", "start")
+        try:
+            yield PgServer(host="127.0.0.1", port=port, user=user)
+        finally:
+            run(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
     finally:
-        run(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
         shutil.rmtree(base, ignore_errors=True)
