@@ -1,17 +1,22 @@
 """munge credentials: who wrote a report, proven by the munge daemon every Slurm node runs.
 
-A job (or ``icefrog submit``) signs a report with ``munge -s <digest>``; the controller
-decodes the credential with ``unmunge``, which yields the uid of the process that made it
-(munged checks it over a Unix socket, it cannot be claimed) and the signed payload. This
-module only wraps the two commands; the inbox decides what a decoded credential proves.
+The job side (the launcher, ``icefrog submit``) signs a report with :func:`sign` (``munge -s
+<digest of the report body>``) and writes it with :func:`drop_report`; the controller
+decodes the credential with :func:`decode` (``unmunge``), which yields the uid of the
+process that made it (munged learns it over a Unix socket: it cannot be claimed) and the
+signed payload. The store's inbox decides what a decoded credential proves. Stdlib only,
+so the job side can import it.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from icefrog_slurm.errors import IcefrogError
+from icefrog_slurm.protocol import Envelope, body_digest
 
 # unmunge status codes (munge.h, munge_err_t) that still carry the uid and payload.
 MUNGE_SUCCESS = 0
@@ -71,6 +76,34 @@ def decode(credential: str) -> DecodedCredential:
         gid=_int_field(fields, "GID"),
         payload=payload,
     )
+
+
+def sign(envelope: Envelope, *, ttl_s: int | None = None, run_as: str | None = None) -> Envelope:
+    """The envelope with a credential over ``body_digest(envelope.body())``."""
+    digest = body_digest(envelope.body())
+    return replace(envelope, credential=encode(digest, ttl_s=ttl_s, run_as=run_as))
+
+
+def drop_report(inbox_dir: str | Path, envelope: Envelope) -> Path:
+    """Write a signed report to ``<inbox>/<slurm_job_id>/<seq>-<kind>.json``, atomically.
+
+    The job's folder is created mode 0700 (refused if someone else owns it); the file is
+    written under a dot name, mode 0600, then renamed, so the controller never reads half
+    of it."""
+    folder = Path(inbox_dir) / envelope.slurm_job_id
+    try:
+        folder.mkdir(mode=0o700)
+    except FileExistsError:
+        owner = folder.lstat().st_uid
+        if owner != os.geteuid() or folder.is_symlink():
+            raise IcefrogError(f"{folder}: owned by uid {owner}, not by this user") from None
+    name = f"{envelope.seq}-{envelope.kind}.json"
+    tmp = folder / f".{name}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(envelope.to_json())
+    os.replace(tmp, folder / name)
+    return folder / name
 
 
 def _meta_line(line: str) -> tuple[str, str]:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,7 +20,7 @@ from typing import Any
 import pytest
 
 from icefrog_slurm import security
-from icefrog_slurm.protocol import MAX_REPORT_BYTES, Envelope, body_digest
+from icefrog_slurm.protocol import MAX_REPORT_BYTES, Envelope
 from icefrog_slurm.store.inbox import DrainResult, ReportInbox
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.store.helpers import spec
@@ -60,8 +63,7 @@ class Site:
         raw: bytes | None = None,
     ) -> Path:
         """Write a report as ``user`` would: credential made as that user, file owned by them."""
-        env = Envelope(1, kind, job, name, seq, 1000.0 + seq, payload)
-        env = replace(env, credential=security.encode(body_digest(env.body()), run_as=user))
+        env = security.sign(Envelope(1, kind, job, name, seq, 1000.0 + seq, payload), run_as=user)
         if tamper is not None:
             env = tamper(env)
         where = self.root / "inbox" / (folder or job)
@@ -236,3 +238,65 @@ def test_a_failing_slurm_lookup_leaves_reports_for_the_next_pass(site: Site) -> 
     assert site.drain() == DrainResult() and path.exists() and site.reasons() == []
     site.inbox.owner_of = owners
     assert site.drain() == DrainResult(accepted=1)
+
+
+JOB_SIDE = """
+import json, sys
+from icefrog_slurm.protocol import Envelope
+from icefrog_slurm.security import drop_report, sign
+inbox, job, payload = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+print(drop_report(inbox, sign(Envelope(1, "register", job, "cnn", 0, 1.0, payload))))
+"""
+
+
+def test_the_job_side_writer_run_as_the_user_is_accepted(
+    store: SqlStore, uids: dict[str, int]
+) -> None:
+    """End to end: the job side's own code, run as Alice, drops a report the inbox accepts."""
+    python = shutil.which("python3", path="/usr/bin:/usr/local/bin")
+    repo = Path(__file__).resolve().parents[3]
+    probe = subprocess.run(
+        ["runuser", "-u", ALICE, "--", str(python), "-c", "import icefrog_slurm.security"],
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        capture_output=True,
+    )
+    if python is None or probe.returncode != 0:
+        pytest.skip(f"{ALICE} cannot run the checkout's code with a system python3 here")
+    base = Path(tempfile.mkdtemp(prefix="icefrog-inbox-"))
+    try:
+        base.chmod(0o755)
+        inbox = ReportInbox(
+            store=store,
+            inbox_dir=base / "inbox",
+            archive_dir=base / "archive",
+            owner_of={ALICE_JOB: uids[ALICE]}.get,
+        )
+        inbox.prepare()
+        written = subprocess.run(
+            [
+                "runuser",
+                "-u",
+                ALICE,
+                "--",
+                str(python),
+                "-c",
+                JOB_SIDE,
+                str(base / "inbox"),
+                ALICE_JOB,
+                json.dumps(_spec_payload()),
+            ],
+            env={**os.environ, "PYTHONPATH": str(repo)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        path = Path(written.stdout.strip())
+        assert (
+            oct(path.parent.stat().st_mode & 0o777) == "0o700" and path.stat().st_uid == uids[ALICE]
+        )
+        assert inbox.drain() == DrainResult(accepted=1)
+        with store.transaction() as tx:
+            job = tx.job_by_slurm_id(ALICE_JOB)
+        assert job is not None and job.owner_uid == uids[ALICE] and job.spec == spec()
+    finally:
+        shutil.rmtree(base)
