@@ -61,10 +61,14 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     write_workload(jobs, args.out)
     params = {
-        "philly": str(args.philly), "hours": list(hours), "jobs_at_1x": args.jobs, "load": args.load,
-        "seed": args.seed, "rng": "numpy.random.default_rng(seed).choice(window, count, "
-        "replace=False)", "task_gpu_time_s": task_gpu_s,
-    }  # fmt: skip
+        "philly": str(args.philly),
+        "hours": list(hours),
+        "jobs_at_1x": args.jobs,
+        "load": args.load,
+        "seed": args.seed,
+        "rng": "numpy.random.default_rng(seed).choice(window, count, replace=False)",
+        "task_gpu_time_s": task_gpu_s,
+    }
     sidecar_path = args.out.with_suffix(".json")
     sidecar_path.write_text(json.dumps(sidecar(mapped, params), indent=1) + "\n", "utf-8")
     counts = ", ".join(f"{k} {v}" for k, v in sorted(by_task(jobs).items()))

@@ -13,10 +13,11 @@ For a task with Pollux data (``calibration.pollux`` in the catalog):
   from ``validation-<batch>.csv`` (first epoch whose metric reaches the target).
 
 A task without Pollux data (``calibration.scale_from``) takes its source task's calibration
-scaled by size: compute time x (FLOPs per sample ratio), sync time x (parameter bytes ratio),
-except that measured single-GPU V100 step times in the catalog
-(``v100_step_s``) replace the FLOP-scaled compute curve; and the source's convergence shape (samples relative to the smallest batch) applied to its
-own P_0 = max_epochs x samples_per_epoch at its own smallest global batch.
+scaled by size: compute time x (FLOPs per sample ratio), sync time x (parameter bytes
+ratio) — except that measured single-GPU V100 step times in the catalog (``v100_step_s``)
+replace the FLOP-scaled compute curve — and the source's convergence shape (samples
+relative to the smallest batch) applied to its own P_0 = max_epochs x samples_per_epoch at
+its own smallest global batch.
 
 The result ships as ``icefrog_slurm/sim/data/calibration.json`` (regenerate with
 ``python -m icefrog_slurm.sim.calibration --pollux DIR``) so the simulator needs neither
@@ -62,9 +63,19 @@ SIZE_THRESHOLDS_H = (1.0, 10.0, 100.0)
 DEFAULT_POLLUX_DIR = Path("/work/shared/data/pollux/traces")
 ONE_LAYER = LayerTable.uniform(1)
 _MODEL_KEYS = (
-    "fwd_intercept", "fwd_slope", "bwd_intercept", "bwd_slope", "alpha_intra", "beta_intra",
-    "alpha_inter", "beta_inter", "alpha_flop", "gamma_flop", "alpha_sync", "gamma",
-)  # fmt: skip
+    "fwd_intercept",
+    "fwd_slope",
+    "bwd_intercept",
+    "bwd_slope",
+    "alpha_intra",
+    "beta_intra",
+    "alpha_inter",
+    "beta_inter",
+    "alpha_flop",
+    "gamma_flop",
+    "alpha_sync",
+    "gamma",
+)
 
 
 @dataclass(frozen=True)
@@ -87,7 +98,9 @@ class TaskCalibration:
 
     def throughput(self, *, gpus: int, batch: int, nodes: int | None = None) -> float:
         """Unfrozen samples a second on A800 (eq 4 at l = 0)."""
-        return self.model.throughput(gpus=gpus, batch=batch, frozen=0, layers=ONE_LAYER, nodes=nodes)
+        return self.model.throughput(
+            gpus=gpus, batch=batch, frozen=0, layers=ONE_LAYER, nodes=nodes
+        )
 
     def reference_gpu_seconds(self, task: Task) -> float:
         """GPU time of one run: min_gpus x samples to target / throughput, at the task's
@@ -125,8 +138,12 @@ def heldback_ape(rows: Sequence[MeasuredRow], seed: int = 0) -> np.ndarray:
 
 def to_a800(model: DdpThroughputModel) -> DdpThroughputModel:
     """Compute curves / A800_COMPUTE_SPEEDUP; intra- and inter-node sync by their factors."""
-    return scaled(model, compute=1.0 / A800_COMPUTE_SPEEDUP, intra=INTRA_NODE_SYNC_SCALE,
-                  inter=INTER_NODE_SYNC_SCALE)  # fmt: skip
+    return scaled(
+        model,
+        compute=1.0 / A800_COMPUTE_SPEEDUP,
+        intra=INTRA_NODE_SYNC_SCALE,
+        inter=INTER_NODE_SYNC_SCALE,
+    )
 
 
 def scaled(
@@ -137,11 +154,12 @@ def scaled(
     return DdpThroughputModel(
         forward=LinearCurve(model.forward.intercept * compute, model.forward.slope * compute),
         backward=LinearCurve(model.backward.intercept * compute, model.backward.slope * compute),
-        sync=SyncCurve(s.alpha_intra * intra, s.beta_intra * intra, s.alpha_inter * inter,
-                       s.beta_inter * inter),
+        sync=SyncCurve(
+            s.alpha_intra * intra, s.beta_intra * intra, s.alpha_inter * inter, s.beta_inter * inter
+        ),
         freeze=model.freeze,
         gpus_per_node=model.gpus_per_node,
-    )  # fmt: skip
+    )
 
 
 def convergence(
@@ -164,10 +182,15 @@ def calibrate_pollux(task: Task, app_dir: Path) -> TaskCalibration:
     rows = read_placements(app_dir) + read_scalability(app_dir)
     errors = heldback_ape(rows)
     batches, samples = convergence(read_validation(app_dir), task)
-    stats = {"mean": float(errors.mean()), "p95": float(np.percentile(errors, 95)),
-             "max": float(errors.max()), "rows": float(len(rows))}  # fmt: skip
-    return TaskCalibration(task.name, f"pollux:{task.pollux_app}", to_a800(fit_measured(rows)),
-                           batches, samples, stats)  # fmt: skip
+    stats = {
+        "mean": float(errors.mean()),
+        "p95": float(np.percentile(errors, 95)),
+        "max": float(errors.max()),
+        "rows": float(len(rows)),
+    }
+    return TaskCalibration(
+        task.name, f"pollux:{task.pollux_app}", to_a800(fit_measured(rows)), batches, samples, stats
+    )
 
 
 def calibrate_scaled(
@@ -181,8 +204,9 @@ def calibrate_scaled(
     if task.v100_step_s:  # measured single-GPU steps beat FLOP scaling (depthwise convs...)
         xs, ys = zip(*task.v100_step_s, strict=True)
         slope, intercept = np.polyfit(np.array(xs, dtype=float), np.array(ys), 1)
-        compute = LinearCurve(max(float(intercept), 0.0) / A800_COMPUTE_SPEEDUP,
-                              float(slope) / A800_COMPUTE_SPEEDUP)  # fmt: skip
+        compute = LinearCurve(
+            max(float(intercept), 0.0) / A800_COMPUTE_SPEEDUP, float(slope) / A800_COMPUTE_SPEEDUP
+        )
         model = replace(model, forward=LinearCurve(0.0, 0.0), backward=compute)
     base = source.samples[0]
     own_base = task.min_gpus * task.min_batch
@@ -225,11 +249,13 @@ def to_document(calibrations: Mapping[str, TaskCalibration], catalog: Catalog) -
         }
     return {
         "about": "Generated by python -m icefrog_slurm.sim.calibration; see docs/simulator.md",
-        "assumptions": {"a800_compute_speedup": A800_COMPUTE_SPEEDUP,
-                        "intra_node_sync_scale": INTRA_NODE_SYNC_SCALE,
-                        "inter_node_sync_scale": INTER_NODE_SYNC_SCALE},
+        "assumptions": {
+            "a800_compute_speedup": A800_COMPUTE_SPEEDUP,
+            "intra_node_sync_scale": INTRA_NODE_SYNC_SCALE,
+            "inter_node_sync_scale": INTER_NODE_SYNC_SCALE,
+        },
         "tasks": tasks,
-    }  # fmt: skip
+    }
 
 
 def from_document(doc: Any) -> dict[str, TaskCalibration]:
@@ -247,8 +273,9 @@ def from_document(doc: Any) -> dict[str, TaskCalibration]:
         if not batches or len(batches) != len(samples):
             raise InputError(f"{where}.convergence: needs equal, non-empty lists")
         ape_stats = expect_object(item.get("heldback_throughput_ape_pct", {}), where)
-        out[name] = TaskCalibration(name, get_str(item, "source", where), model, batches,
-                                    samples, {k: float(v) for k, v in ape_stats.items()})  # fmt: skip
+        stats = {k: float(v) for k, v in ape_stats.items()}
+        source = get_str(item, "source", where)
+        out[name] = TaskCalibration(name, source, model, batches, samples, stats)
     return out
 
 
@@ -266,12 +293,19 @@ def shipped_calibration() -> dict[str, TaskCalibration]:
 def _model_values(model: DdpThroughputModel) -> dict[str, float]:
     s, f = model.sync, model.freeze
     return {
-        "fwd_intercept": model.forward.intercept, "fwd_slope": model.forward.slope,
-        "bwd_intercept": model.backward.intercept, "bwd_slope": model.backward.slope,
-        "alpha_intra": s.alpha_intra, "beta_intra": s.beta_intra, "alpha_inter": s.alpha_inter,
-        "beta_inter": s.beta_inter, "alpha_flop": f.alpha_flop, "gamma_flop": f.gamma_flop,
-        "alpha_sync": f.alpha_sync, "gamma": f.gamma,
-    }  # fmt: skip
+        "fwd_intercept": model.forward.intercept,
+        "fwd_slope": model.forward.slope,
+        "bwd_intercept": model.backward.intercept,
+        "bwd_slope": model.backward.slope,
+        "alpha_intra": s.alpha_intra,
+        "beta_intra": s.beta_intra,
+        "alpha_inter": s.alpha_inter,
+        "beta_inter": s.beta_inter,
+        "alpha_flop": f.alpha_flop,
+        "gamma_flop": f.gamma_flop,
+        "alpha_sync": f.alpha_sync,
+        "gamma": f.gamma,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -289,8 +323,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, item in doc["tasks"].items():
         e = item["heldback_throughput_ape_pct"]
         err = f"{e['mean']:.1f} / {e['p95']:.1f} / {e['max']:.1f}" if e else "(scaled)"
-        print(f"| {name} | {item['source']} | {err} | {item['reference_gpu_hours']:.2f} |"
-              f" {item['size_class_by_gpu_time']} | {catalog.get(name).size_class} |")  # fmt: skip
+        print(
+            f"| {name} | {item['source']} | {err} | {item['reference_gpu_hours']:.2f} |"
+            f" {item['size_class_by_gpu_time']} | {catalog.get(name).size_class} |"
+        )
     return 0
 
 

@@ -10,9 +10,9 @@ minus the first hour, plus minutes and seconds).
 
 "Nearest" is by ratio (distance of logarithms): GPU times span five orders of magnitude,
 and a 30-GPU-hour job is more alike a 58-hour task (1.9x) than a 14.5-hour one (2.1x),
-which a plain difference would turn round. A task's GPU time is its calibrated reference (``calibration.TaskCalibration.
-reference_gpu_seconds``). The GPU request is clipped to the task's legal GPU counts (the
-original is kept in the mapping).
+which a plain difference would turn round. A task's GPU time is its calibrated reference
+(``calibration.TaskCalibration.reference_gpu_seconds``). The GPU request is clipped to the
+task's legal GPU counts (the original is kept in the mapping).
 """
 
 from __future__ import annotations
@@ -160,9 +160,19 @@ def sample_workload(
         job = Job(f"{name}-{index}", _second(pj, hours), name, gpus, gpus * task.default_batch)
         out_jobs.append(job)
         out_map.append(
-            Mapped(job.name, pj.row, pj.timestamp.isoformat(sep=" "), job.submit_s,
-                   pj.duration_s, pj.num_gpus, pj.gpu_time_s, name, task_gpu_s[name], gpus)
-        )  # fmt: skip
+            Mapped(
+                job.name,
+                pj.row,
+                pj.timestamp.isoformat(sep=" "),
+                job.submit_s,
+                pj.duration_s,
+                pj.num_gpus,
+                pj.gpu_time_s,
+                name,
+                task_gpu_s[name],
+                gpus,
+            )
+        )
     return out_jobs, out_map
 
 

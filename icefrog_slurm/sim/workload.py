@@ -68,7 +68,7 @@ def read_workload(path: str | Path, catalog: Catalog) -> list[Job]:
         )
     if not jobs:
         raise InputError(f"{path}: no jobs")
-    return sorted(jobs, key=lambda j: (j.submit_s, j.name))
+    return sorted(jobs, key=lambda j: j.submit_s)  # stable: file order among equal times
 
 
 def write_workload(jobs: Iterable[Job], path: str | Path) -> None:

@@ -115,7 +115,10 @@ class SequentialUnits(Units):
 def resnet18_cifar() -> SequentialUnits:
     """ResNet18 for 32x32 CIFAR (kuangliu/pytorch-cifar): 3x3 stem, no max-pool."""
     units: list[tuple[str, nn.Module]] = [
-        ("stem", nn.Sequential(nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()))
+        (
+            "stem",
+            nn.Sequential(nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()),
+        )
     ]
     cin = 64
     for stage, (cout, stride) in enumerate(((64, 1), (128, 2), (256, 2), (512, 2)), start=1):
@@ -173,7 +176,10 @@ def mobilenetv2_cifar() -> SequentialUnits:
     cfg = ((1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1))
     cfg += ((6, 160, 3, 2), (6, 320, 1, 1))
     units: list[tuple[str, nn.Module]] = [
-        ("stem", nn.Sequential(nn.Conv2d(3, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU6()))
+        (
+            "stem",
+            nn.Sequential(nn.Conv2d(3, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU6()),
+        )
     ]
     cin, index = 32, 0
     for expansion, cout, blocks, stride in cfg:
@@ -360,7 +366,9 @@ class DdpmUNet(Units):
         for level in reversed(range(len(mult))):
             for i in range(3):
                 cout = ch * mult[level]
-                self.add_module(f"up{level}_{i}", ResBlock(cin + chans.pop(), cout, tdim, res == 16))
+                self.add_module(
+                    f"up{level}_{i}", ResBlock(cin + chans.pop(), cout, tdim, res == 16)
+                )
                 self.up_names.append(f"up{level}_{i}")
                 cin = cout
             if level > 0:
