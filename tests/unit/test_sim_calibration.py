@@ -46,7 +46,8 @@ def test_heldback_ape_is_reported_and_loosely_bounded(fresh) -> None:
 def test_shipped_calibration_is_current(fresh) -> None:
     """calibration.json is what ``python -m icefrog_slurm.sim.calibration`` gives today."""
     shipped = shipped_calibration()
-    assert set(shipped) == set(shipped_catalog().available())
+    regenerate = "regenerate it: python -m icefrog_slurm.sim.calibration"
+    assert set(shipped) == set(shipped_catalog().available()), regenerate
     again = from_document(to_document(fresh, shipped_catalog()))
     for name in QUICK:
         cal = shipped[name]
