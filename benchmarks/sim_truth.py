@@ -20,15 +20,7 @@ from icefrog_slurm.core.fit import ape, fit_ddp_model
 from icefrog_slurm.core.penalty import PenaltyTable
 from icefrog_slurm.sim.calibration import shipped_calibration
 from icefrog_slurm.sim.catalog import shipped_catalog
-from icefrog_slurm.sim.truth import TaskTruth
-
-
-def truths(seed: int) -> dict[str, TaskTruth]:
-    catalog, cal = shipped_catalog(), shipped_calibration()
-    return {
-        n: TaskTruth(catalog.get(n), catalog.layers(n), cal[n], seed=seed)
-        for n in catalog.available()
-    }
+from icefrog_slurm.sim.truth import TaskTruth, build_truths
 
 
 def needed(t: TaskTruth, freeze_at: float | None, fraction: float, seed: int) -> float:
@@ -106,7 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    all_truths = truths(args.seed)
+    all_truths = build_truths(shipped_catalog(), shipped_calibration(), seed=args.seed)
     inflation(all_truths, args.seed)
     learnability(all_truths, args.seed)
     psi_vs_truth(all_truths, args.seed)

@@ -18,6 +18,8 @@ What is true here (docs/simulator.md argues why each is plausible):
 - **gradient variance** of layer i at training progress p (0..1 of the unfrozen work):
   ``v_i(p) = v0_i x (f_i + (1 - f_i) x exp(-k_i x p))``, the decay rate ``k_i`` larger toward
   the input (front layers settle earlier, spec section 5), the floor ``f_i`` smaller there;
+  independent of the batch (eq 3 uses only ratios of variances, where a 1/batch scale
+  cancels);
 - **reaching the target** — unfrozen, a job needs the calibrated samples-to-target at its
   global batch (times a hidden per-job factor). With the first l layers frozen, a sample
   counts ``1 / (1 + rho x (1/psi - 1))`` of a full-model sample, psi = eq 3 evaluated on
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +46,7 @@ from icefrog_slurm.core.throughput import iteration_time, nodes_for
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.protocol import GradStats, ProfileSample
 from icefrog_slurm.sim.calibration import TaskCalibration
-from icefrog_slurm.sim.catalog import Task
+from icefrog_slurm.sim.catalog import Catalog, Task
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -60,19 +63,19 @@ JOB_WORK_NOISE = 0.05  # sd of log of a job's samples-to-target around the task'
 class _Hidden:
     """A task's hidden parameters (never exported; module doc for their meaning)."""
 
-    fwd_share: float
-    bwd_fixed_s: float
+    fwd_share: float  # T_fwd = fwd_share x calibrated compute(m); the rest is backward
+    bwd_fixed_s: float  # T_bwd(m,l) = fixed + (T_bwd(m,0) - fixed) x sum(layer_bwd[l:])
     layer_bwd: FloatArray  # per-layer share of backward's variable cost, sums to 1
-    sync_fixed_share: float
-    var0: FloatArray
+    sync_fixed_share: float  # T_sync(a,l) = T_sync(a,0) x (share + (1 - share) x omega_l)
+    var0: FloatArray  # v_i(p) = var0_i x (floor_i + (1 - floor_i) x exp(-decay_i x p))
     decay: FloatArray
     floor: FloatArray
-    rho: float
-    act_bytes_per_sample: float
-    act_keep: float
+    rho: float  # progress a frozen sample makes: 1 / (1 + rho x (1/psi - 1))
+    act_bytes_per_sample: float  # memory = static + W(1 + 3 omega) + act x m x keep(theta)
+    act_keep: float  # keep(theta) = act_keep + (1 - act_keep) x theta_l
     static_bytes: float
-    util_peak: float
-    interference: float
+    util_peak: float  # utilisation = util_peak x busy share of a one-GPU iteration
+    interference: float  # shared speed = (1 - interference) / max(1, sum of utilisations)
     snr: FloatArray  # squared gradient norm over variance, per layer
 
 
@@ -244,6 +247,17 @@ class TaskTruth:
         if not 0 <= frozen <= self.layers.num_layers:
             raise InputError(f"frozen: {frozen} is outside 0..{self.layers.num_layers}")
         return frozen
+
+
+def build_truths(
+    catalog: Catalog, calibration: Mapping[str, TaskCalibration], *, seed: int
+) -> dict[str, TaskTruth]:
+    """A truth for every task that is available and calibrated (the engine's starting point)."""
+    return {
+        name: TaskTruth(catalog.get(name), catalog.layers(name), calibration[name], seed=seed)
+        for name in catalog.available()
+        if name in calibration
+    }
 
 
 class TrainingRun:

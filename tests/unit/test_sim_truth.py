@@ -15,6 +15,7 @@ from icefrog_slurm.sim.truth import (
     GRAD_VAR_NOISE,
     PROFILE_TIME_NOISE,
     TaskTruth,
+    build_truths,
 )
 
 TASKS = shipped_catalog().available()
@@ -158,6 +159,14 @@ def test_sharing_speed_and_oom() -> None:
     while big.memory(batch=huge, frozen=0) < GPU_MEMORY_BYTES:
         huge *= 2
     assert big.shared_speed(batch=huge, frozen=0, partners=[(small, 64, 0)]) == 0.0
+
+
+def test_build_truths_covers_the_calibrated_tasks() -> None:
+    built = build_truths(shipped_catalog(), shipped_calibration(), seed=0)
+    assert set(built) == set(TASKS)
+    assert built["yolov3-voc"].throughput(gpus=2, batch=8, frozen=4) == truth(
+        "yolov3-voc"
+    ).throughput(gpus=2, batch=8, frozen=4)
 
 
 def test_hidden_parameters_differ_by_seed_and_stay_private() -> None:
