@@ -44,7 +44,7 @@ class GradStatsCollector:
 
     def __init__(self, num_layers: int, every: int = 8) -> None:
         self.num_layers = num_layers
-        self.every = max(1, every)
+        self.every = every  # <= 0: statistics off
         self._sum_var = torch.zeros(num_layers, dtype=torch.float64)
         self._sum_sqr = torch.zeros(num_layers, dtype=torch.float64)
         self._count = torch.zeros(num_layers, dtype=torch.float64)
@@ -58,6 +58,8 @@ class GradStatsCollector:
     # -- per step --------------------------------------------------------------------
     def measuring(self, step: int, world: int) -> bool:
         """Whether this step is measured (and, with one replica, the step after it)."""
+        if self.every <= 0:
+            return False
         return step % self.every == 0 or (world == 1 and step % self.every == 1)
 
     def add_local(self, layer_index: torch.Tensor, grads: list[torch.Tensor]) -> None:
@@ -77,6 +79,8 @@ class GradStatsCollector:
         group: Any = None,
     ) -> None:
         """Turn the step's (averaged) gradients into one estimate per measured layer."""
+        if self.every <= 0:
+            return
         if world > 1:
             self._finish_pollux(layer_index, grads, local_batch, world, group)
         elif step % self.every == 0:

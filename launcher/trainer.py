@@ -77,7 +77,7 @@ class ElasticModel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         t = self._trainer
-        t.timer.fwd_start = time.perf_counter()
+        t.timer.fwd_start = t.now()
         out = (t.ddp or t.module)(*args, **kwargs)
         t.timer.fwd_end = t.now()
         if isinstance(out, torch.Tensor) and out.requires_grad:
@@ -103,6 +103,7 @@ class Trainer:
         config: JobConfig | None = None,
         env: Mapping[str, str] | None = None,
         stats_every: int = 8,
+        profile_every: int = 4,
     ) -> None:
         env = dict(os.environ) if env is None else dict(env)
         self.config = config or JobConfig.from_env(env)
@@ -135,7 +136,9 @@ class Trainer:
         self._stop: int | None = None
         self.last_profile: ProfileSample | None = None
         self.synced_numel = 0  # gradient elements all-reduced so far (frozen ones never are)
-        self._measuring = False
+        self._measuring = False  # this step feeds the gradient statistics
+        self._timing = False  # this step is timed (synchronising CUDA at the marks)
+        self.profile_every = max(1, profile_every)
         self._layer_of = {
             id(p): i for i, layer in enumerate(self.layers) for p in layer.parameters()
         }
@@ -191,7 +194,7 @@ class Trainer:
 
     # -- hooks -----------------------------------------------------------------------
     def now(self) -> float:
-        return self.timer.now() if self._measuring else time.perf_counter()
+        return self.timer.now() if self._timing else time.perf_counter()
 
     def backward_started(self, grad: torch.Tensor) -> None:
         self.timer.bwd_start = time.perf_counter()
@@ -222,11 +225,12 @@ class Trainer:
                     local_batch=self.batch,
                     world=self.world,
                 )
-        self.timer.record(end, self._measuring)
+        self.timer.record(end, self._timing)
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.step += 1
         self._measuring = self.stats.measuring(self.step, self.world)
+        self._timing = self.step % self.profile_every == 0
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stop = signum
@@ -246,7 +250,8 @@ class Trainer:
         self.position += global_count
         self.samples_done += global_count
         self.effective_done += self.psi * global_count
-        self._measuring = self._measuring and local_count == self.batch
+        full = local_count == self.batch
+        self._measuring, self._timing = self._measuring and full, self._timing and full
 
     def step_boundary(self) -> None:
         """Between two steps: on a stop signal rank 0 checkpoints; every rank exits 75.
@@ -271,6 +276,7 @@ class Trainer:
         self.apply_decision(first=True)
         while self.epoch < self.config.max_epochs:
             self._measuring = self.stats.measuring(self.step, self.world)
+            self._timing = self.step % self.profile_every == 0
             yield self.epoch
             self._end_epoch()
             if self.finished:
