@@ -3,12 +3,27 @@ variables (plain dicts: this is logic, not a Slurm mock) and the torchrun comman
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
 import pytest
 
 from icefrog_slurm.cli import main
 from icefrog_slurm.errors import InputError
 from launcher.config import JobConfig, Target, parse_range, parse_target
-from launcher.launch import allocation_from_env, build_command, child_env, first_host
+from launcher.launch import (
+    REQUEUE_EXIT_CODE,
+    REQUEUE_MARKER,
+    allocation_from_env,
+    build_command,
+    child_env,
+    first_host,
+    run_training,
+)
 
 
 def test_parse_target() -> None:
@@ -138,3 +153,42 @@ def test_cli_dry_run(capsys: pytest.CaptureFixture[str], tmp_path: object) -> No
 def test_cli_bad_target_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["launch", "--target", "acc>0.9", "--dry-run", "--", "t.py"]) == 2
     assert "operator must be >= or <=" in capsys.readouterr().err
+
+
+def _child(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_run_training_maps_outcomes(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    assert run_training(_child("raise SystemExit(0)"), env, str(tmp_path)) == 0
+    assert run_training(_child("raise SystemExit(5)"), env, str(tmp_path)) == 5
+    marker = f"open({str(tmp_path / REQUEUE_MARKER)!r}, 'w').write('x'); raise SystemExit(1)"
+    assert run_training(_child(marker), env, str(tmp_path)) == REQUEUE_EXIT_CODE
+    # a stale marker from an earlier run does not count
+    assert run_training(_child("raise SystemExit(0)"), env, str(tmp_path)) == 0
+
+
+def test_run_training_usr1_terminates_child_and_asks_requeue(tmp_path: Path) -> None:
+    """USR1 to the launcher: the child (standing in for torchrun) gets TERM; exit 75."""
+    got_term, ready = tmp_path / "term", tmp_path / "ready"
+    code = (
+        "import signal, sys, time\n"
+        f"def on(*a): open({str(got_term)!r}, 'w').write('1'); sys.exit(3)\n"
+        "signal.signal(signal.SIGTERM, on)\n"
+        f"open({str(ready)!r}, 'w').write('1'); time.sleep(60)\n"
+    )
+
+    def signal_when_ready() -> None:
+        for _ in range(600):
+            if ready.exists():
+                os.kill(os.getpid(), signal.SIGUSR1)
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=signal_when_ready, daemon=True)
+    thread.start()
+    assert run_training(_child(code), dict(os.environ), str(tmp_path)) == REQUEUE_EXIT_CODE
+    thread.join(timeout=5)
+    assert got_term.exists()
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # handlers restored
