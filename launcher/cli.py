@@ -44,7 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--procs-per-node", type=int, default=None, help="override processes per node"
     )
     parser.add_argument("--torchrun", default="torchrun", help="torchrun executable")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="c10d rendezvous port")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help=f"c10d rendezvous port across nodes (default {DEFAULT_PORT} + job id %% 1000)",
+    )
     parser.add_argument(
         "--dry-run", action="store_true", help="print the command and environment only"
     )

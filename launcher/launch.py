@@ -120,18 +120,22 @@ def build_command(
     script: Sequence[str],
     *,
     torchrun: str = "torchrun",
-    port: int = DEFAULT_PORT,
+    port: int | None = None,
 ) -> list[str]:
     """The command line: torchrun on one node, ``srun`` one torchrun per node otherwise.
 
     One node uses ``--standalone`` (a private rendezvous, no port clash between jobs
-    sharing a node); several nodes rendezvous with c10d on the first node.
+    sharing a node); several nodes rendezvous with c10d on the first node, on ``port``
+    or, by default, ``DEFAULT_PORT + job_id % 1000`` so two jobs whose first node is
+    the same do not collide.
     """
     if not script:
         raise InputError("launch: give the training script after '--' (e.g. -- train.py)")
     base = [torchrun, f"--nproc-per-node={alloc.nproc_per_node}"]
     if alloc.nnodes == 1:
         return [*base, "--standalone", "--nnodes=1", *script]
+    if port is None:
+        port = DEFAULT_PORT + (int(alloc.job_id) % 1000 if alloc.job_id.isdigit() else 0)
     rdzv = [
         f"--nnodes={alloc.nnodes}",
         "--rdzv-backend=c10d",

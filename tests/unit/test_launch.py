@@ -126,6 +126,7 @@ def test_allocation_multi_node_uses_srun_and_c10d_on_first_node() -> None:
     assert cmd[:4] == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     assert "--rdzv-endpoint=node3:29600" in cmd and "--rdzv-id=99" in cmd
     assert "--nproc-per-node=4" in cmd and cmd[-1] == "train.py"
+    assert "--rdzv-endpoint=node3:29599" in build_command(alloc, ["train.py"])  # 29500 + 99
 
 
 def test_allocation_without_gpus_and_override() -> None:
@@ -192,3 +193,10 @@ def test_run_training_usr1_terminates_child_and_asks_requeue(tmp_path: Path) -> 
     thread.join(timeout=5)
     assert got_term.exists()
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # handlers restored
+
+
+def test_cli_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["launch", "--help"])
+    assert exited.value.code == 0
+    assert f"{REQUEUE_EXIT_CODE} checkpointed" in capsys.readouterr().out
