@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import socket
 import sys
 
 from launcher.config import JobConfig, parse_range, parse_target
@@ -19,6 +20,8 @@ from launcher.launch import (
     build_command,
     child_env,
     environ,
+    rendezvous_host,
+    resolves,
     run_training,
 )
 
@@ -76,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     )
     config.validate()
     alloc = allocation_from_env(env, args.procs_per_node)
+    alloc = rendezvous_host(alloc, resolves, socket.gethostname())
     command = build_command(alloc, script, torchrun=args.torchrun, port=args.port)
     extra = config.to_env()
     if args.dry_run:

@@ -23,12 +23,14 @@ the trainers, whose handler checkpoints at the next step boundary and exits.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -113,6 +115,26 @@ def allocation_from_env(env: Mapping[str, str], procs_override: int | None = Non
         job_id=env.get("SLURM_JOB_ID", "0"),
         cuda_visible_devices=visible,
     )
+
+
+def rendezvous_host(
+    alloc: Allocation, resolves: Callable[[str], bool], fallback: str
+) -> Allocation:
+    """The c10d host: the allocation's first node when its name resolves, else
+    ``fallback`` (the batch host, where the launcher runs: Slurm runs the batch script on
+    the first node). Node names need not resolve, e.g. on a test cluster whose nodes
+    are all ``NodeHostname=localhost``."""
+    if alloc.nnodes == 1 or resolves(alloc.first_node):
+        return alloc
+    return dataclasses.replace(alloc, first_node=fallback)
+
+
+def resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return True
 
 
 def build_command(

@@ -22,6 +22,7 @@ from launcher.launch import (
     build_command,
     child_env,
     first_host,
+    rendezvous_host,
     run_training,
 )
 
@@ -127,6 +128,9 @@ def test_allocation_multi_node_uses_srun_and_c10d_on_first_node() -> None:
     assert "--rdzv-endpoint=node3:29600" in cmd and "--rdzv-id=99" in cmd
     assert "--nproc-per-node=4" in cmd and cmd[-1] == "train.py"
     assert "--rdzv-endpoint=node3:29599" in build_command(alloc, ["train.py"])  # 29500 + 99
+    # a node name that does not resolve: the batch host (the launcher's own) instead
+    assert rendezvous_host(alloc, lambda h: True, "batchhost").first_node == "node3"
+    assert rendezvous_host(alloc, lambda h: False, "batchhost").first_node == "batchhost"
 
 
 def test_allocation_without_gpus_and_override() -> None:
