@@ -26,17 +26,7 @@ from typing import Any
 
 import torch
 
-
-def frozen_penalty(grad_var: list[float], frozen_var: list[float], frozen: int) -> float:
-    """psi(l) = sigma^2_t[l+1:L] / (sigma^2_t0[1:l] + sigma^2_t[l+1:L])   (spec eq 3).
-
-    ``frozen_var`` holds the variances taken when each layer was frozen (time t0),
-    ``grad_var`` the current ones; 1.0 when nothing is frozen or all variances are 0."""
-    if frozen <= 0:
-        return 1.0
-    prefix = math.fsum(max(v, 0.0) for v in frozen_var[:frozen])
-    suffix = math.fsum(max(v, 0.0) for v in grad_var[frozen:])
-    return 1.0 if prefix + suffix <= 0 else suffix / (prefix + suffix)
+from icefrog_slurm.core.penalty import frozen_penalty
 
 
 class GradStatsCollector:
@@ -143,7 +133,13 @@ class GradStatsCollector:
             self.frozen_sqr[i] = self.last_sqr[i]
 
     def penalty(self, frozen: int) -> float:
-        return frozen_penalty(self.last_var, self.frozen_var, frozen)
+        """psi (spec eq 3, icefrog_slurm.core.penalty): the at-freeze variances of the frozen
+        prefix against the latest ones of the trainable suffix (estimates clipped at 0)."""
+        if frozen <= 0:
+            return 1.0
+        prefix = math.fsum(max(v, 0.0) for v in self.frozen_var[:frozen])
+        suffix = math.fsum(max(v, 0.0) for v in self.last_var[frozen:])
+        return frozen_penalty(prefix, suffix)
 
     def state_dict(self) -> dict[str, list[float]]:
         return {

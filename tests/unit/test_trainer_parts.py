@@ -12,12 +12,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from icefrog_slurm.protocol import Decision, parse_envelope, parse_payload  # noqa: E402
+from icefrog_slurm.errors import InputError  # noqa: E402
+from icefrog_slurm.protocol import Decision, parse_decision, parse_envelope, parse_payload  # noqa: E402
 from launcher import checkpoint  # noqa: E402
-from launcher.decision import parse_decision, read_decision  # noqa: E402
+from launcher.decision import read_decision  # noqa: E402
 from launcher.profiler import find_layers, layer_flops, param_bytes  # noqa: E402
 from launcher.reports import Reporter  # noqa: E402
-from launcher.stats import GradStatsCollector, frozen_penalty  # noqa: E402
+from launcher.stats import GradStatsCollector  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -78,16 +79,23 @@ def test_decision_parsing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     bad = tmp_path / "d.json"
     bad.write_text(json.dumps({"round": 1, "gpus": 1, "batch": 0, "frozen": 0}))
     assert read_decision(bad) is None
-    assert "batch: must be an integer >= 1" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="colour: unknown field"):
+    assert "decision.batch: must be >= 1" in capsys.readouterr().err
+    with pytest.raises(InputError, match=r"decision\.colour: unknown field"):
         parse_decision(json.dumps({"round": 1, "gpus": 1, "batch": 1, "frozen": 0, "colour": 1}))
 
 
 def test_frozen_penalty_eq3() -> None:
     # the spec's worked example: prefix variance 20 at freeze time, suffix 80 now
-    assert frozen_penalty([0.0, 80.0], [20.0, 0.0], 1) == pytest.approx(0.8)
-    assert frozen_penalty([5.0, 1.0], [5.0, 0.0], 0) == 1.0
-    assert frozen_penalty([0.0, 0.0], [0.0, 0.0], 1) == 1.0
+    stats = GradStatsCollector(2)
+    stats.last_var, stats.frozen_var = [0.0, 80.0], [20.0, 0.0]
+    assert stats.penalty(1) == pytest.approx(0.8)
+    stats.last_var, stats.frozen_var = [5.0, 1.0], [5.0, 0.0]
+    assert stats.penalty(0) == 1.0
+    stats.last_var, stats.frozen_var = [0.0, 0.0], [0.0, 0.0]
+    assert stats.penalty(1) == 1.0
+    # a negative estimate (the unbiased estimator can dip below 0) counts as 0
+    stats.last_var, stats.frozen_var = [0.0, 30.0], [-1.0, 0.0]
+    assert stats.penalty(1) == 1.0
 
 
 def test_one_replica_statistics_estimate_variance() -> None:
