@@ -129,6 +129,28 @@ class SharingSettings:
 
 
 @dataclass(frozen=True)
+class SolverSettings:
+    """The IceShare solver of the icefrog policy (spec sections 10 and 15)."""
+
+    method: Literal["auto", "mip", "fast"] = "auto"
+    """auto: the exact fast solver, falling back to the MIP when it cannot prove a round
+    optimal; mip: the MIP alone; fast: never the MIP."""
+
+    time_limit_s: float = field(default=30.0, metadata=_bounds(exclusive_minimum=0.0))
+    """The MIP's time limit for one (sub)problem, seconds."""
+
+    partition_gpus: int = field(default=0, metadata=_bounds(minimum=0))
+    """Split a larger cluster into groups of about this many GPUs solved apart (spec
+    section 15); 0 never splits."""
+
+    workers: int = field(default=1, metadata=_bounds(minimum=1))
+    """Processes solving partitions at once."""
+
+    starvation_rounds: float = field(default=4.0, metadata=_bounds(exclusive_minimum=0.0))
+    """A waiting job's weight grows by 1 every this many rounds it has waited (aging)."""
+
+
+@dataclass(frozen=True)
 class MetricsSettings:
     """The Prometheus metrics endpoint."""
 
@@ -168,6 +190,9 @@ class Settings:
 
     sharing: SharingSettings = field(default_factory=SharingSettings)
     """GPU sharing."""
+
+    solver: SolverSettings = field(default_factory=SolverSettings)
+    """The IceShare solver."""
 
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     """The Prometheus endpoint."""
