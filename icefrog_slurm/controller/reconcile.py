@@ -352,8 +352,10 @@ class Reconciler:
     def _run_dir(self, job_id: int, sid: str) -> str:
         with self.store.transaction() as tx:
             path = run_dir_of(tx.job(job_id).progress.checkpoint_path)
-        if path:
-            return path
+        return path or self._workdir(sid)
+
+    def _workdir(self, sid: str) -> str:
+        """The Slurm job's WorkDir (asked once a Slurm job)."""
         if sid not in self._workdirs:
             self._workdirs[sid] = self.cluster.job_detail(job_id=sid).work_dir
         return self._workdirs[sid]
@@ -381,7 +383,7 @@ class Reconciler:
                 },
             )
             try:
-                run_dir = job.run_dir or self._run_dir(job.job_id, job.slurm_job_id)
+                run_dir = job.run_dir or self._workdir(job.slurm_job_id)
                 self.files.write_decision(
                     run_dir=run_dir, decision=decision, owner_uid=job.owner_uid
                 )
