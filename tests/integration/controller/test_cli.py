@@ -52,7 +52,7 @@ def test_dry_run_prints_the_plan_and_enacts_nothing_then_once_enacts(
     config.write_text(f'[state]\ndir = "{settings.state.dir}"\n')
     store = make_store(settings)
     cluster = backend()
-    job, sid, _ = submit_job(store, cluster, job_dir, f"ctl-{uuid.uuid4().hex[:8]}", min_gpus=2)
+    _, sid, _ = submit_job(store, cluster, job_dir, f"ctl-{uuid.uuid4().hex[:8]}", min_gpus=2)
     try:
         dry = _cli(config, "--dry-run")
         assert dry.returncode == 0, dry.stderr
