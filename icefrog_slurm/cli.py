@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "db": ("icefrog_slurm.commands.db", "State store database: icefrog db upgrade"),
     "trace": ("icefrog_slurm.commands.trace", "Sample evaluation workloads from the Philly trace"),
     "launch": ("launcher.cli", "Run a training script under torchrun in a Slurm allocation"),
+    "controller": ("icefrog_slurm.commands.controller", "The scheduling daemon (one per cluster)"),
 }
 
 
