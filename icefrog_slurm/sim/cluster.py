@@ -1,0 +1,320 @@
+"""``SimCluster``: an in-memory Slurm behind ``ClusterPort`` for the simulator.
+
+Nodes of ``gpus_per_node`` GPUs; each GPU is held exclusively by one ``gpu:N`` job or
+split into ``shards_per_gpu`` shards among ``shard:K`` jobs (never both, as in Slurm
+22.05). Jobs move as Slurm moves them: submitted held, released, started when their
+request fits (pinned nodes respected, a shard job packed onto a GPU that already has
+shard jobs before an empty one), signalled, requeued held (freeing their GPUs at once),
+updated while pending, resubmitted with a new GRES kind (the old job cancelled, the new
+one tagged ``prev=<old id>``), completed by the engine when training ends.
+
+Nothing here knows about training: ``on_signal`` tells the engine a job was asked to
+checkpoint; the engine reads who holds which GPU through :meth:`holdings`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+
+from icefrog_slurm.slurm.parse import expand_hostlist
+from icefrog_slurm.slurm.port import (
+    Gres,
+    GresAllocation,
+    IcefrogTag,
+    JobDetail,
+    JobNotFound,
+    JobState,
+    NodeCapacity,
+    PartitionCapacity,
+    SlurmRejected,
+    SubmitRequest,
+)
+
+HELD_REASON = "JobHeldUser"
+REQUEUE_HELD_REASON = "job requeued in held state"
+
+
+@dataclass
+class _Gpu:
+    owner: str | None = None  # exclusive gpu:N job
+    shards: dict[str, int] = field(default_factory=dict)  # shard job -> shards held
+
+    @property
+    def busy(self) -> bool:
+        return self.owner is not None or bool(self.shards)
+
+
+@dataclass
+class _Job:
+    job_id: str
+    name: str
+    tag: IcefrogTag
+    user_id: int
+    work_dir: str
+    gres: Gres
+    num_nodes: int
+    req_nodes: tuple[str, ...]
+    state: str = "PENDING"
+    reason: str = HELD_REASON
+    restarts: int = 0
+    held_on: list[tuple[str, int]] = field(default_factory=list)  # (node, GPU index)
+
+
+class SimCluster:
+    """An in-memory Slurm partition (module docstring); every method keyword-only."""
+
+    def __init__(
+        self,
+        *,
+        nodes: int,
+        gpus_per_node: int,
+        shards_per_gpu: int,
+        partition: str = "gpu",
+        user_id: int = 1000,
+        on_signal: Callable[[str], None] | None = None,
+    ) -> None:
+        if nodes < 1 or gpus_per_node < 1 or shards_per_gpu < 1:
+            raise ValueError("nodes, gpus_per_node and shards_per_gpu must be >= 1")
+        self.partition, self.user_id = partition, user_id
+        self.gpus_per_node, self.shards_per_gpu = gpus_per_node, shards_per_gpu
+        width = max(4, len(str(nodes)))
+        self._nodes: dict[str, list[_Gpu]] = {
+            f"sim{i:0{width}d}": [_Gpu() for _ in range(gpus_per_node)] for i in range(nodes)
+        }
+        self._jobs: dict[str, _Job] = {}
+        self._next_id = 1
+        self.on_signal = on_signal or (lambda _sid: None)
+
+    # ----- what the engine reads -----------------------------------------------------------
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(self._nodes)
+
+    def gpus_in_use(self) -> int:
+        """Physical GPUs held by any job (exclusive or shared)."""
+        return sum(g.busy for gpus in self._nodes.values() for g in gpus)
+
+    def holdings(self, job_id: str) -> tuple[tuple[str, int], ...]:
+        """(node, GPU index) pairs a running job holds (empty when it holds none)."""
+        job = self._jobs.get(job_id)
+        return tuple(job.held_on) if job is not None and job.state == "RUNNING" else ()
+
+    def gpu_sharers(self, node: str, index: int) -> tuple[str, ...]:
+        """Slurm job ids holding shards of one GPU."""
+        return tuple(self._nodes[node][index].shards)
+
+    def complete(self, *, job_id: str) -> None:
+        """The job's batch script exited 0 (training reached its end)."""
+        job = self._get(job_id)
+        self._free(job)
+        job.state, job.reason = "COMPLETED", "None"
+
+    def schedule(self) -> list[str]:
+        """Slurm's main scheduler pass: start every released pending job that fits, in
+        submission order; returns the ids started."""
+        started = []
+        for job in sorted(self._jobs.values(), key=lambda j: int(j.job_id)):
+            if job.state == "PENDING" and job.reason != HELD_REASON and self._try_start(job):
+                started.append(job.job_id)
+        return started
+
+    # ----- ClusterPort ---------------------------------------------------------------------
+    def submit_held(self, *, request: SubmitRequest) -> str:
+        for job in self._jobs.values():
+            if job.tag == request.tag and job.name == request.name and job.state not in _ENDED:
+                return job.job_id
+        job = _Job(
+            job_id=str(self._next_id),
+            name=request.name,
+            tag=request.tag,
+            user_id=self.user_id,
+            work_dir=request.workdir or f"/sim/{request.name}",
+            gres=request.gres,
+            num_nodes=request.num_nodes,
+            req_nodes=request.nodes,
+        )
+        self._next_id += 1
+        self._jobs[job.job_id] = job
+        return job.job_id
+
+    def release(self, *, job_id: str) -> None:
+        job = self._get(job_id)
+        if job.state == "PENDING" and job.reason == HELD_REASON:
+            job.reason = "Priority"
+            self._try_start(job)
+
+    def release_now(self, *, job_id: str) -> None:
+        self.release(job_id=job_id)
+
+    def update_pending(
+        self,
+        *,
+        job_id: str,
+        gres: Gres | None = None,
+        num_nodes: int | None = None,
+        nodes: tuple[str, ...] | None = None,
+    ) -> None:
+        job = self._get(job_id)
+        if job.state != "PENDING":
+            raise SlurmRejected(f"job {job_id} is {job.state}, not pending")
+        if gres is not None:
+            if gres.kind != job.gres.kind:
+                raise SlurmRejected(f"job {job_id}: GRES kind cannot change while pending")
+            job.gres = gres
+        if num_nodes is not None:
+            job.num_nodes = num_nodes
+        if nodes is not None:
+            unknown = [n for n in nodes if n not in self._nodes]
+            if unknown:
+                raise SlurmRejected(f"unknown nodes {unknown}")
+            job.req_nodes = nodes
+
+    def signal_batch(self, *, job_id: str, signal: str = "USR1") -> None:
+        job = self._get(job_id)
+        if job.state != "RUNNING":
+            raise SlurmRejected(f"job {job_id} is {job.state}, cannot signal")
+        self.on_signal(job_id)
+
+    def requeue_hold(self, *, job_id: str) -> None:
+        job = self._get(job_id)
+        if job.state not in ("RUNNING", "COMPLETED", "PENDING"):
+            raise SlurmRejected(f"job {job_id} is {job.state}, cannot requeue")
+        self._free(job)
+        job.state, job.reason = "PENDING", HELD_REASON
+        job.restarts += 1
+
+    def cancel(self, *, job_id: str) -> None:
+        job = self._jobs.get(job_id)
+        if job is None or job.state in _ENDED:
+            return
+        self._free(job)
+        job.state, job.reason = "CANCELLED", "None"
+
+    def poll(self, *, job_ids: Collection[str]) -> Mapping[str, JobState]:
+        return {sid: self._state(self._jobs[sid]) for sid in job_ids if sid in self._jobs}
+
+    def job_detail(self, *, job_id: str) -> JobDetail:
+        job = self._get(job_id)
+        return JobDetail(
+            job_id=job.job_id, name=job.name, user_id=job.user_id, group_id=job.user_id,
+            state=job.state, reason=job.reason, restarts=job.restarts, gres=job.gres,
+            num_nodes=str(job.num_nodes), req_nodes=",".join(job.req_nodes) or None,
+            nodelist=self._nodelist(job) or None, partition=self.partition,
+            work_dir=job.work_dir, std_out=None, std_err=None, time_limit="UNLIMITED",
+            comment=job.tag.comment(), tag=job.tag, fields={},
+        )  # fmt: skip
+
+    def gres_allocation(self, *, job_id: str) -> tuple[GresAllocation, ...]:
+        job = self._get(job_id)
+        by_node: dict[str, list[int]] = {}
+        for node, index in job.held_on:
+            by_node.setdefault(node, []).append(index)
+        return tuple(
+            GresAllocation(nodes=(n,), kind=job.gres.kind, count=job.gres.count, indices=tuple(i))
+            for n, i in by_node.items()
+        )
+
+    def partition_capacity(self, *, partition: str) -> PartitionCapacity:
+        return PartitionCapacity(
+            partition=partition,
+            nodes=tuple(NodeCapacity(n, len(g), 0) for n, g in self._nodes.items()),
+            foreign_job_ids=(),
+        )
+
+    def owner_uid(self, *, job_id: str) -> int:
+        return self._get(job_id).user_id
+
+    def resubmit(
+        self,
+        *,
+        job_id: str,
+        gres: Gres,
+        num_nodes: int | None = None,
+        nodes: tuple[str, ...] | None = None,
+    ) -> str:
+        old = self._get(job_id)
+        self.cancel(job_id=job_id)
+        request = SubmitRequest(
+            script="", tag=IcefrogTag(old.tag.key, previous_id=job_id), name=old.name,
+            gres=gres, num_nodes=num_nodes or 1, nodes=nodes or (), workdir=old.work_dir,
+        )  # fmt: skip
+        return self.submit_held(request=request)
+
+    def hostnames(self, *, nodelist: str) -> tuple[str, ...]:
+        return expand_hostlist(nodelist)
+
+    def find_successor(self, *, job_id: str) -> str | None:
+        live = [
+            j.job_id
+            for j in self._jobs.values()
+            if j.tag.previous_id == job_id and j.state not in _ENDED
+        ]
+        return max(live, key=int) if live else None
+
+    # ----- internals -------------------------------------------------------------------------
+    def _get(self, job_id: str) -> _Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise JobNotFound(f"Invalid job id specified: {job_id}")
+        return job
+
+    def _state(self, job: _Job) -> JobState:
+        return JobState(
+            job_id=job.job_id, state=job.state, gres=job.gres, num_nodes=job.num_nodes,
+            nodelist=self._nodelist(job), reason=job.reason, priority=1, user_id=job.user_id,
+            partition=self.partition, comment=job.tag.comment(), tag=job.tag,
+        )  # fmt: skip
+
+    def _nodelist(self, job: _Job) -> str:
+        return ",".join(dict.fromkeys(n for n, _ in job.held_on))
+
+    def _free(self, job: _Job) -> None:
+        for node, index in job.held_on:
+            gpu = self._nodes[node][index]
+            if gpu.owner == job.job_id:
+                gpu.owner = None
+            gpu.shards.pop(job.job_id, None)
+        job.held_on = []
+
+    def _try_start(self, job: _Job) -> bool:
+        """Start the job when its request fits now (pinned nodes first, else any)."""
+        pool = [n for n in job.req_nodes if n in self._nodes] or list(self._nodes)
+        if job.gres.kind == "shard":
+            taken = self._fit_shard(pool, job)
+        else:
+            taken = self._fit_gpus(pool, job)
+        if taken is None:
+            job.reason = "Resources"
+            return False
+        job.held_on = taken
+        job.state, job.reason = "RUNNING", "None"
+        return True
+
+    def _fit_gpus(self, pool: list[str], job: _Job) -> list[tuple[str, int]] | None:
+        chosen: list[tuple[str, int]] = []
+        for node in pool:
+            free = [i for i, g in enumerate(self._nodes[node]) if not g.busy]
+            if len(free) >= job.gres.count:
+                chosen.extend((node, i) for i in free[: job.gres.count])
+            if len(chosen) == job.gres.count * job.num_nodes:
+                for n, i in chosen:
+                    self._nodes[n][i].owner = job.job_id
+                return chosen
+        return None
+
+    def _fit_shard(self, pool: list[str], job: _Job) -> list[tuple[str, int]] | None:
+        options = []
+        for node in pool[:1] if job.req_nodes else pool:
+            for i, g in enumerate(self._nodes[node]):
+                used = sum(g.shards.values())
+                if g.owner is None and used + job.gres.count <= self.shards_per_gpu:
+                    options.append((0 if used else 1, node, i))
+        if not options:
+            return None
+        _, node, index = min(options)
+        self._nodes[node][index].shards[job.job_id] = job.gres.count
+        return [(node, index)]
+
+
+_ENDED = frozenset({"COMPLETED", "CANCELLED", "FAILED"})

@@ -1,0 +1,360 @@
+"""The simulation engine: the production ``Controller`` driven over simulated time.
+
+The edges are swapped, nothing else (architecture rule 2): a :class:`SimClock`, the
+in-memory :class:`~icefrog_slurm.sim.cluster.SimCluster` behind ``ClusterPort``, the real
+``SqlStore`` on a throw-away SQLite file behind ``StorePort``, and :class:`SimJobFiles` that
+hand ``decision.json`` to the simulated job and answer whether it checkpointed. The policy is
+any ``Policy``; the controller's tick and reconcile are the production ones.
+
+A step of the loop: jobs whose submission time has come are submitted held and registered
+(as ``icefrog submit`` and the ``register`` report do); ``Controller.tick_once()`` runs;
+Slurm's scheduler pass starts released jobs; the world advances to the next event (the next
+round, the next arrival, or ``reconcile_poll_s`` while reconcile waits for checkpoints):
+every running job trains per the truth (:mod:`~icefrog_slurm.sim.jobs`) and its reports go
+into the store through the same ``StoreTx`` calls the inbox makes for verified reports.
+A job asked to checkpoint (USR1) checkpoints at once; the reallocation overhead is paid
+when it restarts.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from icefrog_slurm.controller.daemon import Controller, TickReport
+from icefrog_slurm.controller.plan import Policy
+from icefrog_slurm.errors import InputError
+from icefrog_slurm.protocol import Decision
+from icefrog_slurm.settings import Settings
+from icefrog_slurm.sim.calibration import shipped_calibration
+from icefrog_slurm.sim.catalog import Catalog, shipped_catalog
+from icefrog_slurm.sim.cluster import SimCluster
+from icefrog_slurm.sim.jobs import Config, JobOutcome, Reports, SimJob
+from icefrog_slurm.sim.truth import TaskTruth, build_truths
+from icefrog_slurm.sim.workload import Job
+from icefrog_slurm.slurm.port import Gres, IcefrogTag, SubmitRequest
+from icefrog_slurm.store import migrate
+from icefrog_slurm.store.sql import SqlStore
+
+SIM_UID = 1000
+
+
+class SimClock:
+    """Simulated time; ``sleep`` just moves it on."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += max(seconds, 0.0)
+
+
+class SimJobFiles:
+    """``JobFiles`` for simulated jobs: run dir -> the job; the marker is the job's own
+    checkpoint time."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, SimJob] = {}
+
+    def write_decision(self, *, run_dir: str, decision: Decision, owner_uid: int) -> None:
+        job = self.jobs.get(run_dir)
+        if job is None:
+            raise OSError(f"no simulated job runs in {run_dir}")
+        job.on_decision(decision)
+
+    def checkpoint_marked(self, *, run_dir: str, since: float) -> bool:
+        job = self.jobs.get(run_dir)
+        return job is not None and job.checkpoint_at is not None and job.checkpoint_at >= since
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """How to simulate: cluster shape, switches and limits."""
+
+    gpus: int = 48
+    gpus_per_node: int = 4
+    seed: int = 0
+    freeze: bool = True  # jobs may freeze layers (max_frozen_fraction from the catalog)
+    share: bool = True  # jobs accept a shared GPU
+    max_sim_s: float = 60 * 86400.0  # stop (jobs unfinished) after this much simulated time
+
+
+@dataclass
+class Round:
+    time: float
+    solve_s: float
+    tick_s: float
+
+
+@dataclass
+class SimResult:
+    """What a run produced (summary.json and the plots are made from it)."""
+
+    policy: str
+    options: SimOptions
+    jobs: list[JobOutcome]
+    rounds: list[Round]
+    usage: list[tuple[float, int]]  # (time, GPUs in use)
+    frozen: dict[str, list[tuple[float, int]]]  # job name -> (time, frozen layers)
+    wall_s: float = 0.0
+    ticks: int = 0
+    end_time: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Engine:
+    """One simulation of one workload under one policy (module docstring)."""
+
+    def __init__(
+        self,
+        workload: Sequence[Job],
+        policy: Policy,
+        *,
+        settings: Settings,
+        options: SimOptions,
+        catalog: Catalog | None = None,
+        truths: dict[str, TaskTruth] | None = None,
+        store_dir: str | None = None,
+    ) -> None:
+        if options.gpus < 1 or options.gpus_per_node < 1 or options.gpus % options.gpus_per_node:
+            raise InputError(
+                f"--gpus {options.gpus} must be a positive multiple of --gpus-per-node "
+                f"{options.gpus_per_node}"
+            )
+        self.catalog = catalog or shipped_catalog()
+        self.truths = truths or build_truths(self.catalog, shipped_calibration(), seed=options.seed)
+        self.settings, self.options, self.policy = settings, options, policy
+        self.clock = SimClock(min((j.submit_s for j in workload), default=0.0))
+        self.files = SimJobFiles()
+        self.cluster = SimCluster(
+            nodes=options.gpus // options.gpus_per_node,
+            gpus_per_node=options.gpus_per_node,
+            shards_per_gpu=settings.slurm.shards_per_gpu,
+            partition=settings.slurm.partition,
+            user_id=SIM_UID,
+            on_signal=self._on_signal,
+        )
+        self._tmp = None if store_dir else tempfile.TemporaryDirectory(prefix="icefrog-sim-")
+        folder = Path(store_dir) if store_dir else Path(self._tmp.name if self._tmp else ".")
+        url = f"sqlite:///{folder / 'sim.db'}"
+        migrate.upgrade(url)
+        self.store = SqlStore(url)
+        self.controller = Controller(
+            settings=settings,
+            policy=policy,
+            cluster=self.cluster,
+            store=self.store,
+            clock=self.clock,
+            files=self.files,
+        )
+        self.pending = sorted(workload, key=lambda j: (j.submit_s, j.name))
+        self.jobs: list[SimJob] = []
+        self.by_slurm: dict[str, SimJob] = {}
+        self.job_ids: dict[str, int] = {}
+        self._store_ids: dict[str, int] = {}
+
+    # ----- the loop ----------------------------------------------------------------------
+    def run(self, progress: Callable[[float, int, int], None] | None = None) -> SimResult:
+        """Simulate until every job ended (or ``max_sim_s``); ``progress(now, done, total)``
+        is called after each round."""
+        result = SimResult(self.policy.name, self.options, [], [], [], {})
+        started = time.perf_counter()
+        total = len(self.pending)
+        start = self.clock.now()
+        last_round = -float("inf")
+        try:
+            while not self._all_done(total) and self.clock.now() - start < self.options.max_sim_s:
+                self._arrivals()
+                report = self.controller.tick_once()
+                result.ticks += 1
+                if report.plan.new_round:
+                    last_round = report.plan.time
+                    result.rounds.append(
+                        Round(report.plan.time, report.plan.solve_s or 0.0, report.tick_s)
+                    )
+                    if progress is not None:
+                        progress(self.clock.now(), sum(j.done for j in self.jobs), total)
+                self.cluster.schedule()
+                self._advance(self._next_time(report, last_round), result)
+        finally:
+            self.store.close()
+            if self._tmp is not None:
+                self._tmp.cleanup()
+        result.jobs = [j.outcome for j in self.jobs] + [
+            JobOutcome(name=j.name, task=self.catalog.resolve(j.task), submit=j.submit_s)
+            for j in self.pending
+        ]
+        result.frozen = {j.job.name: j.frozen_trace for j in self.jobs if j.frozen_trace}
+        result.wall_s = time.perf_counter() - started
+        result.end_time = self.clock.now()
+        return result
+
+    def _all_done(self, total: int) -> bool:
+        return not self.pending and all(j.done for j in self.jobs) and len(self.jobs) == total
+
+    def _next_time(self, report: TickReport, last_round: float) -> float:
+        now = self.clock.now()
+        c = self.settings.controller
+        if report.reconcile.busy:
+            step = c.reconcile_poll_s
+        else:
+            step = max(last_round + c.round_period_s - now, c.reconcile_poll_s)
+        nxt = now + step
+        if self.pending:
+            nxt = min(nxt, max(self.pending[0].submit_s, now + 1e-6))
+        return nxt
+
+    # ----- jobs arriving -----------------------------------------------------------------
+    def _arrivals(self) -> None:
+        now = self.clock.now()
+        while self.pending and self.pending[0].submit_s <= now:
+            self._submit(self.pending.pop(0), now)
+
+    def _submit(self, job: Job, now: float) -> None:
+        name = self.catalog.resolve(job.task)
+        truth = self.truths.get(name)
+        if truth is None:
+            raise InputError(f"workload job {job.name}: task {name} has no calibrated truth")
+        task = self.catalog.get(name)
+        spec = task.job_spec(self.catalog.layers(name))
+        if not self.options.freeze:
+            spec = replace(spec, max_frozen_fraction=0.0)
+        if not self.options.share:
+            spec = replace(spec, accepts_shared=False)
+        seed = self.options.seed * 1_000_003 + len(self.jobs)
+        sim = SimJob(
+            job,
+            truth,
+            spec,
+            seed=seed,
+            overhead_s=self.settings.controller.reallocation_overhead_s,
+        )
+        per_node = min(job.gpus, self.options.gpus_per_node)
+        request = SubmitRequest(
+            script="",
+            tag=IcefrogTag(job.name),
+            name=job.name,
+            gres=Gres("gpu", per_node),
+            num_nodes=max(1, -(-job.gpus // per_node)),
+            workdir=sim.run_dir,
+        )
+        sim.slurm_id = self.cluster.submit_held(request=request)
+        with self.store.transaction() as tx:
+            job_id = tx.create_job(
+                name=job.name,
+                owner_uid=SIM_UID,
+                owner_user="sim",
+                slurm_job_id=sim.slurm_id,
+                spec=spec,
+                now=job.submit_s,
+            )
+        self._store_ids[job.name] = job_id
+        self.files.jobs[sim.run_dir] = sim
+        self.jobs.append(sim)
+        self.by_slurm[sim.slurm_id] = sim
+
+    def _on_signal(self, slurm_id: str) -> None:
+        job = self._current_job(slurm_id)
+        if job is not None:
+            job.checkpoint_at = self.clock.now()
+
+    def _current_job(self, slurm_id: str) -> SimJob | None:
+        job = self.by_slurm.get(slurm_id)
+        if job is not None:
+            return job
+        with self.store.transaction() as tx:
+            rec = tx.job_by_slurm_id(slurm_id)
+        if rec is None:
+            return None
+        for sim in self.jobs:
+            if self._store_ids.get(sim.job.name) == rec.id:
+                self.by_slurm[slurm_id] = sim
+                sim.slurm_id = slurm_id
+                return sim
+        return None
+
+    # ----- the world moving ----------------------------------------------------------------
+    def _advance(self, until: float, result: SimResult) -> None:
+        now = self.clock.now()
+        self._sync_configs(now)
+        result.usage.append((now, self.cluster.gpus_in_use()))
+        reports: list[tuple[SimJob, Reports]] = []
+        finished: list[tuple[SimJob, float]] = []
+        for job in self.jobs:
+            if job.config is None or job.done:
+                continue
+            rep, end = job.step(now, until, self._speed(job))
+            reports.append((job, rep))
+            if end is not None:
+                finished.append((job, end))
+        self._store_reports(reports, until)
+        for job, _end in finished:
+            self.cluster.complete(job_id=job.slurm_id)
+            job.set_config(None, until)
+        self.clock.t = until
+
+    def _sync_configs(self, now: float) -> None:
+        """Each job's allocation as Slurm holds it now, with its decision's batch/frozen."""
+        for job in self.jobs:
+            if job.done:
+                continue
+            held = self._held(job)
+            if not held:
+                job.set_config(None, now)
+                continue
+            d = job.decision
+            shared = bool(self.cluster.gpu_sharers(*held[0])) and len(held) == 1
+            batch = d.batch if d is not None and d.batch >= 1 else job.spec.min_batch
+            frozen = d.frozen if d is not None else 0
+            nodes = len({n for n, _ in held})
+            job.set_config(Config(len(held), nodes, batch, frozen, shared, held), now)
+
+    def _held(self, job: SimJob) -> tuple[tuple[str, int], ...]:
+        held = self.cluster.holdings(job.slurm_id)
+        if held:
+            return held
+        with self.store.transaction() as tx:
+            sid = tx.job(self._store_ids[job.job.name]).slurm_job_id
+        if sid != job.slurm_id:
+            self.by_slurm[sid] = job
+            job.slurm_id = sid
+            return self.cluster.holdings(sid)
+        return ()
+
+    def _speed(self, job: SimJob) -> float:
+        cfg = job.config
+        if cfg is None or not cfg.shared:
+            return 1.0
+        node, index = cfg.gpu_key[0]
+        partners = []
+        for sid in self.cluster.gpu_sharers(node, index):
+            other = self.by_slurm.get(sid)
+            if other is not None and other is not job and other.config is not None:
+                partners.append((other.truth, other.config.batch, other.config.frozen))
+        return job.truth.shared_speed(batch=cfg.batch, frozen=cfg.frozen, partners=partners)
+
+    def _store_reports(self, reports: list[tuple[SimJob, Reports]], now: float) -> None:
+        """Apply the jobs' reports as the inbox applies verified ones."""
+        if not any(r.samples or r.progress or r.finished for _, r in reports):
+            return
+        with self.store.transaction() as tx:
+            for job, rep in reports:
+                job_id = self._store_ids[job.job.name]
+                if rep.samples:
+                    tx.add_profile_samples(
+                        job_id=job_id, slurm_job_id=job.slurm_id, samples=rep.samples, now=now
+                    )
+                if rep.grad_stats is not None:
+                    tx.put_grad_stats(job_id=job_id, stats=rep.grad_stats, now=now)
+                if rep.metric is not None:
+                    tx.put_metric(job_id=job_id, metric=rep.metric, now=now)
+                if rep.progress is not None:
+                    tx.set_progress(job_id=job_id, progress=rep.progress, sent_time=now)
+                if rep.finished is not None:
+                    tx.mark_finished(job_id=job_id, report=rep.finished, now=now)
