@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trace": ("icefrog_slurm.commands.trace", "Sample evaluation workloads from the Philly trace"),
     "launch": ("launcher.cli", "Run a training script under torchrun in a Slurm allocation"),
     "controller": ("icefrog_slurm.commands.controller", "The scheduling daemon (one per cluster)"),
+    "simulate": ("icefrog_slurm.commands.simulate", "Trace-driven simulation of the policies"),
 }
 
 

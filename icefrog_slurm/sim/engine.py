@@ -23,6 +23,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
 
 from icefrog_slurm.controller.daemon import Controller, TickReport
 from icefrog_slurm.controller.plan import Policy
@@ -145,6 +148,7 @@ class Engine:
         url = f"sqlite:///{folder / 'sim.db'}"
         migrate.upgrade(url)
         self.store = SqlStore(url)
+        _no_fsync(self.store)
         self.controller = Controller(
             settings=settings,
             policy=policy,
@@ -358,3 +362,16 @@ class Engine:
                     tx.set_progress(job_id=job_id, progress=rep.progress, sent_time=now)
                 if rep.finished is not None:
                     tx.mark_finished(job_id=job_id, report=rep.finished, now=now)
+
+
+def _no_fsync(store: SqlStore) -> None:
+    """A throw-away database needs no durability: ``PRAGMA synchronous=OFF`` on every
+    connection (commits then cost no fsync; measured in docs/evaluation.md)."""
+
+    @event.listens_for(store.engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA synchronous=OFF")
+        cur.close()
+
+    store.engine.dispose()

@@ -1,0 +1,81 @@
+"""``PolluxPlusPolicy``: Pollux (Qiao et al., OSDI 2021) with FreezeOut, no sharing.
+
+Pollux scores a job's allocation by its *goodput*: throughput x statistical efficiency of
+the global batch, with the batch chosen per allocation; its cluster optimiser (AdaptDL's
+``PolluxPolicy.optimize``, a genetic algorithm) maximises the power mean, p = -1, of the
+jobs' speedups, speedup = goodput(allocation) / goodput(a fair-share allocation).
+
+Here (simplified; docs/evaluation.md says why):
+- efficiency follows AdaptDL's ``goodput.py``: scale = M / M0 (M0 the job's smallest global
+  batch), gain = (var + sqr) / (var / scale + sqr), efficiency = gain / scale, with var and
+  sqr the sums of the trainable layers' reported gradient variance and squared norm;
+  jobs with no statistics yet count efficiency 1;
+- goodput(a) = E(a) x efficiency(a x m), (m, l) the tuner's choice at a (the "+");
+- speedup(a) = goodput(a) / goodput(smallest count); the p = -1 objective sum(-1/speedup)
+  is maximised by the marginal-gain greedy of ``baseline.elastic`` instead of a genetic
+  algorithm; exclusive GPUs only.
+"""
+
+from __future__ import annotations
+
+from icefrog_slurm.controller.plan import PolicyResult
+from icefrog_slurm.controller.snapshot import Snapshot
+from icefrog_slurm.policies.baseline import (
+    Free,
+    JobOptions,
+    elastic,
+    job_options,
+    place_counts,
+    result,
+)
+from icefrog_slurm.policies.estimate import Estimator
+from icefrog_slurm.settings import Settings
+
+NO_SPEEDUP = 1e12  # -1/speedup for a job that would make no progress
+
+
+def efficiency(*, var: float, sqr: float, batch: float, base_batch: float) -> float:
+    """Statistical efficiency of global batch M (AdaptDL goodput.py): scale = M / M0,
+    gain = (var + sqr) / (var / scale + sqr), efficiency = gain / scale (1 at M = M0)."""
+    if not (var > 0 and sqr > 0 and batch > 0 and base_batch > 0):
+        return 1.0
+    scale = batch / base_batch
+    return (var + sqr) / (var / scale + sqr) / scale
+
+
+def goodput(o: JobOptions, gpus: int) -> float:
+    """E(a) x efficiency(a x m) for the tuner's choice at ``gpus``."""
+    cand = o.exclusive[gpus]
+    spec, stats = o.job.job.spec, o.job.view.grad_stats
+    var = sqr = 0.0
+    if stats is not None:
+        var, sqr = sum(stats.grad_var[stats.frozen :]), sum(stats.grad_sqr[stats.frozen :])
+    eff = efficiency(
+        var=var,
+        sqr=sqr,
+        batch=gpus * cand.choice.batch,
+        base_batch=spec.min_gpus * spec.min_batch,
+    )
+    return cand.choice.effective_progress * eff
+
+
+class PolluxPlusPolicy:
+    """Pollux+ (module docstring)."""
+
+    name = "pollux+"
+
+    def __init__(self) -> None:
+        self.estimator = Estimator()
+
+    def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
+        opts, _ = job_options(snapshot, self.estimator, settings)
+        opts = [o for o in opts if o.exclusive]
+        base = {o.job.id: goodput(o, o.counts[0]) for o in opts}
+
+        def value(o: JobOptions, gpus: int) -> float:
+            speedup = goodput(o, gpus) / base[o.job.id] if base[o.job.id] > 0 else 0.0
+            return -1.0 / speedup if speedup > 0 else -NO_SPEEDUP
+
+        free = Free(snapshot)
+        counts = elastic(opts, free, value=value, order=lambda o: (o.job.job.submit_time, o.job.id))
+        return result(snapshot, place_counts(opts, counts, free))
