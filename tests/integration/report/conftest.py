@@ -1,0 +1,28 @@
+"""Fixtures of the report tests: the store's SQLite and Postgres databases (the store
+suite's own fixtures), the local time zone pinned to UTC and the report clock fixed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from icefrog_slurm.commands import storeargs
+from tests.integration.report.populate import NOW
+from tests.integration.store.conftest import (  # noqa: F401 (fixtures)
+    db_url,
+    pg_server,
+    pg_template,
+    sqlite_template,
+)
+
+
+@pytest.fixture(autouse=True)
+def _utc_and_fixed_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    monkeypatch.setattr(storeargs, "now", lambda: NOW)
+    yield
+    monkeypatch.undo()
+    time.tzset()
