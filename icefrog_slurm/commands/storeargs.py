@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Iterable
@@ -46,8 +47,12 @@ def now() -> float:
 
 
 def print_lines(lines: Iterable[str]) -> None:
-    for line in lines:
-        sys.stdout.write(line + "\n")
+    try:
+        for line in lines:
+            sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, like Slurm's tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def print_json(value: Any) -> None:
