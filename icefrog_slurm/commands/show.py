@@ -15,8 +15,9 @@ from icefrog_slurm.commands.storeargs import (
     print_json,
     print_lines,
 )
+from icefrog_slurm.errors import InputError
 from icefrog_slurm.report.queries import read_job
-from icefrog_slurm.report.select import parse_ids
+from icefrog_slurm.report.select import parse_id
 from icefrog_slurm.report.show import show_json, show_lines
 
 
@@ -33,7 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    (ident,) = parse_ids(args.id, option="ID")
+    ident = parse_id(args.id.strip(), option="ID")
+    if args.actions < 0:
+        raise InputError(f"--actions {args.actions}: must be 0 or more")
     store = open_store(args)
     try:
         detail = read_job(store, ident, slurm_id=args.slurm)

@@ -49,14 +49,15 @@ def parse_users(text: str | None) -> frozenset[str]:
     return frozenset(_items(text)) if text else frozenset()
 
 
+def parse_id(text: str, *, option: str) -> str:
+    """One job id (digits, or ``N_M`` for an array task)."""
+    if not _JOB_ID.match(text):
+        raise InputError(f"{option}: {text!r} is not a job id")
+    return text
+
+
 def parse_ids(text: str | None, *, option: str) -> frozenset[str]:
-    if not text:
-        return frozenset()
-    ids = _items(text)
-    for item in ids:
-        if not _JOB_ID.match(item):
-            raise InputError(f"{option}: {item!r} is not a job id")
-    return frozenset(ids)
+    return frozenset(parse_id(item, option=option) for item in _items(text or ""))
 
 
 def parse_states(text: str | None, *, option: str) -> frozenset[str] | None:

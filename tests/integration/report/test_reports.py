@@ -233,6 +233,10 @@ def test_show_job_trajectory_chain_and_actions(
     assert (code, out) == (1, "") and "no icefrog job with" in err and "999" in err
     code, _, err = run(capsys, "show", "job", "2", "--slurm", *db)
     assert code == 1 and "no icefrog job with Slurm job id 2" in err
+    code, _, err = run(capsys, "show", "job", "1", "--actions", "-1", *db)
+    assert code == 2 and "--actions -1: must be 0 or more" in err
+    code, _, err = run(capsys, "show", "job", "1,2", *db)
+    assert code == 2 and "ID: '1,2' is not a job id" in err
 
 
 def test_show_job_id_that_is_also_another_jobs_slurm_id_is_refused(
