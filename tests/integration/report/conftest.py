@@ -1,5 +1,5 @@
-"""Fixtures of the report tests: the store's SQLite and Postgres databases (the store
-suite's own fixtures), the local time zone pinned to UTC and the report clock fixed."""
+"""Fixtures of the report tests: the store's SQLite and Postgres databases come from
+tests/support/databases.py; the local time zone pinned to UTC and the report clock fixed."""
 
 from __future__ import annotations
 
@@ -10,12 +10,6 @@ import pytest
 
 from icefrog_slurm.commands import storeargs
 from tests.integration.report.populate import NOW
-from tests.integration.store.conftest import (  # noqa: F401 (fixtures)
-    db_url,
-    pg_server,
-    pg_template,
-    sqlite_template,
-)
 
 
 @pytest.fixture(autouse=True)
