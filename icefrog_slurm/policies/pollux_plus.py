@@ -11,9 +11,11 @@ Here (simplified; docs/evaluation.md says why):
   sqr the sums of the trainable layers' reported gradient variance and squared norm;
   jobs with no statistics yet count efficiency 1;
 - goodput(a) = E(a) x efficiency(a x m), (m, l) the tuner's choice at a (the "+");
-- speedup(a) = goodput(a) / goodput(smallest count); the p = -1 objective sum(-1/speedup)
-  is maximised by the marginal-gain greedy of ``baseline.elastic`` instead of a genetic
-  algorithm; exclusive GPUs only.
+- speedup(a) = goodput(a) / goodput(fair share), the fair share ceil(GPUs / jobs) as in
+  AdaptDL's simulator (``simulator/pollux.py``), times its restart penalty
+  age / (age + delay) for a changed allocation (delay = the reallocation overhead);
+- the p = -1 power-mean objective (sum of -1/speedup) is maximised by the marginal-gain
+  greedy of ``baseline.elastic`` instead of NSGA-II; exclusive GPUs only.
 """
 
 from __future__ import annotations
@@ -70,12 +72,24 @@ class PolluxPlusPolicy:
     def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
         opts, _ = job_options(snapshot, self.estimator, settings)
         opts = [o for o in opts if o.exclusive]
-        base = {o.job.id: goodput(o, o.counts[0]) for o in opts}
+        fair = -(-snapshot.capacity.available_gpus // max(len(opts), 1))
+        base = {o.job.id: goodput(o, fair_count(o, fair)) for o in opts}
+        delay = settings.controller.reallocation_overhead_s
 
         def value(o: JobOptions, gpus: int) -> float:
             speedup = goodput(o, gpus) / base[o.job.id] if base[o.job.id] > 0 else 0.0
+            cur = o.job.current.gpus
+            if cur and gpus != cur:  # AdaptDL simulator's restart penalty
+                age = max(snapshot.time - o.job.job.submit_time, 0.0)
+                speedup *= age / (age + delay)
             return -1.0 / speedup if speedup > 0 else -NO_SPEEDUP
 
         free = Free(snapshot)
         counts = elastic(opts, free, value=value, order=lambda o: (o.job.job.submit_time, o.job.id))
         return result(snapshot, place_counts(opts, counts, free))
+
+
+def fair_count(o: JobOptions, fair: int) -> int:
+    """The job's legal count nearest below its fair share of the GPUs (its smallest if none)."""
+    below = [g for g in o.counts if g <= fair]
+    return below[-1] if below else o.counts[0]

@@ -1,0 +1,74 @@
+"""Time the simulator on a workload, per policy, and split where the time goes.
+
+Prints per policy: wall seconds in all, of which in ``policy.decide`` (the policy's own
+estimation and optimisation, the same cost production pays each round) and the rest (engine,
+controller tick and reconcile, SQLite store); ticks, rounds, simulated hours, average JCT.
+Target (issue 7): a 48-GPU 1x trace in under 60 s.
+
+Usage (the 1x trace of docs/evaluation.md):
+    PYTHONPATH=. python -m icefrog_slurm trace sample \\
+        --philly /work/shared/data/pollux/traces/philly.csv --load 1 --seed 1 --out /tmp/w1.csv
+    PYTHONPATH=. python benchmarks/simulate.py --workload /tmp/w1.csv --gpus 48 \\
+        --policy standin,lucid+,optimus+,pollux+
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from icefrog_slurm.commands.simulate import make_policy
+from icefrog_slurm.controller.plan import Policy, PolicyResult
+from icefrog_slurm.controller.snapshot import Snapshot
+from icefrog_slurm.settings import Settings
+from icefrog_slurm.sim.catalog import shipped_catalog
+from icefrog_slurm.sim.engine import Engine, SimOptions
+from icefrog_slurm.sim.workload import read_workload
+
+
+class Timed:
+    """A policy wrapped to add up the seconds spent deciding."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner, self.name, self.seconds = inner, inner.name, 0.0
+
+    def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
+        start = time.perf_counter()
+        try:
+            return self.inner.decide(snapshot, settings=settings)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", type=Path, required=True)
+    ap.add_argument("--gpus", type=int, default=48)
+    ap.add_argument("--gpus-per-node", type=int, default=4)
+    ap.add_argument("--policy", default="standin,lucid+,optimus+,pollux+")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    catalog = shipped_catalog()
+    workload = read_workload(args.workload, catalog)
+    opts = SimOptions(gpus=args.gpus, gpus_per_node=args.gpus_per_node, seed=args.seed)
+    print(f"{args.workload} ({len(workload)} jobs), {args.gpus} GPUs, seed {args.seed}")
+    print("| policy | wall s | in policy s | rest s | ticks | rounds | sim h | avg JCT h |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name in args.policy.split(","):
+        policy = Timed(make_policy(name))
+        started = time.perf_counter()
+        result = Engine(workload, policy, settings=Settings(), options=opts).run()
+        wall = time.perf_counter() - started
+        jcts = [j.finish - j.submit for j in result.jobs if j.finish is not None]
+        avg = statistics.fmean(jcts) / 3600 if jcts else float("nan")
+        print(
+            f"| {name} | {wall:.1f} | {policy.seconds:.1f} | {wall - policy.seconds:.1f} | "
+            f"{result.ticks} | {len(result.rounds)} | {result.end_time / 3600:.1f} | {avg:.2f} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
