@@ -49,11 +49,17 @@ def main() -> None:
     ap.add_argument("--gpus-per-node", type=int, default=4)
     ap.add_argument("--policy", default="standin,lucid+,optimus+,pollux+")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-freeze", action="store_true")
+    ap.add_argument("--no-share", action="store_true")
     args = ap.parse_args()
     catalog = shipped_catalog()
     workload = read_workload(args.workload, catalog)
-    opts = SimOptions(gpus=args.gpus, gpus_per_node=args.gpus_per_node, seed=args.seed)
-    print(f"{args.workload} ({len(workload)} jobs), {args.gpus} GPUs, seed {args.seed}")
+    opts = SimOptions(
+        gpus=args.gpus, gpus_per_node=args.gpus_per_node, seed=args.seed,
+        freeze=not args.no_freeze, share=not args.no_share,
+    )  # fmt: skip
+    print(f"{args.workload} ({len(workload)} jobs), {args.gpus} GPUs, seed {args.seed}, "
+          f"freeze {opts.freeze}, share {opts.share}")  # fmt: skip
     print("| policy | wall s | in policy s | rest s | ticks | rounds | sim h | avg JCT h |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.policy.split(","):

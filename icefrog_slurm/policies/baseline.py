@@ -9,6 +9,7 @@ choose GPU counts and sharing. A running job keeps its nodes when its count is u
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -178,12 +179,19 @@ def place_counts(
 
 
 def result(
-    snapshot: Snapshot, allocations: dict[int, Allocation], why: str = "waiting: no GPUs left"
+    snapshot: Snapshot,
+    allocations: dict[int, Allocation],
+    *,
+    started: float,
+    why: str = "waiting: no GPUs left",
 ) -> PolicyResult:
-    """Fill in a wait for every job the policy did not allocate."""
+    """Fill in a wait for every job the policy did not allocate; ``solve_s`` is the time
+    since ``started`` (a ``time.perf_counter()`` reading taken when deciding began)."""
     reasons = {}
     for job in snapshot.jobs:
         if job.id not in allocations:
             allocations[job.id] = wait(job)
             reasons[job.id] = why
-    return PolicyResult(allocations=allocations, reasons=reasons)
+    return PolicyResult(
+        allocations=allocations, reasons=reasons, solve_s=time.perf_counter() - started
+    )

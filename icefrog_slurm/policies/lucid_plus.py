@@ -17,6 +17,8 @@ The "+" is FreezeOut tuned per job (module ``baseline``). See docs/evaluation.md
 
 from __future__ import annotations
 
+import time
+
 from icefrog_slurm.controller.plan import PolicyResult
 from icefrog_slurm.controller.snapshot import JobSnapshot, Snapshot
 from icefrog_slurm.policies.baseline import (
@@ -51,6 +53,7 @@ class LucidPlusPolicy:
         self.estimator = Estimator()
 
     def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
+        started = time.perf_counter()
         opts, _ = job_options(snapshot, self.estimator, settings)
         free = Free(snapshot)
         out: dict[int, Allocation] = {}
@@ -81,7 +84,7 @@ class LucidPlusPolicy:
                 continue
             if want == 1 and o.shared is not None:
                 self._pack(o, solo, out, settings)
-        return result(snapshot, out)
+        return result(snapshot, out, started=started)
 
     def _keep(self, o: JobOptions, free: Free) -> Allocation | None:
         cur = o.job.current

@@ -12,6 +12,8 @@ the rest is allocated elastically. Differences from Optimus are in docs/evaluati
 
 from __future__ import annotations
 
+import time
+
 from icefrog_slurm.controller.plan import PolicyResult
 from icefrog_slurm.controller.snapshot import Snapshot
 from icefrog_slurm.policies.baseline import (
@@ -38,6 +40,7 @@ class OptimusPlusPolicy:
         self.estimator = Estimator()
 
     def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
+        started = time.perf_counter()
         opts, _ = job_options(snapshot, self.estimator, settings)
         free = Free(snapshot)
         allocations = pack_pairs(opts, free, settings)
@@ -49,7 +52,7 @@ class OptimusPlusPolicy:
             order=lambda o: (o.job.job.submit_time, o.job.id),
         )
         allocations.update(place_counts(rest, counts, free))
-        return result(snapshot, allocations)
+        return result(snapshot, allocations, started=started)
 
 
 def pack_pairs(opts: list[JobOptions], free: Free, settings: Settings) -> dict[int, Allocation]:

@@ -20,6 +20,8 @@ Here (simplified; docs/evaluation.md says why):
 
 from __future__ import annotations
 
+import time
+
 from icefrog_slurm.controller.plan import PolicyResult
 from icefrog_slurm.controller.snapshot import Snapshot
 from icefrog_slurm.policies.baseline import (
@@ -70,6 +72,7 @@ class PolluxPlusPolicy:
         self.estimator = Estimator()
 
     def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
+        started = time.perf_counter()
         opts, _ = job_options(snapshot, self.estimator, settings)
         opts = [o for o in opts if o.exclusive]
         fair = -(-snapshot.capacity.available_gpus // max(len(opts), 1))
@@ -86,7 +89,7 @@ class PolluxPlusPolicy:
 
         free = Free(snapshot)
         counts = elastic(opts, free, value=value, order=lambda o: (o.job.job.submit_time, o.job.id))
-        return result(snapshot, place_counts(opts, counts, free))
+        return result(snapshot, place_counts(opts, counts, free), started=started)
 
 
 def fair_count(o: JobOptions, fair: int) -> int:
