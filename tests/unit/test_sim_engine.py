@@ -152,3 +152,17 @@ def test_simulate_cli_rejects_bad_arguments(tmp_path: Path) -> None:
     base = ["simulate", "--workload", str(wl), "--out", str(tmp_path / "o")]
     assert main([*base, "--gpus", "6", "--gpus-per-node", "4"]) == 2
     assert main([*base, "--policy", "fifo"]) == 2
+
+
+def test_icefrog_without_freezing_or_sharing_is_an_elastic_max_min_scheduler() -> None:
+    """Four identical jobs at once on 8 GPUs, freezing and sharing off: ICEFROG (max-min
+    of IceShare) starts all of them at once and splits the GPUs evenly; nothing frozen."""
+    module = pytest.importorskip("icefrog_slurm.policies.icefrog")
+    jobs = [Job(f"j{i}", 0.0, TASK, 1, 128) for i in range(4)]
+    opts = SimOptions(gpus=8, gpus_per_node=4, seed=1, freeze=False, share=False)
+    result = Engine(jobs, module.IcefrogPolicy(), settings=Settings(), options=opts).run()
+    assert result.frozen == {}
+    assert all(j.start == 0.0 and j.reached_target for j in result.jobs)
+    hours = [j.gpu_seconds for j in result.jobs]
+    assert max(hours) <= 2 * min(hours)
+    assert max(g for _, g in result.usage) == 8
