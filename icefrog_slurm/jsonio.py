@@ -101,14 +101,7 @@ def get_int(
         if default is None:
             raise InputError(f"{name}: missing")
         return default
-    value = obj[key]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InputError(f"{name}: must be an integer, got {json.dumps(value)}")
-    if minimum is not None and value < minimum:
-        raise InputError(f"{name}: must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise InputError(f"{name}: must be <= {maximum}, got {value}")
-    return value
+    return _one_int(obj[key], name, minimum, maximum)
 
 
 def get_bool(obj: JsonObject, key: str, where: str = "", *, default: bool | None = None) -> bool:
@@ -164,3 +157,20 @@ def _one_number(value: Any, name: str, minimum: float | None) -> float:
     if minimum is not None and number < minimum:
         raise InputError(f"{name}: must be >= {minimum:g}, got {number:g}")
     return number
+
+
+def int_list(
+    values: list[Any], where: str, *, minimum: int | None = None, maximum: int | None = None
+) -> list[int]:
+    """Every element an integer (bools refused) within the optional bounds."""
+    return [_one_int(v, f"{where}[{i}]", minimum, maximum) for i, v in enumerate(values)]
+
+
+def _one_int(value: Any, name: str, minimum: int | None, maximum: int | None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{name}: must be an integer, got {json.dumps(value)}")
+    if minimum is not None and value < minimum:
+        raise InputError(f"{name}: must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise InputError(f"{name}: must be <= {maximum}, got {value}")
+    return value

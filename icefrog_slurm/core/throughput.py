@@ -1,0 +1,213 @@
+"""The DDP layer-aware throughput model (spec section 6, eq 4-7).
+
+An iteration of data-parallel training on ``a`` GPUs with per-GPU batch ``m`` and the first
+``l`` layers frozen is a forward pass, then a backward pass overlapped with the gradient
+all-reduce. The model has two parts:
+
+- the **unfrozen curves** (``l = 0``), fitted from profiles as in Pollux/AdaptDL's
+  ``PerfParams``: forward and backward time linear in ``m`` (:class:`LinearCurve`) and the
+  all-reduce time per GPU count and node count (:class:`SyncCurve`; one GPU has none);
+- the **freezing parameters** (:class:`FreezeParams`): how backward shrinks with the
+  unfrozen FLOPs share theta_l (eq 6), how the all-reduce shrinks with the unfrozen
+  parameter-bytes share omega_l (eq 7), and the overlap exponent gamma (eq 5).
+
+**l = 0 returns the unfrozen profile (spec section 16).** Eq 6 reads
+``T_bwd(m,l) = alpha_flop + beta_flop * theta_l^gamma_flop * T_bwd(m,0)``; at theta = 1 it
+must give T_bwd(m,0) back, which ties ``beta_flop = 1 - alpha_flop / T_bwd(m,0)`` (the
+spec fits it at one reference batch). So eq 6 is evaluated as
+``alpha_flop + theta^gamma_flop * (T_bwd(m,0) - alpha_flop)`` and likewise eq 7 as
+``alpha_sync + omega * (T_sync(a,0) - alpha_sync)``; the fixed costs are capped by the
+unfrozen time (a fixed cost cannot exceed the whole). :meth:`FreezeParams.beta_flop` and
+:meth:`FreezeParams.beta_sync` report the tied values.
+
+Functions here accept floats or numpy arrays (the fitter evaluates them on arrays).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.errors import InputError
+from icefrog_slurm.protocol import ProfileSample
+
+FloatArray = npt.NDArray[np.float64]
+Num = TypeVar("Num", float, FloatArray)
+
+DEFAULT_GPUS_PER_NODE = 4
+"""Nodes a job spans when only its GPU count is known: ceil(a / 4) (the paper uses 4 a node)."""
+
+
+@dataclass(frozen=True)
+class LinearCurve:
+    """t(m) = intercept + slope * m, seconds, for per-GPU batch m (Pollux's T_compute)."""
+
+    intercept: float  # seconds a step costs whatever the batch (launch overhead)
+    slope: float  # seconds per sample of per-GPU batch
+
+    def __call__(self, batch: Num) -> Num:
+        return self.intercept + self.slope * batch
+
+
+@dataclass(frozen=True)
+class SyncCurve:
+    """T_sync(a, 0): all-reduce time of the whole model on ``a`` GPUs over ``nodes`` nodes.
+
+    As Pollux's ``PerfParams``: the slowest link sets the cost, inter-node when the job
+    spans nodes, intra-node otherwise; ring all-reduce adds a retrogression term growing
+    with the replicas beyond two. One GPU has no synchronisation: T_sync(1, 0) = 0.
+    """
+
+    alpha_intra: float  # one node, a >= 2: T = alpha_intra + beta_intra * max(a - 2, 0)
+    beta_intra: float
+    alpha_inter: float  # nodes >= 2: T = alpha_inter + beta_inter * max(a - 2, 0)
+    beta_inter: float
+
+    def __call__(self, gpus: Num, nodes: Num) -> Num:
+        extra = np.maximum(np.asarray(gpus, dtype=float) - 2.0, 0.0)
+        intra = self.alpha_intra + self.beta_intra * extra
+        inter = self.alpha_inter + self.beta_inter * extra
+        out = np.where(np.asarray(nodes) > 1, inter, np.where(np.asarray(gpus) > 1, intra, 0.0))
+        return _like(gpus, out)
+
+
+@dataclass(frozen=True)
+class FreezeParams:
+    """How freezing the first l layers changes an iteration (eq 5-7)."""
+
+    alpha_flop: float = (
+        0.0  # eq 6: T_bwd(m,l) = alpha_flop + beta_flop*theta_l^gamma_flop*T_bwd(m,0)
+    )
+    gamma_flop: float = 1.0  # eq 6: curvature; < 1 means backward falls sub-linearly with theta
+    alpha_sync: float = 0.0  # eq 7: T_sync(a,l) = alpha_sync + beta_sync*omega_l*T_sync(a,0)
+    gamma: float = 1.0  # eq 5: T_iter = T_fwd + (T_bwd^gamma + T_sync^gamma)^(1/gamma), >= 1
+
+    def __post_init__(self) -> None:
+        for name in ("alpha_flop", "alpha_sync"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise InputError(f"{name}: must be a finite number >= 0, got {value}")
+        if not (math.isfinite(self.gamma_flop) and self.gamma_flop > 0):
+            raise InputError(f"gamma_flop: must be > 0, got {self.gamma_flop}")
+        if not (math.isfinite(self.gamma) and self.gamma >= 1):
+            raise InputError(f"gamma: must be >= 1, got {self.gamma}")
+
+    def beta_flop(self, t_bwd0: float) -> float:
+        """beta_flop = 1 - alpha_flop / T_bwd(m,0): eq 6 tied so that l = 0 is the profile."""
+        return 1.0 - min(self.alpha_flop, t_bwd0) / t_bwd0 if t_bwd0 > 0 else 1.0
+
+    def beta_sync(self, t_sync0: float) -> float:
+        """beta_sync = 1 - alpha_sync / T_sync(a,0): eq 7 tied so that l = 0 is the profile."""
+        return 1.0 - min(self.alpha_sync, t_sync0) / t_sync0 if t_sync0 > 0 else 1.0
+
+
+def backward_time(params: FreezeParams, t_bwd0: Num, theta: Num) -> Num:
+    """T_bwd(m,l) = alpha_flop + beta_flop * theta_l^gamma_flop * T_bwd(m,0) (eq 6), with
+    beta_flop tied (module doc): = a + theta^gamma_flop * (T_bwd(m,0) - a),
+    a = min(alpha_flop, T_bwd(m,0))."""
+    fixed = np.minimum(params.alpha_flop, t_bwd0)
+    return _like(t_bwd0, fixed + np.power(theta, params.gamma_flop) * (t_bwd0 - fixed))
+
+
+def sync_time(params: FreezeParams, t_sync0: Num, omega: Num) -> Num:
+    """T_sync(a,l) = alpha_sync + beta_sync * omega_l * T_sync(a,0) (eq 7), with beta_sync
+    tied (module doc): = s + omega * (T_sync(a,0) - s), s = min(alpha_sync, T_sync(a,0)).
+    One GPU (T_sync(1,0) = 0) stays 0."""
+    fixed = np.minimum(params.alpha_sync, t_sync0)
+    return _like(t_sync0, fixed + omega * (t_sync0 - fixed))
+
+
+def overlap(t_bwd: Num, t_sync: Num, gamma: float) -> Num:
+    """(T_bwd^gamma + T_sync^gamma)^(1/gamma) (eq 5): gamma = 1 adds, gamma -> inf is max."""
+    return _like(t_bwd, np.power(np.power(t_bwd, gamma) + np.power(t_sync, gamma), 1.0 / gamma))
+
+
+def iteration_time(t_fwd: Num, t_bwd: Num, t_sync: Num, gamma: float) -> Num:
+    """T_iter = T_fwd(m) + (T_bwd(m,l)^gamma + T_sync(a,l)^gamma)^(1/gamma) (eq 5)."""
+    return t_fwd + overlap(t_bwd, t_sync, gamma)
+
+
+def samples_per_second(gpus: Num, batch: Num, t_iter: Num, lam: float = 1.0) -> Num:
+    """T(a,s,m,l) = M(a,m) / T_iter(a,m,l) * lambda(s,m,l), M = a*m (eq 4)."""
+    return _like(t_iter, np.asarray(gpus, dtype=float) * batch / t_iter * lam)
+
+
+def nodes_for(gpus: int, gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> int:
+    """Nodes a packed job of ``gpus`` GPUs spans: ceil(gpus / gpus_per_node)."""
+    return -(-gpus // gpus_per_node)
+
+
+@dataclass(frozen=True)
+class DdpThroughputModel:
+    """The fitted DDP model: unfrozen curves plus freezing parameters (eq 4-7)."""
+
+    forward: LinearCurve  # T_fwd(m): freezing leaves the forward pass unchanged (section 6)
+    backward: LinearCurve  # T_bwd(m, 0)
+    sync: SyncCurve  # T_sync(a, 0)
+    freeze: FreezeParams
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+
+    def times(
+        self, *, gpus: int, batch: float, theta: float, omega: float, nodes: int | None = None
+    ) -> tuple[float, float, float, float]:
+        """(T_fwd, T_bwd, T_sync, T_iter) in seconds for one configuration (eq 5-7)."""
+        n = nodes_for(gpus, self.gpus_per_node) if nodes is None else nodes
+        t_fwd = float(self.forward(float(batch)))
+        t_bwd = float(backward_time(self.freeze, float(self.backward(float(batch))), theta))
+        t_sync = float(sync_time(self.freeze, float(self.sync(float(gpus), float(n))), omega))
+        return t_fwd, t_bwd, t_sync, float(iteration_time(t_fwd, t_bwd, t_sync, self.freeze.gamma))
+
+    def throughput(
+        self,
+        *,
+        gpus: int,
+        batch: int,
+        frozen: int,
+        layers: LayerTable,
+        lam: float = 1.0,
+        nodes: int | None = None,
+    ) -> float:
+        """T(a,s,m,l) = a*m / T_iter * lambda (eq 4), samples per second."""
+        *_, t_iter = self.times(
+            gpus=gpus,
+            batch=batch,
+            theta=layers.theta(frozen),
+            omega=layers.omega(frozen),
+            nodes=nodes,
+        )
+        return float(samples_per_second(float(gpus), float(batch), t_iter, lam))
+
+    def profile_sample(
+        self,
+        *,
+        gpus: int,
+        batch: int,
+        frozen: int,
+        layers: LayerTable,
+        noise: tuple[float, float, float] = (1.0, 1.0, 1.0),
+    ) -> ProfileSample:
+        """The profile this model predicts for a configuration, its forward, backward and
+        iteration times multiplied by ``noise`` (synthetic data for tests and benchmarks;
+        the caller draws the factors). ``t_sync_s`` is the part not hidden: iter - fwd - bwd.
+        """
+        t_fwd, t_bwd, _, t_iter = self.times(
+            gpus=gpus, batch=batch, theta=layers.theta(frozen), omega=layers.omega(frozen)
+        )
+        f, b, it = t_fwd * noise[0], t_bwd * noise[1], t_iter * noise[2]
+        return ProfileSample(
+            gpus=gpus, batch=batch, frozen=frozen, shared=False, t_fwd_s=f, t_bwd_s=b,
+            t_sync_s=max(it - f - b, 0.0), t_iter_s=it, samples_per_s=gpus * batch / it,
+        )  # fmt: skip
+
+
+def _like(template: Num, value: object) -> Num:
+    """Return a float when the input was a float, an array otherwise (keeps mypy honest)."""
+    arr = np.asarray(value, dtype=float)
+    if isinstance(template, np.ndarray):
+        return arr
+    return float(arr)

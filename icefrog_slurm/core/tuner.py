@@ -1,0 +1,119 @@
+"""The Layer Tuner (spec section 9 step 3, eq 15): the best per-GPU batch and freezing depth.
+
+Given the GPU count ``a`` and sharing state ``s`` the scheduler offers a job, the tuner
+enumerates the legal (m, l) — batch sizes (the powers of two in the job's range) times the
+frozen counts the job allows (0..max, default 90 % of the layers, at allowed boundaries,
+see :meth:`LayerTable.candidates`) — and returns
+
+    (m*, l*) = argmax_{m, l} E(a, s, m, l) = psi(l) x T(a, s, m, l)      (eq 15, eq 2)
+
+with its psi, T and E. Throughput of a configuration that was measured is used as it was
+measured; any other is predicted by the fitted model (``throughput.py``).
+Ties (equal E) go to the current freezing depth, then to fewer frozen layers, then to the
+smaller batch, so the tuner does not move a job for nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.core.throughput import DdpThroughputModel
+from icefrog_slurm.errors import InputError
+
+ThroughputFn = Callable[[int, int], float]
+"""(per-GPU batch m, frozen l) -> samples a second at the tuner's GPU count, alone (lambda 1)."""
+
+_TIE = 1e-9
+
+
+@dataclass(frozen=True)
+class TunerChoice:
+    """The chosen configuration and its numbers: E = psi x T (eq 2)."""
+
+    batch: int
+    frozen: int
+    psi: float
+    throughput: float  # T(a, s, m, l), samples/s, lambda included
+    effective_progress: float  # E = psi x T
+
+
+def powers_of_two(min_batch: int, max_batch: int) -> tuple[int, ...]:
+    """The powers of two m with min_batch <= m <= max_batch (the tuner's batch sizes)."""
+    if min_batch < 1 or max_batch < min_batch:
+        raise InputError(f"batch range: need 1 <= min <= max, got {min_batch}..{max_batch}")
+    out: list[int] = []
+    m = 1
+    while m <= max_batch:
+        if m >= min_batch:
+            out.append(m)
+        m *= 2
+    if not out:
+        raise InputError(f"batch range: no power of two within {min_batch}..{max_batch}")
+    return tuple(out)
+
+
+def legal_frozen(
+    layers: LayerTable, max_frozen: int, restrict: Iterable[int] | None = None
+) -> tuple[int, ...]:
+    """Frozen counts l <= max_frozen at allowed boundaries, optionally restricted further."""
+    if not 0 <= max_frozen <= layers.num_layers:
+        raise InputError(f"max_frozen: {max_frozen} is outside 0..{layers.num_layers}")
+    allowed = layers.candidates(max_frozen)
+    if restrict is None:
+        return allowed
+    wanted = set(restrict)
+    return tuple(k for k in allowed if k in wanted)
+
+
+def measured_or_predicted(
+    *,
+    gpus: int,
+    measured: Mapping[tuple[int, int, int], float],
+    model: DdpThroughputModel | None,
+    layers: LayerTable,
+) -> ThroughputFn:
+    """T(a, m, l) alone: the measured samples/s of (gpus, m, l) when there is one, else the
+    model's prediction (eq 4-7); 0 (not selectable) when neither exists."""
+
+    def throughput(batch: int, frozen: int) -> float:
+        value = measured.get((gpus, batch, frozen))
+        if value is not None:
+            return value
+        if model is None:
+            return 0.0
+        return model.throughput(gpus=gpus, batch=batch, frozen=frozen, layers=layers)
+
+    return throughput
+
+
+def tune(
+    *,
+    batch_sizes: Iterable[int],
+    frozen_candidates: Iterable[int],
+    psi: Callable[[int], float],
+    throughput: ThroughputFn,
+    lam: float = 1.0,
+    current_frozen: int | None = None,
+) -> TunerChoice | None:
+    """argmax over (m, l) of E = psi(l) x T(a, s, m, l) (eq 15), T = throughput(m, l) x lam.
+
+    ``lam``: the sharing factor of eq 8 (1 alone, 0.9 shared, 0 not selectable). Returns
+    None when no candidate has E > 0 (e.g. lam = 0: the shared branch is not selectable).
+    """
+    if not (0 <= lam <= 1 and math.isfinite(lam)):
+        raise InputError(f"lambda: must be within [0, 1], got {lam}")
+    options: list[TunerChoice] = []
+    frozen_list = tuple(frozen_candidates)
+    for m in batch_sizes:
+        for k in frozen_list:
+            penalty = psi(k)
+            t = throughput(m, k) * lam
+            options.append(TunerChoice(m, k, penalty, t, penalty * t))
+    best_e = max((o.effective_progress for o in options), default=0.0)
+    if not best_e > 0:
+        return None
+    near = [o for o in options if o.effective_progress >= best_e * (1 - _TIE)]
+    return min(near, key=lambda o: (o.frozen != current_frozen, o.frozen, o.batch))

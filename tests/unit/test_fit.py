@@ -1,0 +1,155 @@
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+
+from icefrog_slurm.core.fit import (
+    Param,
+    ProfileHistory,
+    ape,
+    fit_ddp_model,
+    fit_params,
+)
+from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.core.throughput import (
+    DdpThroughputModel,
+    FreezeParams,
+    LinearCurve,
+    SyncCurve,
+)
+from icefrog_slurm.errors import InputError
+from icefrog_slurm.protocol import ProfileSample
+
+LAYERS = LayerTable(
+    flops=tuple(float(x) for x in np.linspace(2.0, 1.0, 20)),
+    param_bytes=tuple(float(x) for x in np.linspace(0.2, 3.0, 20)),
+)
+TRUE = DdpThroughputModel(
+    forward=LinearCurve(0.004, 0.0002),
+    backward=LinearCurve(0.008, 0.0004),
+    sync=SyncCurve(0.02, 0.002, 0.06, 0.006),
+    freeze=FreezeParams(alpha_flop=0.01, gamma_flop=0.7, alpha_sync=0.005, gamma=2.0),
+)
+
+
+def synthetic(
+    model: DdpThroughputModel,
+    gpus: int,
+    batch: int,
+    frozen: int,
+    noise: float,
+    rng: np.random.Generator,
+) -> ProfileSample:
+    """A profile of ``model`` with multiplicative Gaussian noise on each measured time."""
+    factors = 1 + noise * rng.standard_normal(3)
+    return model.profile_sample(
+        gpus=gpus,
+        batch=batch,
+        frozen=frozen,
+        layers=LAYERS,
+        noise=(factors[0], factors[1], factors[2]),
+    )
+
+
+def test_recovers_known_parameters_within_10pct_ape_on_held_back_configs() -> None:
+    rng = np.random.default_rng(2024)
+    configs = [
+        (g, m, k)
+        for g in (1, 2, 4, 8, 16)
+        for m in (16, 32, 64, 128, 256)
+        for k in (0, 4, 8, 12, 16)
+    ]
+    order = rng.permutation(len(configs))
+    held = [configs[i] for i in order[:25]]
+    train = [configs[i] for i in order[25:]]
+    model = fit_ddp_model([synthetic(TRUE, *c, 0.05, rng) for c in train], LAYERS)
+    predicted = [model.throughput(gpus=g, batch=m, frozen=k, layers=LAYERS) for g, m, k in held]
+    truth = [TRUE.throughput(gpus=g, batch=m, frozen=k, layers=LAYERS) for g, m, k in held]
+    observed = [synthetic(TRUE, *c, 0.05, rng).samples_per_s for c in held]
+    assert ape(predicted, truth).max() <= 10.0
+    assert ape(predicted, observed).mean() <= 10.0
+    # The parameters themselves come back (not only the predictions).
+    assert model.freeze.gamma == pytest.approx(2.0, rel=0.15)
+    assert model.freeze.gamma_flop == pytest.approx(0.7, rel=0.15)
+    assert model.backward.slope == pytest.approx(0.0004, rel=0.1)
+    assert model.sync.alpha_inter == pytest.approx(0.06, rel=0.15)
+
+
+def test_unobserved_parameters_stay_at_defaults() -> None:
+    rng = np.random.default_rng(7)
+    samples = [synthetic(TRUE, 1, m, 0, 0.0, rng) for m in (16, 64, 256)]
+    model = fit_ddp_model(samples, LAYERS)
+    assert model.freeze == FreezeParams()  # nothing frozen, one GPU: eq 5-7 params untouched
+    assert model.forward.slope == pytest.approx(0.0002, rel=1e-3)
+    assert model.backward.intercept == pytest.approx(0.008, rel=1e-2)
+
+
+def test_prior_decides_when_samples_are_few() -> None:
+    # One batch size only: intercept and slope cannot be told apart; the prior splits the
+    # time half and half (Pollux's choice) instead of an arbitrary corner.
+    sample = ProfileSample(
+        gpus=1, batch=64, frozen=0, shared=False, t_fwd_s=0.0, t_bwd_s=0.0,
+        t_sync_s=0.0, t_iter_s=0.1, samples_per_s=640.0,
+    )  # fmt: skip
+    model = fit_ddp_model([sample], LAYERS)
+    assert model.backward.intercept == pytest.approx(0.05, rel=1e-3)
+    assert model.backward.slope * 64 == pytest.approx(0.05, rel=1e-3)
+    assert model.forward == LinearCurve(0.0, 0.0)  # never measured: folded into backward
+    assert model.throughput(gpus=1, batch=64, frozen=0, layers=LAYERS) == pytest.approx(640.0)
+
+
+def test_fit_params_generic_bounds_and_fixed() -> None:
+    xs = np.linspace(0.0, 1.0, 20)
+    ys = 2.0 + 3.0 * xs
+
+    def residuals(v: Mapping[str, float]) -> np.ndarray:
+        return np.asarray(v["a"] + v["b"] * xs - ys)
+
+    free = fit_params(
+        residuals, [Param("a", 0.0, -10, 10), Param("b", 0.0, -10, 10)], prior_weight=0.0
+    )
+    assert free["a"] == pytest.approx(2.0, abs=1e-3) and free["b"] == pytest.approx(3.0, abs=1e-3)
+    bounded = fit_params(residuals, [Param("a", 0.0, -10, 10), Param("b", 0.0, -10, 1.0)])
+    assert bounded["b"] <= 1.0 + 1e-9
+    held = fit_params(residuals, [Param("a", 0.5, -10, 10), Param("b", 0.0, -10, 10)], fixed={"a"})
+    assert held["a"] == 0.5 and held.free == ("b",)
+    # A strong prior pulls toward the default; the data win as the prior fades.
+    strong = fit_params(
+        residuals, [Param("a", 0.0, -10, 10), Param("b", 0.0, -10, 10)], prior_weight=1e3
+    )
+    assert abs(strong["b"]) < 0.5
+    with pytest.raises(InputError, match="fixed"):
+        fit_params(residuals, [Param("a", 0.0)], fixed={"zz"})
+    with pytest.raises(InputError, match="default"):
+        Param("c", 5.0, 0.0, 1.0)
+
+
+def test_ape() -> None:
+    assert list(ape([110.0, 90.0], [100.0, 100.0])) == pytest.approx([10.0, 10.0])
+    with pytest.raises(InputError):
+        ape([1.0], [0.0])
+
+
+def test_history_refits_only_on_new_configurations() -> None:
+    rng = np.random.default_rng(3)
+    history = ProfileHistory(LAYERS)
+    assert history.add([synthetic(TRUE, 1, 64, 0, 0.0, rng)])
+    first = history.model()
+    assert not history.add([synthetic(TRUE, 1, 64, 0, 0.0, rng)])  # same config: averaged
+    assert history.model() is first
+    assert history.add([synthetic(TRUE, 4, 64, 8, 0.0, rng), synthetic(TRUE, 2, 128, 0, 0.0, rng)])
+    second = history.model()
+    assert second is not first
+    assert len(history.samples) == 3
+    assert history.measured(shared=True) == {}
+    rate = history.measured()[(4, 64, 8)]
+    assert rate == pytest.approx(TRUE.throughput(gpus=4, batch=64, frozen=8, layers=LAYERS))
+
+
+def test_shared_samples_alone_cannot_fit() -> None:
+    sample = ProfileSample(
+        gpus=1, batch=8, frozen=0, shared=True, t_fwd_s=0.0, t_bwd_s=0.0,
+        t_sync_s=0.0, t_iter_s=0.1, samples_per_s=80.0,
+    )  # fmt: skip
+    with pytest.raises(InputError, match="unshared"):
+        fit_ddp_model([sample], LAYERS)
