@@ -12,22 +12,32 @@ pipeline stages, and the two model families of section 7:
   eq 5. Pure PP is the case d = 1 (GPUs = stages), where the sync is 0.
 
 Freezing the first l layers is the variable (``frozen``); theta_l and omega_l come from
-:class:`~icefrog_slurm.core.layers.LayerTable`. Each freezing branch keeps the form
-alpha + beta·fraction^gamma·T(0) of eq 6/7/10 with beta tied to 1 - alpha/T(0), so that
-l = 0 returns the unfrozen profile T(0) exactly (eq 6 read at l = 0): alpha is the fixed
-launch cost that freezing cannot remove. The DDP model (eq 4-7) lives beside this module;
-which model a job uses is a plain value (its ``Parallelism``), so a caller (the simulator's
-ablation) can hand a LLaMA job the DDP model instead.
+:class:`~icefrog_slurm.core.layers.LayerTable`. The freezing branches and the overlap are
+the DDP model's own (``throughput.py``: eq 6's ``backward_time`` for compute, eq 7's
+``sync_time`` for communication, both with beta tied so that l = 0 returns the unfrozen
+profile, and eq 5's ``overlap``); only what the spec adds for SDP/PP/HP lives here. Which
+model a job uses is a plain value (its ``Parallelism``, see ``parallel_fit.fitter_for``),
+so a caller (the simulator's ablation) can hand a LLaMA job the DDP model instead.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any, Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.core.throughput import (
+    FreezeParams,
+    backward_time,
+    overlap,
+    samples_per_second,
+    sync_time,
+)
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.jsonio import expect_object, get_int, get_str, reject_unknown
 
@@ -118,43 +128,73 @@ class Parallelism:
         )
 
 
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
 class IterationModel(Protocol):
-    """What the Layer Tuner and the solver's options ask of a throughput model."""
+    """What the Layer Tuner and the solver's options ask of a large-model throughput model."""
 
     @property
     def parallelism(self) -> Parallelism: ...
 
     def iteration_time(self, *, gpus: int, batch: int, frozen: int) -> float: ...
 
+    def iteration_times(self, gpus: IntArray, batch: FloatArray, frozen: IntArray) -> FloatArray:
+        """The same for arrays of configurations (one fit evaluates hundreds at once)."""
+        ...
+
 
 def throughput(
-    model: IterationModel, *, gpus: int, batch: int, frozen: int, speed: float = 1.0
+    model: IterationModel, *, gpus: int, batch: int, frozen: int, lam: float = 1.0
 ) -> float:
-    """Samples a second, eq 4: T = M(a, m) / T_iter(a, m, l) · lambda (lambda = ``speed``)."""
-    samples = model.parallelism.global_batch(gpus, batch)
-    return samples / model.iteration_time(gpus=gpus, batch=batch, frozen=frozen) * speed
+    """Samples a second, eq 4: M(a, m) / T_iter(a, m, l) · lambda, M = replicas x m."""
+    t_iter = model.iteration_time(gpus=gpus, batch=batch, frozen=frozen)
+    replicas = model.parallelism.replicas(gpus)
+    return float(samples_per_second(float(replicas), float(batch), t_iter, lam))
 
 
-def overlap(x: float, y: float, gamma: float) -> float:
-    """(x^gamma + y^gamma)^(1/gamma): two overlapping phases (eq 5, 9, 10, 13).
-
-    gamma = 1 is no overlap (a plain sum); gamma -> inf is perfect overlap (the max).
-    """
-    big = max(x, y)
-    if big <= 0.0:
-        return 0.0
-    return big * float(((x / big) ** gamma + (y / big) ** gamma) ** (1.0 / gamma))
+class _WithTable(IterationModel, Protocol):
+    @property
+    def table(self) -> LayerTable: ...
 
 
-def freeze_scaled(unfrozen: float, *, fixed: float, fraction: float, curvature: float) -> float:
-    """alpha + beta·fraction^gamma·T(0) with beta = 1 - alpha/T(0) (eq 6, 7, 10, 12).
+class _ModelBase:
+    """Mixin: the scalar calls of a model that evaluates arrays (``iteration_times``)."""
 
-    ``unfrozen``: T(0); ``fixed``: alpha, the launch cost freezing leaves (capped at T(0));
-    ``fraction``: theta_l (compute, curvature gamma_flop) or omega_l (communication,
-    curvature 1). Returns T(0) at fraction 1.
-    """
-    alpha = min(fixed, unfrozen)
-    return alpha + (unfrozen - alpha) * float(fraction**curvature)
+    def iteration_time(self: _WithTable, *, gpus: int, batch: int, frozen: int) -> float:
+        """One configuration of :meth:`iteration_times`."""
+        _check_run(gpus, batch)
+        out = self.iteration_times(np.array([gpus]), np.array([float(batch)]), np.array([frozen]))
+        return float(out[0])
+
+    def throughput(
+        self: _WithTable,
+        *,
+        gpus: int,
+        batch: int,
+        frozen: int,
+        layers: LayerTable,
+        lam: float = 1.0,
+    ) -> float:
+        """Eq 4 (see :func:`throughput`) as the Layer Tuner calls it (``tuner.ThroughputModel``);
+        ``layers`` must be the model's own table."""
+        if layers is not self.table and layers != self.table:
+            raise InputError("layers: not the layer table this model was built on")
+        return throughput(self, gpus=gpus, batch=batch, frozen=frozen, lam=lam)
+
+
+def _fractions(table: LayerTable) -> tuple[FloatArray, FloatArray]:
+    """(theta_l, omega_l) for l = 0..L as arrays indexed by l."""
+    ls = range(table.num_layers + 1)
+    return np.array([table.theta(k) for k in ls]), np.array([table.omega(k) for k in ls])
+
+
+def _replicas(parallelism: Parallelism, gpus: IntArray) -> FloatArray:
+    """Parallelism.replicas of each GPU count (validated once per distinct count)."""
+    values, inverse = np.unique(gpus, return_inverse=True)
+    per = np.array([parallelism.replicas(int(g)) for g in values], dtype=float)
+    return np.asarray(per[inverse.reshape(-1)])
 
 
 # ----------------------------------------------------------------------------- SDP
@@ -175,21 +215,32 @@ class SdpParams:
     alpha_para: float  # T_para(a, l) = alpha_para + (T_para(a,0) - alpha_para)·omega_l
     gamma_lm: float  # overlap of the two branches, >= 1 (eq 9, 10)
 
+    @property
+    def freeze(self) -> FreezeParams:
+        """Eq 10's branches in the DDP model's terms: compute as eq 6, all-gather as eq 7."""
+        return FreezeParams(self.alpha_flop, self.gamma_flop, self.alpha_para, self.gamma_lm)
+
 
 @dataclass(frozen=True)
-class SdpModel:
+class SdpModel(_ModelBase):
     """Sharded data parallelism on ``table`` (eq 9, 10)."""
 
     params: SdpParams
     table: LayerTable
     parallelism: Parallelism = Parallelism(Kind.SDP, unit=4)
+    _fractions: tuple[FloatArray, FloatArray] = field(init=False, repr=False, compare=False)
 
-    def gather_time(self, gpus: int) -> float:
+    def __post_init__(self) -> None:
+        if self.parallelism.kind is not Kind.SDP:
+            raise InputError(f"parallelism: the SDP model needs SDP, got {self.parallelism.kind}")
+        object.__setattr__(self, "_fractions", _fractions(self.table))
+
+    def gather_time(self, gpus: FloatArray) -> FloatArray:
         """T_bwd^para(a, 0) = alpha_ag + beta_ag·(a - 1): all-gathering the full parameters."""
-        return self.params.alpha_ag + self.params.beta_ag * (gpus - 1)
+        return self.params.alpha_ag + self.params.beta_ag * (gpus - 1.0)
 
-    def forward_time(self, *, gpus: int, batch: int) -> float:
-        """T_fwd(a, m) = ((alpha_fwd + beta_fwd·m)^g_lm + T^para(a,0)^g_lm)^(1/g_lm).
+    def forward_times(self, gpus: FloatArray, batch: FloatArray) -> FloatArray:
+        """T_fwd(a, m) = ((alpha_fwd + beta_fwd·m)^g_lm + T_bwd^para(a,0)^g_lm)^(1/g_lm).
 
         The forward all-gather overlaps forward compute; freezing barely changes it (only
         activation allocations, tens of ms), so it does not depend on l (section 7).
@@ -197,33 +248,24 @@ class SdpModel:
         p = self.params
         return overlap(p.alpha_fwd + p.beta_fwd * batch, self.gather_time(gpus), p.gamma_lm)
 
-    def backward_time(self, *, gpus: int, batch: int, frozen: int) -> float:
+    def backward_times(self, gpus: FloatArray, batch: FloatArray, frozen: IntArray) -> FloatArray:
         """Eq 10 (eq 9 at l = 0): T_bwd(a,m,l) = (T_grad(m,l)^g_lm + T_para(a,l)^g_lm)^(1/g_lm).
 
-        T_grad(m, l) = alpha_flop + (T_bwd^grad(m,0) - alpha_flop)·theta_l^gamma_flop and
-        T_para(a, l) = alpha_para + (T_bwd^para(a,0) - alpha_para)·omega_l.
+        T_grad(m, l) = alpha_flop + (T_bwd^grad(m,0) - alpha_flop)·theta_l^gamma_flop (eq 6's
+        form) and T_para(a, l) = alpha_para + (T_bwd^para(a,0) - alpha_para)·omega_l (eq 7's),
+        with T_bwd^grad(m, 0) = alpha_bwd + beta_bwd·m.
         """
-        p = self.params
-        grad = freeze_scaled(
-            p.alpha_bwd + p.beta_bwd * batch,
-            fixed=p.alpha_flop,
-            fraction=self.table.theta(frozen),
-            curvature=p.gamma_flop,
-        )
-        para = freeze_scaled(
-            self.gather_time(gpus),
-            fixed=p.alpha_para,
-            fraction=self.table.omega(frozen),
-            curvature=1.0,
-        )
+        p, freeze = self.params, self.params.freeze
+        theta, omega = self._fractions
+        grad = backward_time(freeze, p.alpha_bwd + p.beta_bwd * batch, theta[frozen])
+        para = sync_time(freeze, self.gather_time(gpus), omega[frozen])
         return overlap(grad, para, p.gamma_lm)
 
-    def iteration_time(self, *, gpus: int, batch: int, frozen: int) -> float:
+    def iteration_times(self, gpus: IntArray, batch: FloatArray, frozen: IntArray) -> FloatArray:
         """T_iter(a, m, l) = T_fwd(a, m) + T_bwd(a, m, l) (eq 9, 10)."""
-        _check_run(gpus, batch)
-        return self.forward_time(gpus=gpus, batch=batch) + self.backward_time(
-            gpus=gpus, batch=batch, frozen=frozen
-        )
+        _replicas(self.parallelism, gpus)  # legal counts only
+        a = np.asarray(gpus, dtype=float)
+        return self.forward_times(a, batch) + self.backward_times(a, batch, frozen)
 
 
 # ----------------------------------------------------------------------- PP and HP
@@ -274,6 +316,11 @@ class PipelineParams:
     beta_sync: float = 0.0  #   (0 for d = 1 or a frozen stage; omega_j: unfrozen bytes share)
     gamma: float = 1.0  # overlap of backward and sync, eq 5 form (HP only)
 
+    @property
+    def freeze(self) -> FreezeParams:
+        """Eq 12's backward as eq 6 and eq 13's sync as eq 7, in the DDP model's terms."""
+        return FreezeParams(self.alpha_flop, self.gamma_flop, self.alpha_sync, self.gamma)
+
 
 @dataclass(frozen=True)
 class StageTerms:
@@ -287,7 +334,7 @@ class StageTerms:
 
 
 @dataclass(frozen=True)
-class PipelineModel:
+class PipelineModel(_ModelBase):
     """PP (d = 1) and HP (d = a/p replicas) on ``table`` split into ``stage_sizes``.
 
     ``stage_sizes``: layers per stage, contiguous, input side first; empty means
@@ -298,7 +345,7 @@ class PipelineModel:
     table: LayerTable
     parallelism: Parallelism
     stage_sizes: tuple[int, ...] = ()
-    _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _shares: _StageShares = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         p = self.parallelism.stages
@@ -313,71 +360,98 @@ class PipelineModel:
                 f"got {list(sizes)}"
             )
         object.__setattr__(self, "stage_sizes", tuple(sizes))
-        starts = [0]
-        for size in sizes:
-            starts.append(starts[-1] + size)
-        object.__setattr__(self, "_starts", tuple(starts))
+        object.__setattr__(self, "_shares", _StageShares.of(self.table, tuple(sizes)))
 
     def frozen_in_stage(self, frozen: int, stage: int) -> int:
         """F(l, j): how many of the first l frozen layers lie in stage j."""
-        start, end = self._starts[stage], self._starts[stage + 1]
-        return min(max(frozen - start, 0), end - start)
+        return int(self._shares.frozen_count[frozen, stage])
 
-    def stage_frozen(self, frozen: int, stage: int) -> bool:
-        """Every layer of stage j (hence of every earlier stage) is frozen."""
-        return self.frozen_in_stage(frozen, stage) == self.stage_sizes[stage]
-
-    def _share(self, values: tuple[float, ...], stage: int, frozen: int) -> tuple[float, float]:
-        """(stage share of the model total, unfrozen share within the stage)."""
-        start, end = self._starts[stage], self._starts[stage + 1]
-        stage_sum = math.fsum(values[start:end])
-        live = math.fsum(values[start + self.frozen_in_stage(frozen, stage) : end])
-        return stage_sum / math.fsum(values), (live / stage_sum if stage_sum > 0 else 0.0)
+    def stage_arrays(self, gpus: IntArray, batch: FloatArray, frozen: IntArray) -> StageArrays:
+        """The per-stage terms of eq 11 (l = 0) and eq 12 (l > 0), and eq 13's sync; each
+        array has one row a configuration and one column a stage."""
+        prm, sh, freeze = self.params, self._shares, self.params.freeze
+        p = self.parallelism.stages
+        m = np.asarray(batch, dtype=float)[:, None]
+        replicas = _replicas(self.parallelism, gpus)[:, None]
+        dead = sh.dead[frozen]  # stage j wholly frozen (so are all before it)
+        hop = prm.alpha_p2p + prm.beta_p2p * m
+        not_last = (np.arange(p) < p - 1)[None, :]
+        # stage j sends a gradient to j - 1 unless j = 0 or stage j - 1 is frozen
+        sends_back = np.concatenate([np.zeros_like(dead[:, :1]), ~dead[:, :-1]], axis=1)
+        bwd = backward_time(freeze, prm.alpha_bwd + prm.beta_bwd * m * sh.phi, sh.theta[frozen])
+        # alpha_sync + omega_j·(T_sync^j(d,0) - alpha_sync), T_sync^j(d,0) below
+        t_sync0 = prm.alpha_sync + prm.beta_sync * sh.psi * (replicas - 1.0)
+        sync = sync_time(freeze, t_sync0 + 0.0 * m, sh.omega[frozen])
+        return StageArrays(
+            forward=prm.alpha_fwd + prm.beta_fwd * m * sh.phi,
+            activation=np.where(not_last, hop, 0.0),
+            backward=np.where(dead, 0.0, bwd),
+            gradient=np.where(sends_back, hop, 0.0),
+            sync=np.where(dead | (replicas < 2), 0.0, sync),
+        )
 
     def stage_terms(self, *, gpus: int, batch: int, frozen: int) -> tuple[StageTerms, ...]:
-        """The per-stage terms of eq 11 (l = 0) and eq 12 (l > 0), and eq 13's sync."""
+        """One configuration's :meth:`stage_arrays` as a tuple of :class:`StageTerms`."""
         _check_run(gpus, batch)
-        prm, p = self.params, self.parallelism.stages
-        replicas = self.parallelism.replicas(gpus)
-        hop = prm.alpha_p2p + prm.beta_p2p * batch
-        terms = []
-        for j in range(p):
-            phi, theta_j = self._share(self.table.flops, j, frozen)
-            psi, omega_j = self._share(self.table.param_bytes, j, frozen)
-            live = not self.stage_frozen(frozen, j)
-            backward = freeze_scaled(
-                prm.alpha_bwd + prm.beta_bwd * batch * phi,
-                fixed=prm.alpha_flop,
-                fraction=theta_j,
-                curvature=prm.gamma_flop,
-            )
-            sync = prm.alpha_sync + prm.beta_sync * psi * omega_j * (replicas - 1)
-            terms.append(
-                StageTerms(
-                    forward=prm.alpha_fwd + prm.beta_fwd * batch * phi,
-                    activation=hop if j < p - 1 else 0.0,
-                    backward=backward if live else 0.0,
-                    gradient=hop if j > 0 and not self.stage_frozen(frozen, j - 1) else 0.0,
-                    sync=sync if live and replicas > 1 else 0.0,
-                )
-            )
-        return tuple(terms)
+        arr = self.stage_arrays(np.array([gpus]), np.array([float(batch)]), np.array([frozen]))
+        return tuple(
+            StageTerms(*(float(getattr(arr, f.name)[0, j]) for f in fields(StageTerms)))
+            for j in range(self.parallelism.stages)
+        )
 
     def sync_time(self, *, gpus: int, batch: int, frozen: int) -> float:
         """T_sync(p, d, l) = sum_j T_sync^j(d, F(l, j)) (eq 13)."""
         return math.fsum(t.sync for t in self.stage_terms(gpus=gpus, batch=batch, frozen=frozen))
 
-    def iteration_time(self, *, gpus: int, batch: int, frozen: int) -> float:
+    def iteration_times(self, gpus: IntArray, batch: FloatArray, frozen: IntArray) -> FloatArray:
         """Eq 11-13: T_iter = sum_j (T_fwd^j + T_act^j)
         + ((sum_j T_bwd^j + T_grad^j)^gamma + T_sync(p, d, l)^gamma)^(1/gamma).
 
         For pure PP (d = 1) the sync is 0 and this is the plain sum over stages of eq 11/12.
         """
-        terms = self.stage_terms(gpus=gpus, batch=batch, frozen=frozen)
-        forward = math.fsum(t.forward + t.activation for t in terms)
-        backward = math.fsum(t.backward + t.gradient for t in terms)
-        sync = math.fsum(t.sync for t in terms)
-        return forward + overlap(backward, sync, self.params.gamma)
+        t = self.stage_arrays(gpus, batch, frozen)
+        forward = (t.forward + t.activation).sum(axis=1)
+        backward = (t.backward + t.gradient).sum(axis=1)
+        return np.asarray(forward + overlap(backward, t.sync.sum(axis=1), self.params.gamma))
+
+
+@dataclass(frozen=True)
+class StageArrays:
+    """:class:`StageTerms` for many configurations: arrays (configurations x stages)."""
+
+    forward: FloatArray
+    activation: FloatArray
+    backward: FloatArray
+    gradient: FloatArray
+    sync: FloatArray
+
+
+@dataclass(frozen=True)
+class _StageShares:
+    """What the stage split fixes: Phi_j, Psi_j (stage shares of FLOPs and bytes), and by
+    l (rows) and stage (columns): F(l, j), theta_{l,j}, omega_{l,j}, and "wholly frozen"."""
+
+    phi: FloatArray
+    psi: FloatArray
+    frozen_count: IntArray
+    theta: FloatArray
+    omega: FloatArray
+    dead: npt.NDArray[np.bool_]
+
+    @classmethod
+    def of(cls, table: LayerTable, sizes: tuple[int, ...]) -> _StageShares:
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        ls = np.arange(table.num_layers + 1)[:, None]
+        count = np.clip(ls - starts[None, :-1], 0, np.array(sizes)[None, :])
+        parts = []
+        for values in (table.flops, table.param_bytes):
+            suffix = np.concatenate([np.cumsum(np.array(values)[::-1])[::-1], [0.0]])
+            stage = suffix[starts[:-1]] - suffix[starts[1:]]
+            live = suffix[starts[:-1] + count] - suffix[starts[1:]]
+            inside = np.divide(live, stage, out=np.zeros_like(live), where=stage > 0)
+            parts.append((stage / suffix[0], np.clip(inside, 0.0, 1.0)))
+        (phi, theta), (psi, omega) = parts
+        return cls(phi, psi, count, theta, omega, count == np.array(sizes)[None, :])
 
 
 def _check_run(gpus: int, batch: int) -> None:

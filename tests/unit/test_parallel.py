@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,9 +18,14 @@ from icefrog_slurm.core.parallel import (
     SdpModel,
     SdpParams,
     balanced_stages,
-    freeze_scaled,
-    overlap,
     throughput,
+)
+from icefrog_slurm.core.throughput import (
+    DdpThroughputModel,
+    FreezeParams,
+    LinearCurve,
+    SyncCurve,
+    overlap,
 )
 from icefrog_slurm.core.transformer_tables import load_shipped_table
 from icefrog_slurm.errors import InputError
@@ -67,15 +73,11 @@ def test_parallelism_json_round_trip_and_illegal_count() -> None:
         hp.replicas(6)
 
 
-def test_overlap_and_freeze_scaling_limits() -> None:
-    assert overlap(3.0, 4.0, 1.0) == pytest.approx(7.0)
-    assert overlap(3.0, 4.0, 2.0) == pytest.approx(5.0)
-    assert overlap(3.0, 4.0, 200.0) == pytest.approx(4.0, rel=1e-2)
-    assert overlap(0.0, 0.0, 2.0) == 0.0
-    assert freeze_scaled(2.0, fixed=0.5, fraction=1.0, curvature=0.7) == 2.0
-    assert freeze_scaled(2.0, fixed=0.5, fraction=0.0, curvature=0.7) == 0.5
-    # sublinear: half the FLOPs keeps more than half of the variable part (gamma < 1)
-    assert freeze_scaled(2.0, fixed=0.0, fraction=0.5, curvature=0.7) > 1.0
+def test_params_map_onto_the_ddp_freeze_terms() -> None:
+    assert SDP.freeze == FreezeParams(alpha_flop=0.02, gamma_flop=0.8, alpha_sync=0.04, gamma=2.0)
+    assert PIPE.freeze == FreezeParams(alpha_flop=0.01, gamma_flop=0.8, alpha_sync=0.03, gamma=2.0)
+    with pytest.raises(InputError, match="gamma: must be >= 1"):
+        SdpModel(replace(SDP, gamma_lm=0.5), TABLE).iteration_time(gpus=4, batch=1, frozen=0)
 
 
 def test_sdp_at_zero_frozen_is_eq9_of_the_profile() -> None:
@@ -92,7 +94,7 @@ def test_sdp_at_zero_frozen_is_eq9_of_the_profile() -> None:
     q = SDP.alpha_para + (para - SDP.alpha_para) * TABLE.omega(frozen)
     expected = fwd + (g**SDP.gamma_lm + q**SDP.gamma_lm) ** (1 / SDP.gamma_lm)
     assert model.iteration_time(gpus=a, batch=m, frozen=frozen) == pytest.approx(expected)
-    assert model.forward_time(gpus=a, batch=m) == pytest.approx(fwd)
+    assert model.forward_times(np.array([8.0]), np.array([4.0]))[0] == pytest.approx(fwd)
 
 
 def _eq11_by_hand(m: int, d: int) -> tuple[float, float, float]:
@@ -168,18 +170,23 @@ def test_ddp_and_sdp_differ_in_the_direction_of_section_7() -> None:
 
     so SDP's iteration is longer by k = (F^y + C^y)^(1/y) - F > 0 at every l, and freezing
     speeds SDP up by a smaller factor: T(0)/T(l) = (x + k)/(z + k) < x/z for x > z. The DDP
-    curve overstates what freezing buys an SDP job. (The DDP side is written out here from
-    eq 5-7; it is replaced by core.throughput's model when that lands.)
+    curve overstates what freezing buys an SDP job. The DDP side is eq 5-7 from
+    ``core.throughput`` with the same profile (forward, backward, C as its T_sync(a, 0)).
     """
     table = load_shipped_table("llama-3b")
     c = 0.25 + 0.04 * 7  # the collective at a = 8
     sdp = SdpModel(SdpParams(0.0, 0.03, 0.03, 0.06, c, 0.0, 0.02, 0.8, 0.0, 2.0), table)
 
+    model = DdpThroughputModel(
+        forward=LinearCurve(0.0, 0.03),
+        backward=LinearCurve(0.03, 0.06),
+        sync=SyncCurve(c, 0.0, c, 0.0),
+        freeze=FreezeParams(alpha_flop=0.02, gamma_flop=0.8, alpha_sync=0.0, gamma=2.0),
+    )
+
     def ddp(frozen: int) -> float:
-        grad = freeze_scaled(
-            0.03 + 0.06 * 4, fixed=0.02, fraction=table.theta(frozen), curvature=0.8
-        )
-        return 0.03 * 4 + overlap(grad, c * table.omega(frozen), 2.0)
+        theta, omega = table.theta(frozen), table.omega(frozen)
+        return model.times(gpus=8, batch=4, theta=theta, omega=omega)[3]
 
     for frozen in (0, 5, 10, 20):
         assert sdp.iteration_time(gpus=8, batch=4, frozen=frozen) > ddp(frozen) * 1.05
@@ -193,7 +200,11 @@ def test_ddp_and_sdp_differ_in_the_direction_of_section_7() -> None:
 def test_throughput_is_global_batch_over_iteration_time() -> None:
     hp = pipeline(Kind.HP)
     t = hp.iteration_time(gpus=8, batch=16, frozen=2)
-    assert throughput(hp, gpus=8, batch=16, frozen=2, speed=0.9) == pytest.approx(32 / t * 0.9)
+    assert throughput(hp, gpus=8, batch=16, frozen=2, lam=0.9) == pytest.approx(32 / t * 0.9)
+    # the Layer Tuner's call: the model's own table only
+    assert hp.throughput(gpus=8, batch=16, frozen=2, layers=TABLE) == pytest.approx(32 / t)
+    with pytest.raises(InputError, match="not the layer table"):
+        hp.throughput(gpus=8, batch=16, frozen=2, layers=LayerTable.uniform(8))
 
 
 def test_balanced_stages_is_the_min_max_contiguous_split() -> None:
