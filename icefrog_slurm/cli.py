@@ -18,6 +18,7 @@ from icefrog_slurm.errors import IcefrogError
 # name -> (module, one-line help). Add a subcommand by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("icefrog_slurm.commands.tune", "Layer Tuner what-if: best batch and freeze depth"),
+    "solve": ("icefrog_slurm.commands.solve", "One IceShare round: who waits, runs, shares"),
 }
 
 
