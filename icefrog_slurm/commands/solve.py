@@ -99,7 +99,9 @@ def _job(raw: Any, where: str) -> JobRequest:
     except InputError as exc:
         if str(exc).startswith(where):
             raise
-        raise InputError(f"{where} ({job_id}): {exc}") from None
+        raise InputError(
+            f"{where} ({job_id}): {str(exc).removeprefix(f'job {job_id}: ')}"
+        ) from None
 
 
 def parse_problem(doc: Any) -> Problem:
