@@ -157,3 +157,39 @@ def test_partitioned_solution_is_feasible_and_close() -> None:
     assert check_solution(problem, parts) == []
     assert parts.sum_share <= whole.sum_share + 1e-9
     assert parts.sum_share >= 0.8 * whole.sum_share
+
+
+def test_requests_larger_than_a_node_must_be_whole_nodes() -> None:
+    job = JobRequest("j", (Option(2, 100.0), Option(6, 10.0), Option(8, 20.0)))
+    problem = Problem(Cluster(gpus=8, gpus_per_node=4, gpu_mem_gb=80), (job,))
+    assert [problem.usable(job, i) for i in range(3)] == [True, False, True]
+    assert solve(problem).choices["j"].gpus == 8  # 6 GPUs would be faster but is not offered
+
+
+def test_warm_start_is_the_current_allocation_when_it_fits() -> None:
+    from icefrog_slurm.core.solver import Allocation
+    from icefrog_slurm.core.solver.mip import current_picks
+
+    def job(i: str, cur: int) -> JobRequest:
+        return JobRequest(i, (Option(1, 90.0), Option(2, 50.0)), current=Allocation(cur))
+
+    fits = Problem(Cluster(gpus=4, gpus_per_node=4, gpu_mem_gb=80), (job("a", 2), job("b", 1)))
+    assert current_picks(fits) == ({"a": 1, "b": 0}, [])
+    over = Problem(Cluster(gpus=2, gpus_per_node=2, gpu_mem_gb=80), (job("a", 2), job("b", 1)))
+    assert current_picks(over) is None
+    sol = solve_mip(fits)
+    assert sol.changes == 1 and sol.status == "optimal"  # b grows to 2, a keeps its 2
+
+
+def test_partitions_keep_running_jobs_with_their_nodes() -> None:
+    from icefrog_slurm.core.solver import Allocation
+    from icefrog_slurm.core.solver.partition import split
+
+    running = JobRequest("r", (Option(4, 10.0),), current=Allocation(4, nodes=(("node4", 4),)))
+    others = tuple(JobRequest(f"n{i}", (Option(2, 10.0),)) for i in range(6))
+    problem = Problem(Cluster(gpus=16, gpus_per_node=4, gpu_mem_gb=80), (running, *others))
+    parts = split(problem, 8)
+    assert [p.cluster.node_names for p in parts] == [("node1", "node2"), ("node3", "node4")]
+    assert "r" in {j.id for j in parts[1].jobs}
+    assert sorted(j.id for p in parts for j in p.jobs) == sorted(j.id for j in problem.jobs)
+    assert abs(len(parts[0].jobs) - len(parts[1].jobs)) <= 2

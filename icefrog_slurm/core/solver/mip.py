@@ -151,6 +151,41 @@ def current_picks(problem: Problem) -> tuple[Picks, Pairs] | None:
     return picks, pairs
 
 
+def everyone_fits_bound(problem: Problem) -> float:
+    """A lower bound on the GPUs needed to run every job: each job's cheapest usable option,
+    a shared slot counting 1/2. Above M, stage 1 is 0 without a search (the LP relaxation of
+    ``z <= v_k`` is too weak for CBC to see this quickly)."""
+    total = 0.0
+    for job in problem.jobs:
+        costs = [
+            0.5 if o.shared else float(o.gpus)
+            for i, o in enumerate(job.options)
+            if problem.usable(job, i)
+        ]
+        total += min(costs, default=float("inf"))
+    return total
+
+
+def _stage1(
+    problem: Problem, start: tuple[Picks, Pairs] | None, seconds: float, threads: int
+) -> tuple[Picks, Pairs, bool] | None:
+    """Stage 1: picks and pairs reaching the best minimum, and whether it is proven."""
+    if everyone_fits_bound(problem) > problem.cluster.gpus:
+        picks, pairs = start or ({j.id: WAIT for j in problem.jobs}, [])
+        return picks, pairs, True
+    m1 = _build(problem, _allowed(problem, 0), threads)
+    z = m1.model.add_var(lb=0.0)
+    for value in m1.value.values():
+        m1.model += z <= value
+    m1.model.objective = mip.maximize(z)
+    if start:
+        _start(m1, *start)
+    st = _run(m1, seconds, 0.5)
+    if st not in _GOOD:
+        return None
+    return (*_read(m1), st == mip.OptimizationStatus.OPTIMAL)
+
+
 def solve_mip(
     problem: Problem,
     *,
@@ -163,21 +198,11 @@ def solve_mip(
     start = start if start is not None else current_picks(problem)
     if not problem.jobs:
         return evaluate(problem, {}, [], status="optimal", solver="mip", bound=0.0)
-    proven = True
-    m1 = _build(problem, _allowed(problem, 0), threads)
-    z = m1.model.add_var(lb=0.0)
-    for value in m1.value.values():
-        m1.model += z <= value
-    m1.model.objective = mip.maximize(z)
-    if start:
-        _start(m1, *start)
-    st = _run(m1, 0.4 * time_limit_s, 0.5)
-    if st not in _GOOD:
+    first = _stage1(problem, start, 0.4 * time_limit_s, threads)
+    if first is None:
         picks, pairs = start or ({j.id: WAIT for j in problem.jobs}, [])
-        status = "infeasible" if st == mip.OptimizationStatus.INFEASIBLE else "feasible"
-        return evaluate(problem, picks, pairs, status=status, solver="mip")
-    proven &= st == mip.OptimizationStatus.OPTIMAL
-    picks, pairs = _read(m1)
+        return evaluate(problem, picks, pairs, status="feasible", solver="mip")
+    picks, pairs, proven = first
     t = min(j.score(picks[j.id]) for j in problem.jobs)
     m2 = _build(problem, _allowed(problem, t), threads)
     m2.model.objective = mip.maximize(mip.xsum(m2.value.values()))
