@@ -16,7 +16,7 @@ from functools import partial
 from icefrog_slurm.core.solver.fast import solve_fast
 from icefrog_slurm.core.solver.mip import solve_mip
 from icefrog_slurm.core.solver.partition import merge, split
-from icefrog_slurm.core.solver.problem import WAIT, Problem, Solution
+from icefrog_slurm.core.solver.problem import SCORE_SCALE, WAIT, Problem, Solution
 from icefrog_slurm.errors import InputError
 
 METHODS = ("auto", "mip", "fast")
@@ -63,7 +63,12 @@ def solve_one(problem: Problem, settings: SolverSettings) -> Solution:
     fast = solve_fast(problem)
     if settings.method == "fast" or fast.status == "optimal":
         return fast
-    exact = solve_mip(problem, time_limit_s=settings.time_limit_s, start=picks_of(fast))
+    exact = solve_mip(
+        problem,
+        time_limit_s=settings.time_limit_s,
+        start=picks_of(fast),
+        threshold=round(fast.min_share * SCORE_SCALE),
+    )
     best = max((exact, fast), key=_rank)
     if exact.status == "optimal" and _rank(exact) == _rank(best):
         return exact

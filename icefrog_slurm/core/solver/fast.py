@@ -133,25 +133,29 @@ def max_min_threshold(problem: Problem) -> tuple[int, dict[str, int], list[tuple
     return best
 
 
-def _choices(problem: Problem, job: JobRequest, t: int) -> list[tuple[int, int, int, int]]:
-    """(option index, half-GPU cost, parity flip, key) of each choice allowed after stage 1."""
+def _choices(
+    problem: Problem, job: JobRequest, t: int, alone: bool
+) -> list[tuple[int, int, int, int]]:
+    """(option index, half-GPU cost, parity flip, key) of each choice allowed after stage 1.
+
+    ``alone``: the job's shared option is charged a whole GPU (it found no partner)."""
     mult = len(problem.jobs) + 1
     out = [(WAIT, 0, 0, int(job.keeps(WAIT)))] if t == 0 else []
     for i, o in enumerate(job.options):
         if problem.usable(job, i) and job.score(i) >= t:
-            cost, flip = (1, 1) if o.shared else (2 * o.gpus, 0)
+            cost, flip = (1, 1) if o.shared and not alone else (2 * o.gpus, 0)
             out.append((i, cost, flip, job.score(i) * mult + int(job.keeps(i))))
     return out
 
 
-def _knapsack(problem: Problem, t: int, half_units: int) -> tuple[int, dict[str, int]] | None:
-    """Max total key with relaxed cost <= half_units (odd shared count costs one more)."""
-    cap = half_units
+def _knapsack(problem: Problem, t: int, alone: frozenset[str]) -> tuple[int, dict[str, int]] | None:
+    """Max total key with relaxed cost <= 2M half-GPUs (odd shared count costs one more)."""
+    cap = 2 * problem.cluster.gpus
     best = np.full((2, cap + 1), NEG, dtype=np.int64)
     best[0, :] = 0
     trace: list[tuple[list[tuple[int, int, int, int]], npt.NDArray[np.int8]]] = []
     for job in problem.jobs:
-        cands = _choices(problem, job, t)
+        cands = _choices(problem, job, t, job.id in alone)
         stack = np.full((len(cands), 2, cap + 1), NEG, dtype=np.int64)
         for ci, (_, cost, flip, key) in enumerate(cands):
             if cost > cap:
@@ -191,37 +195,51 @@ def _pair_up(problem: Problem, picks: dict[str, int]) -> tuple[int, list[tuple[s
     return excl + len(shared_ids) - len(pairs), pairs
 
 
+def _repair(
+    problem: Problem, t: int, max_repairs: int
+) -> tuple[int | None, tuple[int, dict[str, int], list[tuple[str, str]]] | None]:
+    """The relaxed DP's bound key, and the first DP answer whose shared jobs really pair.
+
+    After each DP whose shared jobs do not all find partners, the unmatched ones are
+    charged a whole GPU for sharing and the DP runs again (a restriction, so each answer
+    is no better than the last; at least one more job is charged each time)."""
+    alone: frozenset[str] = frozenset()
+    bound: int | None = None
+    for _ in range(max_repairs):
+        found = _knapsack(problem, t, alone)
+        if found is None:
+            return bound, None
+        key, picks = found
+        bound = key if bound is None else bound
+        used, pairs = _pair_up(problem, picks)
+        if used <= problem.cluster.gpus:
+            return bound, (key, picks, pairs)
+        paired = {j for p in pairs for j in p}
+        jobs = {j.id: j for j in problem.jobs}
+        alone |= {j for j, i in picks.items() if i != WAIT and jobs[j].options[i].shared} - paired
+    return bound, None
+
+
 def solve_fast(problem: Problem, *, max_repairs: int = 8) -> Solution:
     """Stage 1 exactly, then stages 2-3 by the relaxed DP (see the module docstring)."""
     t, witness, witness_pairs = max_min_threshold(problem)
     mult = len(problem.jobs) + 1
-    half = 2 * problem.cluster.gpus
-    bound_key: int | None = None
-    for _ in range(max_repairs):
-        found = _knapsack(problem, t, half)
-        if found is None:
-            break
-        key, picks = found
-        bound_key = key if bound_key is None else bound_key
-        used, pairs = _pair_up(problem, picks)
-        if used <= problem.cluster.gpus:
-            status = "optimal" if key == bound_key else "feasible"
-            return evaluate(
-                problem,
-                picks,
-                pairs,
-                status=status,
-                solver="fast",
-                bound=(bound_key // mult) / SCORE_SCALE,
-            )
-        half -= 2 * (used - problem.cluster.gpus)
+    bound_key, found = _repair(problem, t, max_repairs)
     bound = math.inf if bound_key is None else (bound_key // mult) / SCORE_SCALE
-    return evaluate(
+    fallback = evaluate(
         problem,
         witness,
         witness_pairs,
         status="feasible",
         solver="fast",
         bound=bound,
-        notes=("stage 2 fell back to stage 1's witness",),
+        notes=("stage 2 kept stage 1's witness",),
     )
+    if found is None:
+        return fallback
+    key, picks, pairs = found
+    status = "optimal" if key == bound_key else "feasible"
+    sol = evaluate(problem, picks, pairs, status=status, solver="fast", bound=bound)
+    if (sol.sum_share, -sol.changes) >= (fallback.sum_share, -fallback.changes):
+        return sol
+    return fallback

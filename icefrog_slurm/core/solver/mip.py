@@ -192,13 +192,18 @@ def solve_mip(
     time_limit_s: float = 30.0,
     start: tuple[Picks, Pairs] | None = None,
     threads: int = 1,
+    threshold: int | None = None,
 ) -> Solution:
     """The three lexicographic stages (module docstring); ``start`` defaults to the current
-    allocation when it fits."""
+    allocation when it fits. With ``threshold`` (stage 1's optimum, proven elsewhere, and a
+    ``start`` reaching it) stage 1 is skipped."""
     start = start if start is not None else current_picks(problem)
     if not problem.jobs:
         return evaluate(problem, {}, [], status="optimal", solver="mip", bound=0.0)
-    first = _stage1(problem, start, 0.4 * time_limit_s, threads)
+    if threshold is not None and start is not None:
+        first: tuple[Picks, Pairs, bool] | None = (*start, True)
+    else:
+        first = _stage1(problem, start, 0.4 * time_limit_s, threads)
     if first is None:
         picks, pairs = start or ({j.id: WAIT for j in problem.jobs}, [])
         return evaluate(problem, picks, pairs, status="feasible", solver="mip")
