@@ -280,8 +280,16 @@ def check_solution(problem: Problem, solution: Solution) -> list[str]:
     jobs = {j.id: j for j in problem.jobs}
     if set(solution.choices) != set(jobs):
         errors.append("not every job has exactly one choice")
-    if solution.gpus_used > problem.cluster.gpus:
-        errors.append(f"capacity exceeded: {solution.gpus_used} > {problem.cluster.gpus}")
+    exclusive = sum(c.gpus for c in solution.choices.values() if not c.shared)
+    shared_gpus = sum(1 for j, c in solution.choices.items() if c.shared and (c.partner or j) >= j)
+    if exclusive + shared_gpus > problem.cluster.gpus:
+        errors.append(f"capacity exceeded: {exclusive + shared_gpus} > {problem.cluster.gpus}")
+    if exclusive + shared_gpus != solution.gpus_used:
+        errors.append(f"gpus_used {solution.gpus_used} != {exclusive + shared_gpus}")
+    for jid, ch in solution.choices.items():
+        job = jobs.get(jid)
+        if job is not None and ch.index != WAIT and not problem.usable(job, ch.index):
+            errors.append(f"{jid}: option {ch.index} is not usable")
     for jid, ch in solution.choices.items():
         if ch.partner is None:
             continue
