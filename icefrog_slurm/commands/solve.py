@@ -129,6 +129,15 @@ def parse_problem(doc: Any) -> Problem:
     return Problem(cluster=cluster, jobs=tuple(jobs))
 
 
+def _fragmentation_notes(final: Problem) -> list[str]:
+    jobs = {j.id: j for j in final.jobs}
+    return [
+        f"{jid}: {jobs[jid].options[i].gpus} GPU(s) could not be placed (fragmentation); "
+        "re-solved without that option"
+        for jid, i in sorted(final.forbidden)
+    ]
+
+
 def run(args: argparse.Namespace) -> int:
     problem = parse_problem(jsonio.load_json_file(args.file))
     settings = SolverSettings(
@@ -138,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
     )
     began = time.perf_counter()
-    solution, placement, _ = solve_and_place(problem, lambda p: solve(p, settings))
+    solution, placement, final = solve_and_place(problem, lambda p: solve(p, settings))
     elapsed = time.perf_counter() - began
     jobs: dict[str, Any] = {}
     for jid, ch in solution.choices.items():
@@ -161,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         "changes": solution.changes,
         "solver": solution.solver,
         "solve_s": round(elapsed, 4),
-        "notes": list(solution.notes),
+        "notes": list(solution.notes) + _fragmentation_notes(final),
         "jobs": jobs,
     }
     print(json.dumps(out, indent=2))

@@ -132,3 +132,23 @@ def test_bad_input_exits_2_naming_the_problem(
     code, _, err = _solve(tmp_path, _bad(_hand_example(100), edit), capsys)
     assert code == 2
     assert message in err
+
+
+def test_fragmentation_is_re_solved_and_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = {
+        "gpus": 8,
+        "gpus_per_node": 4,
+        "gpu_mem_gb": 80,
+        "jobs": [
+            {"id": "a", "options": [{"gpus": 3, "tta_s": 100}]},
+            {"id": "b", "options": [{"gpus": 3, "tta_s": 100}]},
+            {"id": "c", "options": [{"gpus": 1, "tta_s": 200}, {"gpus": 2, "tta_s": 100}]},
+        ],
+    }
+    code, out, _ = _solve(tmp_path, doc, capsys)
+    assert code == 0
+    assert out["jobs"]["c"]["gpus"] == 1
+    assert sum(out["jobs"]["c"]["nodes"].values()) == 1
+    assert any(n.startswith("c: 2 GPU(s) could not be placed") for n in out["notes"])
