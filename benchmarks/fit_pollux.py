@@ -14,7 +14,6 @@ Usage: python benchmarks/fit_pollux.py [--data DIR] [--seeds N]
 from __future__ import annotations
 
 import argparse
-import csv
 import time
 from pathlib import Path
 
@@ -29,25 +28,14 @@ from icefrog_slurm.core.throughput import (
     SyncCurve,
 )
 from icefrog_slurm.protocol import ProfileSample
+from icefrog_slurm.sim.pollux import read_placements
 
 ONE_LAYER = LayerTable.uniform(1)
 
 
 def load_placements(path: Path) -> list[tuple[ProfileSample, int]]:
     """Rows as (sample, nodes): compute time = step - sync goes to t_bwd (no forward split)."""
-    rows = []
-    with path.open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            placement = [int(c) for c in row["placement"]]
-            gpus, batch = sum(placement), int(row["local_bsz"])
-            step, sync = float(row["step_time"]), float(row["sync_time"])
-            sample = ProfileSample(
-                gpus=gpus, batch=batch, frozen=0, shared=False, t_fwd_s=0.0,
-                t_bwd_s=step - sync, t_sync_s=sync, t_iter_s=step,
-                samples_per_s=gpus * batch / step,
-            )  # fmt: skip
-            rows.append((sample, len(placement)))
-    return rows
+    return read_placements(path.parent)
 
 
 def evaluate(

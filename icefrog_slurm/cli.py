@@ -18,6 +18,13 @@ from icefrog_slurm.errors import IcefrogError
 # name -> (module, one-line help). Add a subcommand by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("icefrog_slurm.commands.tune", "Layer Tuner what-if: best batch and freeze depth"),
+    "db": ("icefrog_slurm.commands.db", "State store database: icefrog db upgrade"),
+    "trace": ("icefrog_slurm.commands.trace", "Sample evaluation workloads from the Philly trace"),
+    "squeue": ("icefrog_slurm.commands.squeue", "Active jobs and their latest decision"),
+    "sacct": ("icefrog_slurm.commands.sacct", "Accounting of running and finished jobs"),
+    "show": ("icefrog_slurm.commands.show", "icefrog show job ID: a job's trajectory"),
+    "launch": ("launcher.cli", "Run a training script under torchrun in a Slurm allocation"),
+    "solve": ("icefrog_slurm.commands.solve", "One IceShare round: who waits, runs, shares"),
 }
 
 

@@ -1,1 +1,9 @@
-"""The cluster port and its adapters: pure command builders and parsers, the CLI backend."""
+"""The cluster port and its adapters.
+
+- ``port``: ``ClusterPort`` (what the controller may ask of Slurm), its frozen dataclasses and
+  the typed errors (``SlurmUnavailable`` retryable, ``SlurmRejected`` not).
+- ``commands`` / ``parse``: pure command-line builders and output parsers (22.05 and 24.11),
+  pinned by tests/golden/.
+- ``capacity``: the partition's GPUs minus those of foreign jobs (pure).
+- ``cli_backend``: ``SlurmCliBackend``, the port over sbatch/scontrol/squeue/sinfo/scancel.
+"""

@@ -1,0 +1,129 @@
+"""How long the state store's part of a controller tick takes with many jobs.
+
+Fills a fresh database with JOBS active jobs (each with profile samples, per-layer gradient
+statistics of several epochs and metrics), then times: ``store.snapshot()`` (the tick's
+read), and one tick transaction (the snapshot, a round with an allocation for every job and
+an intent for a tenth of them). Prints the figures; asserts nothing.
+
+    PYTHONPATH=. python benchmarks/store_snapshot.py                 # SQLite
+    PYTHONPATH=. python benchmarks/store_snapshot.py --postgres      # a throwaway Postgres
+    PYTHONPATH=. python benchmarks/store_snapshot.py --url URL       # an existing database
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from icefrog_slurm.protocol import GradStats, MetricReport
+from icefrog_slurm.store import SqlStore
+from icefrog_slurm.store.migrate import upgrade
+from icefrog_slurm.store.records import Allocation
+from tests.integration.store.helpers import sample, spec
+
+
+@contextmanager
+def database(args: argparse.Namespace) -> Iterator[str]:
+    if args.url:
+        yield args.url
+    elif args.postgres:
+        from tests.support.postgres import running_server
+
+        with running_server() as server:
+            server.janitor("bench").init()
+            yield server.url("bench")
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            yield f"sqlite:///{Path(tmp) / 'bench.db'}"
+
+
+def fill(store: SqlStore, args: argparse.Namespace) -> list[int]:
+    layers = args.layers
+    job_spec = spec(
+        layer_flops=(1.0,) * layers, layer_param_bytes=(1.0,) * layers, layer_boundaries=()
+    )
+    ids = []
+    with store.transaction() as tx:
+        for j in range(args.jobs):
+            slurm_id = str(10000 + j)
+            job_id = tx.create_job(
+                name=f"job{j}",
+                owner_uid=1000 + j % 50,
+                owner_user="u",
+                slurm_job_id=slurm_id,
+                spec=job_spec,
+                now=0.0,
+            )
+            measured = [sample(1 + i % 4, i % layers) for i in range(args.samples)]
+            tx.add_profile_samples(job_id=job_id, slurm_job_id=slurm_id, samples=measured, now=1.0)
+            for e in range(args.epochs):
+                stats = GradStats(e, 0, (1.0,) * layers, (2.0,) * layers)
+                tx.put_grad_stats(job_id=job_id, stats=stats, now=2.0)
+                tx.put_metric(job_id=job_id, metric=MetricReport(e, "val_acc", 0.1 * e), now=2.0)
+            ids.append(job_id)
+    return ids
+
+
+def timed(fn: Callable[[], object], repeat: int) -> float:
+    """The median wall time of ``repeat`` calls."""
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url")
+    p.add_argument("--postgres", action="store_true")
+    p.add_argument("--jobs", type=int, default=2400)
+    p.add_argument("--layers", type=int, default=50)
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--samples", type=int, default=10)
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args()
+    with database(args) as url:
+        upgrade(url)
+        store = SqlStore(url)
+        t0 = time.perf_counter()
+        ids = fill(store, args)
+        fill_s = time.perf_counter() - t0
+        snap_s = timed(store.snapshot, args.repeat)
+        rounds = iter(range(1, 10**6))
+
+        def tick() -> None:
+            with store.transaction() as tx:
+                snap = tx.snapshot()
+                n = next(rounds)
+                allocs = [Allocation(v.job.id, 1, 64, 0) for v in snap.jobs]
+                tx.record_round(
+                    round_no=n, now=n, policy="bench", capacity_gpus=960, allocations=allocs
+                )
+                for job_id in ids[::10]:
+                    tx.add_intent(
+                        action="resize", params={"gpus": 2}, now=n, job_id=job_id, round_no=n
+                    )
+
+        tick_s = timed(tick, args.repeat)
+        store.close()
+    print(
+        f"backend={url.split(':', 1)[0]} jobs={args.jobs} layers={args.layers} "
+        f"epochs={args.epochs} samples/job={args.samples}"
+    )
+    print(f"fill (one transaction): {fill_s:.2f} s")
+    print(f"snapshot: median {snap_s:.3f} s of {args.repeat}")
+    print(
+        f"tick transaction (snapshot + round of {len(ids)} allocations + {len(ids[::10])} "
+        f"intents, commit): median {tick_s:.3f} s of {args.repeat}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""The controller's settings: nested typed frozen dataclasses loaded from one TOML file.
+
+Every field has a default and a docstring; ``slurm_conf/icefrog.toml.example`` sets every
+field to its default with the docstring beside it. Loading is strict: an unknown section or
+key is an error that names it and lists the valid ones, a value of the wrong type is an
+error that names the key (``InputError``, exit code 2). Nothing here reads the environment.
+
+Three fields are derived when left out: ``store.url`` is a SQLite file in ``state.dir``, and
+``inbox.dir`` / ``inbox.archive_dir`` are ``inbox`` / ``archive`` folders in ``state.dir``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from icefrog_slurm import jsonio
+from icefrog_slurm.errors import InputError
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+def _bounds(**kw: float) -> dict[str, float]:
+    """Field metadata: ``minimum``, ``maximum`` or ``exclusive_minimum`` for a number."""
+    return kw
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """The scheduling round."""
+
+    round_period_s: float = field(default=300.0, metadata=_bounds(exclusive_minimum=0.0))
+    """Seconds between two scheduling rounds (spec section 9, step 5: 300 s)."""
+
+    reallocation_overhead_s: float = field(default=60.0, metadata=_bounds(minimum=0.0))
+    """Seconds a job loses when its resources change (checkpoint, requeue, restore); the
+    policy charges it to a candidate that differs from the current allocation (spec
+    section 13 calibrates it to 60 s)."""
+
+
+@dataclass(frozen=True)
+class StateSettings:
+    """Where the controller keeps its files."""
+
+    dir: str = "/var/lib/icefrog"
+    """The controller's state folder: the default SQLite database, the report inbox and
+    its archive live here unless set elsewhere."""
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """The state store's database."""
+
+    url: str = ""
+    """SQLAlchemy database URL, e.g. ``postgresql+psycopg://icefrog@dbhost/icefrog``.
+    Default: the SQLite file ``icefrog.db`` in ``state.dir``."""
+
+
+@dataclass(frozen=True)
+class InboxSettings:
+    """The append-only folder where jobs drop their reports (see docs/admin-guide.md)."""
+
+    dir: str = ""
+    """The inbox folder (mode 1733, owned by root). Default: ``inbox`` in ``state.dir``."""
+
+    archive_dir: str = ""
+    """Processed reports are moved here (``accepted/`` and ``rejected/``); it must be on the
+    same filesystem as the inbox and readable by root only. Default: ``archive`` in
+    ``state.dir``."""
+
+    poll_s: float = field(default=30.0, metadata=_bounds(exclusive_minimum=0.0))
+    """Seconds between two reads of the inbox. Keep it well under munge's credential TTL
+    (300 s by default) so that reports arrive fresh."""
+
+    max_reports_per_drain: int = field(default=10000, metadata=_bounds(minimum=1))
+    """At most this many report files are read in one pass (each costs one ``unmunge``);
+    the rest wait for the next pass."""
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """The Slurm cluster icefrog manages."""
+
+    partition: str = "gpu"
+    """The Slurm partition whose GPUs icefrog allocates."""
+
+    gpu_mem_gb: float = field(default=80.0, metadata=_bounds(exclusive_minimum=0.0))
+    """Memory of one GPU in GB (A800-80GB: 80); the sharing rule's capacity (spec section 8)."""
+
+
+@dataclass(frozen=True)
+class SharingSettings:
+    """GPU sharing (spec section 8, eq 8)."""
+
+    memory_safety: float = field(default=1.1, metadata=_bounds(minimum=1.0))
+    """Predicted peak memory is multiplied by this before the capacity check (1.1)."""
+
+    speed_factor: float = field(default=0.9, metadata=_bounds(exclusive_minimum=0.0, maximum=1.0))
+    """λ of eq 8: the throughput factor of a job on a safely shared GPU (0.9)."""
+
+    max_jobs_per_gpu: int = field(default=2, metadata=_bounds(minimum=1))
+    """At most this many jobs share one GPU (the paper packs pairs); 1 turns sharing off."""
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """The Prometheus metrics endpoint."""
+
+    port: int | None = field(default=None, metadata=_bounds(minimum=1, maximum=65535))
+    """TCP port of the Prometheus endpoint; leave unset for no endpoint."""
+
+    address: str = "0.0.0.0"
+    """Address the endpoint listens on."""
+
+
+@dataclass(frozen=True)
+class LoggingSettings:
+    """The controller's log (stdout, read by journald)."""
+
+    level: LogLevel = "INFO"
+    """One of DEBUG, INFO, WARNING, ERROR."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All of the controller's settings: one section a field."""
+
+    controller: ControllerSettings = field(default_factory=ControllerSettings)
+    """The scheduling round."""
+
+    state: StateSettings = field(default_factory=StateSettings)
+    """Where the controller keeps its files."""
+
+    store: StoreSettings = field(default_factory=StoreSettings)
+    """The state store's database."""
+
+    inbox: InboxSettings = field(default_factory=InboxSettings)
+    """The report inbox."""
+
+    slurm: SlurmSettings = field(default_factory=SlurmSettings)
+    """The Slurm cluster."""
+
+    sharing: SharingSettings = field(default_factory=SharingSettings)
+    """GPU sharing."""
+
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    """The Prometheus endpoint."""
+
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
+    """Logging."""
+
+    def __post_init__(self) -> None:
+        state = Path(self.state.dir)
+        if not self.store.url:
+            object.__setattr__(
+                self, "store", replace(self.store, url=f"sqlite:///{state / 'icefrog.db'}")
+            )
+        inbox = self.inbox
+        if not inbox.dir:
+            inbox = replace(inbox, dir=str(state / "inbox"))
+        if not inbox.archive_dir:
+            inbox = replace(inbox, archive_dir=str(state / "archive"))
+        object.__setattr__(self, "inbox", inbox)
+
+
+def load_settings(path: str | Path) -> Settings:
+    """Read and check one TOML settings file."""
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path}: not valid TOML: {exc}") from None
+    return settings_from_mapping(data, where=str(path))
+
+
+def settings_from_mapping(data: Mapping[str, Any], *, where: str = "settings") -> Settings:
+    """Build :class:`Settings` from parsed TOML, rejecting unknown keys and wrong types."""
+    try:
+        settings: Settings = _build(Settings, data, "")
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from None
+    return settings
+
+
+def _build(cls: type[Any], data: Mapping[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    jsonio.reject_unknown(data, [f.name for f in fields(cls)], where)
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        hint = hints[f.name]
+        path = f"{where}.{f.name}" if where else f.name
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            section = data[f.name]
+            if not isinstance(section, Mapping):
+                raise InputError(f"{path}: must be a table [{path}]")
+            values[f.name] = _build(hint, section, path)
+        else:
+            values[f.name] = _value(hint, data, f, where)
+    return cls(**values)
+
+
+def _value(hint: Any, data: Mapping[str, Any], f: dataclasses.Field[Any], where: str) -> Any:
+    """One scalar field, read with the strict readers of :mod:`icefrog_slurm.jsonio`."""
+    bounds = dict(f.metadata)
+    name = f.name
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):  # `int | None`: optional
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if typing.get_origin(hint) is Literal:
+        value = jsonio.get_str(data, name, where)
+        allowed = typing.get_args(hint)
+        if value not in allowed:
+            raise InputError(f"{where}.{name}: must be one of {', '.join(allowed)}, got {value!r}")
+        return value
+    if hint is bool:
+        return jsonio.get_bool(data, name, where)
+    if hint is int:
+        low, high = bounds.get("minimum"), bounds.get("maximum")
+        return jsonio.get_int(
+            data,
+            name,
+            where,
+            minimum=None if low is None else int(low),
+            maximum=None if high is None else int(high),
+        )
+    if hint is float:
+        return jsonio.get_number(data, name, where, **bounds)
+    if hint is str:
+        return jsonio.get_str(data, name, where)
+    raise TypeError(f"settings field {name}: unsupported type {hint!r}")  # a bug, not input

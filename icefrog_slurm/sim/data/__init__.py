@@ -1,0 +1,1 @@
+"""Package data of the simulator: the task catalog and generated per-layer tables."""

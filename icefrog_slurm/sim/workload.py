@@ -1,0 +1,108 @@
+"""Simulated workloads: the in-memory job list and its Pollux-format CSV form.
+
+A workload is a list of :class:`Job` sorted by submission time. Its file form is Pollux's
+(``workloads-*/workload-N.csv`` of the AdaptDL simulator):
+``name,time,application,num_replicas,batch_size`` — time the submission second relative to
+the trace start, application a catalog task or a Pollux application name (an alias, see
+``catalog.py``), num_replicas the requested GPU count and batch_size the global batch.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from icefrog_slurm.errors import InputError
+from icefrog_slurm.sim.catalog import Catalog
+
+COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One submitted job: ``task`` is the catalog task name (aliases resolved)."""
+
+    name: str
+    submit_s: float  # seconds from the trace start
+    task: str
+    gpus: int  # requested GPU count (Pollux's num_replicas; the paper's "GPU request")
+    batch_size: int  # global batch (fixed for Lucid, Optimus and ICEFROG; spec section 12)
+
+
+def read_workload(path: str | Path, catalog: Catalog) -> list[Job]:
+    """Read a Pollux-format workload CSV; every error names the file, row and column."""
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            header = tuple(reader.fieldnames or ())
+            rows = list(reader)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise InputError(f"{path}: not a readable CSV: {exc}") from None
+    missing = [c for c in COLUMNS if c not in header]
+    if missing:
+        raise InputError(f"{path}: missing column(s) {', '.join(missing)}; needs {COLUMNS}")
+    jobs, names = [], set()
+    for i, row in enumerate(rows, start=2):
+        where = f"{path}:{i}"
+        name = (row["name"] or "").strip()
+        if not name or name in names:
+            raise InputError(f"{where}: name {name!r} is empty or repeated")
+        names.add(name)
+        try:
+            task = catalog.resolve((row["application"] or "").strip())
+        except InputError as exc:
+            raise InputError(f"{where}: application: {exc}") from None
+        jobs.append(
+            Job(
+                name=name,
+                submit_s=_number(row["time"], f"{where}: time"),
+                task=task,
+                gpus=_positive_int(row["num_replicas"], f"{where}: num_replicas"),
+                batch_size=_positive_int(row["batch_size"], f"{where}: batch_size"),
+            )
+        )
+    if not jobs:
+        raise InputError(f"{path}: no jobs")
+    return sorted(jobs, key=lambda j: j.submit_s)  # stable: file order among equal times
+
+
+def write_workload(jobs: Iterable[Job], path: str | Path) -> None:
+    """Write jobs as a Pollux-format CSV (integer submission seconds, as Pollux's files)."""
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(COLUMNS)
+        for job in jobs:
+            writer.writerow([job.name, round(job.submit_s), job.task, job.gpus, job.batch_size])
+
+
+def by_task(jobs: Sequence[Job]) -> dict[str, int]:
+    """How many jobs of each task (for summaries)."""
+    out: dict[str, int] = {}
+    for job in jobs:
+        out[job.task] = out.get(job.task, 0) + 1
+    return out
+
+
+def _number(text: str | None, where: str) -> float:
+    try:
+        value = float(text or "")
+    except ValueError:
+        raise InputError(f"{where}: must be a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise InputError(f"{where}: must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str | None, where: str) -> int:
+    try:
+        value = int(text or "")
+    except ValueError:
+        raise InputError(f"{where}: must be an integer, got {text!r}") from None
+    if value < 1:
+        raise InputError(f"{where}: must be >= 1, got {value}")
+    return value

@@ -1,0 +1,332 @@
+"""``SlurmCliBackend``: the ClusterPort over sbatch/scontrol/squeue/sinfo/scancel.
+
+Every command runs with a timeout; when slurmctld is down or slow (connection refused,
+socket timeout, the command's own timeout) it is retried with exponential backoff a bounded
+number of times, then ``SlurmUnavailable`` is raised: the caller keeps its decision and tries
+again next round. A refusal is ``SlurmRejected`` at once. Nothing here exits the process.
+
+``sbatch`` is not idempotent, so submissions are made idempotent by their icefrog tag: before
+every sbatch the backend looks for a live job with the same name and comment (one
+``squeue -n NAME`` call) and returns it instead, so a submission that timed out but did
+reach slurmctld is never duplicated, neither by a retry here nor by the next round.
+
+Resubmission as the job's owner (``resubmit``): the controller runs as root; it reads the
+pending job's batch script (``scontrol write batch_script``) and submits it again through
+``setpriv --reuid/--regid --init-groups sbatch`` with a minimal environment (PATH, HOME,
+USER, LOGNAME, SLURM_CONF), so the new job is the user's own submission with the user's
+credential; name, partition, working directory, output paths and time limit are kept, the
+comment links to the old id, the new job is held, and then the old job is cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import re
+import subprocess
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+
+from icefrog_slurm.slurm import capacity, commands, parse
+from icefrog_slurm.slurm.commands import Argv
+from icefrog_slurm.slurm.port import (
+    ClusterPort,
+    Gres,
+    GresAllocation,
+    IcefrogTag,
+    JobDetail,
+    JobNotFound,
+    JobState,
+    PartitionCapacity,
+    SlurmRejected,
+    SlurmUnavailable,
+    SubmitRequest,
+)
+
+log = logging.getLogger(__name__)
+
+# Messages of Slurm clients that mean "slurmctld did not answer": retry later.
+_UNAVAILABLE = (
+    "unable to contact slurm controller",
+    "socket timed out",
+    "connection refused",
+    "zero bytes were transmitted",
+    "communication connection failure",
+    "slurm_receive_msg",
+    "transport endpoint",
+    "resource temporarily unavailable",
+    "slurmctld is not responding",
+    "in standby mode",
+    "unexpected message received",  # scontrol release/update while slurmctld is down
+)
+_NOT_FOUND = ("invalid job id specified",)
+_ALREADY_DONE = ("already completing or completed", "job has already finished")
+
+
+@dataclass(frozen=True)
+class CliSettings:
+    """How the CLI backend talks to Slurm."""
+
+    timeout_s: float = 20.0
+    """Wall-clock limit of one Slurm command, seconds."""
+    attempts: int = 4
+    """Tries of a command while slurmctld is unavailable, the first included (>= 1)."""
+    backoff_s: float = 1.0
+    """Wait before the second try, seconds; doubles every try."""
+    backoff_max_s: float = 15.0
+    """Longest wait between two tries, seconds."""
+    slurm_conf: str | None = None
+    """SLURM_CONF for every command; None: the Slurm default (/etc/slurm/slurm.conf)."""
+
+
+class SlurmCliBackend:
+    """ClusterPort over the Slurm command-line tools (22.05 and 24.11)."""
+
+    def __init__(
+        self, settings: CliSettings | None = None, *, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
+        self.settings = settings or CliSettings()
+        if self.settings.attempts < 1:
+            raise ValueError("CliSettings.attempts must be >= 1")
+        self._sleep = sleep
+
+    # ---- running commands -------------------------------------------------------------
+
+    def _env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ if base is None else base)
+        if self.settings.slurm_conf:
+            env["SLURM_CONF"] = self.settings.slurm_conf
+        return env
+
+    def _once(self, argv: Argv, *, stdin: str | None, env: Mapping[str, str] | None) -> str:
+        try:
+            cp = subprocess.run(
+                argv,
+                input=stdin,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=self.settings.timeout_s,
+                env=dict(env) if env is not None else self._env(),
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            msg = f"{argv[0]} timed out after {self.settings.timeout_s:g} s"
+            raise SlurmUnavailable(msg, command=argv) from exc
+        except OSError as exc:
+            raise SlurmUnavailable(f"cannot run {argv[0]}: {exc}", command=argv) from exc
+        if cp.returncode == 0:
+            return cp.stdout
+        msg = (cp.stderr.strip() or cp.stdout.strip() or f"exit code {cp.returncode}")[:2000]
+        low = msg.lower()
+        if any(p in low for p in _UNAVAILABLE):
+            raise SlurmUnavailable(f"{' '.join(argv[:3])}: {msg}", command=argv)
+        if any(p in low for p in _NOT_FOUND):
+            raise JobNotFound(f"{' '.join(argv)}: {msg}", command=argv)
+        raise SlurmRejected(f"{' '.join(argv)}: {msg}", command=argv)
+
+    def _wait(self, attempt: int) -> None:
+        s = self.settings
+        self._sleep(min(s.backoff_s * 2**attempt, s.backoff_max_s))
+
+    def _run(
+        self, argv: Argv, *, stdin: str | None = None, env: Mapping[str, str] | None = None
+    ) -> str:
+        """Run an idempotent command, retrying while slurmctld is unavailable."""
+        for attempt in range(self.settings.attempts):
+            try:
+                return self._once(argv, stdin=stdin, env=env)
+            except SlurmUnavailable as exc:
+                if attempt + 1 == self.settings.attempts:
+                    raise SlurmUnavailable(
+                        f"{exc} (gave up after {self.settings.attempts} tries)", command=argv
+                    ) from exc
+                log.warning("slurm unavailable (try %d): %s", attempt + 1, exc)
+                self._wait(attempt)
+        raise AssertionError("unreachable")
+
+    def _submit(
+        self, argv: Argv, *, script: str, name: str, comment: str, env: Mapping[str, str]
+    ) -> str:
+        """sbatch at most once a tag: a live job with the same name and comment (an earlier
+        submission that timed out but reached slurmctld) is returned instead."""
+        last: SlurmUnavailable | None = None
+        for attempt in range(self.settings.attempts):
+            if attempt:
+                self._wait(attempt - 1)
+            try:
+                found = self._find_live(name=name, comment=comment)
+                if found is not None:
+                    return found
+                return parse.parse_sbatch_parsable(self._once(argv, stdin=script, env=env))
+            except SlurmUnavailable as exc:
+                log.warning("sbatch unavailable (try %d): %s", attempt + 1, exc)
+                last = exc
+        raise SlurmUnavailable(
+            f"{last} (gave up after {self.settings.attempts} tries)", command=argv
+        )
+
+    def _find_live(self, *, name: str, comment: str) -> str | None:
+        out = self._once(commands.squeue_named(name), stdin=None, env=None)
+        jobs = parse.parse_squeue(out).values()
+        live = [j.job_id for j in jobs if j.comment == comment and not j.finished]
+        return max(live, key=int) if live else None
+
+    # ---- ClusterPort ------------------------------------------------------------------
+
+    def submit_held(self, *, request: SubmitRequest) -> str:
+        with open(request.script, encoding="utf-8") as fh:
+            script = fh.read()
+        argv = commands.sbatch_held(request)
+        return self._submit(
+            argv, script=script, name=request.name, comment=request.tag.comment(), env=self._env()
+        )
+
+    def release(self, *, job_id: str) -> None:
+        self._run(commands.release(job_id))
+
+    def update_pending(
+        self,
+        *,
+        job_id: str,
+        gres: Gres | None = None,
+        num_nodes: int | None = None,
+        nodes: tuple[str, ...] | None = None,
+    ) -> None:
+        self._run(commands.update_job(job_id, gres=gres, num_nodes=num_nodes, nodes=nodes))
+
+    def signal_batch(self, *, job_id: str, signal: str = "USR1") -> None:
+        self._run(commands.signal_batch(job_id, signal))
+
+    def requeue_hold(self, *, job_id: str) -> None:
+        self._run(commands.requeue_hold(job_id))
+
+    def release_now(self, *, job_id: str) -> None:
+        self._run(commands.release(job_id))
+        self._run(commands.update_job(job_id, start_now=True))
+
+    def cancel(self, *, job_id: str) -> None:
+        try:
+            self._run(commands.cancel(job_id))
+        except JobNotFound:
+            return
+        except SlurmRejected as exc:
+            if not any(p in str(exc).lower() for p in _ALREADY_DONE):
+                raise
+
+    def poll(self, *, job_ids: Collection[str]) -> Mapping[str, JobState]:
+        if not job_ids:
+            return {}
+        try:
+            out = self._run(commands.squeue_jobs(job_ids))
+        except JobNotFound:  # every id is unknown (squeue fails only then)
+            return {}
+        return {k: v for k, v in parse.parse_squeue(out).items() if k in job_ids}
+
+    def job_detail(self, *, job_id: str) -> JobDetail:
+        return parse.parse_job_detail(self._run(commands.show_job(job_id)))
+
+    def gres_allocation(self, *, job_id: str) -> tuple[GresAllocation, ...]:
+        return parse.parse_gres_detail(self._run(commands.show_job_detail(job_id)))
+
+    def partition_capacity(self, *, partition: str) -> PartitionCapacity:
+        nodes = parse.parse_sinfo_nodes(self._run(commands.sinfo_partition(partition)))
+        jobs = parse.parse_squeue(self._run(commands.squeue_all())).values()
+        shard_gpus: dict[str, dict[str, int]] = {}
+        for jid in capacity.foreign_shard_jobs(jobs):
+            try:
+                allocs = self.gres_allocation(job_id=jid)
+            except JobNotFound:
+                continue
+            per_node: dict[str, set[int]] = {}
+            for a in allocs:
+                if a.kind == "shard":
+                    for n in a.nodes:
+                        per_node.setdefault(n, set()).update(a.indices)
+            shard_gpus[jid] = {n: len(ix) for n, ix in per_node.items() if ix}
+        return capacity.partition_capacity(
+            partition=partition, nodes=nodes, jobs=jobs, shard_gpus=shard_gpus
+        )
+
+    def owner_uid(self, *, job_id: str) -> int:
+        return self.job_detail(job_id=job_id).user_id
+
+    def hostnames(self, *, nodelist: str) -> tuple[str, ...]:
+        return parse.parse_hostnames(self._run(commands.hostnames(nodelist)))
+
+    def resubmit(
+        self,
+        *,
+        job_id: str,
+        gres: Gres,
+        num_nodes: int | None = None,
+        nodes: tuple[str, ...] | None = None,
+    ) -> str:
+        old = self.job_detail(job_id=job_id)
+        if old.state != "PENDING":
+            raise SlurmRejected(
+                f"job {job_id} is {old.state}: only a pending (requeue-held) job is resubmitted"
+            )
+        if old.tag is None:
+            raise SlurmRejected(f"job {job_id} carries no icefrog comment: not resubmitted")
+        script = self._run(commands.batch_script(job_id))
+        comment = IcefrogTag(key=old.tag.key, previous_id=job_id).comment()
+        argv = commands.resubmit(
+            old.name,
+            comment=comment,
+            gres=gres,
+            num_nodes=num_nodes if num_nodes is not None else _min_nodes(old.num_nodes),
+            nodes=nodes if nodes is not None else parse.expand_hostlist(old.req_nodes or ""),
+            partition=old.partition,
+            work_dir=old.work_dir,
+            std_out=_job_pattern(old.std_out, job_id),
+            std_err=_job_pattern(old.std_err, job_id),
+            time_limit=old.time_limit,
+        )
+        argv, env = self._as_owner(argv, uid=old.user_id, gid=old.group_id)
+        new_id = self._submit(argv, script=script, name=old.name, comment=comment, env=env)
+        log.info("resubmitted job %s as %s (uid %d, %s)", job_id, new_id, old.user_id, gres)
+        self.cancel(job_id=job_id)
+        return new_id
+
+    def _as_owner(self, argv: Argv, *, uid: int, gid: int) -> tuple[Argv, dict[str, str]]:
+        """Wrap ``argv`` to run as ``uid`` (unless that is us) with a minimal environment."""
+        try:
+            pw: pwd.struct_passwd | None = pwd.getpwuid(uid)
+        except KeyError:
+            pw = None
+        name = pw.pw_name if pw else str(uid)
+        base = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+            "HOME": pw.pw_dir if pw else "/",
+            "USER": name,
+            "LOGNAME": name,
+        }
+        if "SLURM_CONF" in os.environ:  # the controller's own config source, passed through
+            base["SLURM_CONF"] = os.environ["SLURM_CONF"]
+        env = self._env(base)
+        if uid == os.geteuid():
+            return argv, env
+        return commands.as_user(argv, uid=uid, gid=gid, user=pw.pw_name if pw else None), env
+
+
+def _job_pattern(path: str | None, job_id: str) -> str | None:
+    """scontrol prints output paths expanded (``/o/16.out``); give the new job its own file
+    by turning the old id in the file name back into ``%j`` (``/o/%j.out``)."""
+    if path is None:
+        return None
+    head, sep, name = path.rpartition("/")
+    return head + sep + re.sub(rf"(?<!\d){job_id}(?!\d)", "%j", name)
+
+
+def _min_nodes(num_nodes: str) -> int:
+    """``NumNodes=2-2`` / ``2`` / ``1-1`` -> 2 / 2 / 1."""
+    head = num_nodes.split("-")[0].split(":")[0]
+    return int(head) if head.isdigit() else 1
+
+
+def _conforms(backend: SlurmCliBackend) -> ClusterPort:
+    """mypy proves here that SlurmCliBackend implements the whole port."""
+    return backend

@@ -1,0 +1,304 @@
+"""Rounds, reconcile intents, the Slurm audit log and the report ledger.
+
+The part of a store transaction (:class:`~icefrog_slurm.store.tx.StoreTx` inherits it) that
+records what the controller decided and did, and which reports it accepted or rejected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, fields
+from typing import Any, TypeVar
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.orm import Session
+
+from icefrog_slurm.errors import IcefrogError
+from icefrog_slurm.store.models import (
+    AcceptedReportRow,
+    AllocationRow,
+    IntentRow,
+    RejectedReportRow,
+    RoundRow,
+    SlurmActionRow,
+)
+from icefrog_slurm.store.records import (
+    INTENT_END_STATES,
+    OPEN_INTENT_STATES,
+    Allocation,
+    Intent,
+    RejectedReport,
+    RoundRecord,
+    SlurmAction,
+)
+
+_T = TypeVar("_T")
+MAX_DETAIL = 4000
+
+
+class StoreError(IcefrogError):
+    """A store call that breaks an invariant (unknown job, a Slurm id already taken...)."""
+
+
+class LedgerTx:
+    """Decisions, intents, actions and the report ledger, inside one transaction."""
+
+    def __init__(self, session: Session) -> None:
+        self._s = session
+
+    # ----- rounds ------------------------------------------------------------------------
+    def next_round_no(self) -> int:
+        last = self._s.scalar(select(func.max(RoundRow.round_no)))
+        return 1 if last is None else last + 1
+
+    def record_round(
+        self,
+        *,
+        round_no: int,
+        now: float,
+        policy: str,
+        capacity_gpus: int,
+        allocations: Sequence[Allocation],
+        solve_s: float | None = None,
+        min_share: float | None = None,
+    ) -> None:
+        """Record a round's decision: one row for the round, one a job."""
+        self._s.add(
+            RoundRow(
+                round_no=round_no,
+                time=now,
+                policy=policy,
+                capacity_gpus=capacity_gpus,
+                solve_s=solve_s,
+                min_share=min_share,
+            )
+        )
+        self._s.flush()
+        if allocations:  # one bulk INSERT, not one ORM object a job
+            rows = [
+                {**asdict(a), "round_no": round_no, "nodes": list(a.nodes)} for a in allocations
+            ]
+            self._s.execute(insert(AllocationRow), rows)
+
+    def round(self, round_no: int | None = None) -> RoundRecord | None:
+        """A round's decision (the last one when ``round_no`` is None)."""
+        if round_no is None:
+            round_no = self._s.scalar(select(func.max(RoundRow.round_no)))
+        row = None if round_no is None else self._s.get(RoundRow, round_no)
+        if row is None:
+            return None
+        allocs = self._s.execute(
+            select(*columns(AllocationRow))
+            .where(AllocationRow.round_no == row.round_no)
+            .order_by(AllocationRow.job_id)
+        )
+        return record(RoundRecord, row, allocations=tuple(_allocation(a) for a in allocs))
+
+    def job_allocations(self, job_id: int) -> list[tuple[int, Allocation]]:
+        """A job's trajectory: (round_no, allocation) for every round that decided it."""
+        rows = self._s.scalars(
+            select(AllocationRow)
+            .where(AllocationRow.job_id == job_id)
+            .order_by(AllocationRow.round_no)
+        )
+        return [(r.round_no, _allocation(r)) for r in rows]
+
+    # ----- reconcile: intents and the audit log -----------------------------------------
+    def add_intent(
+        self,
+        *,
+        action: str,
+        params: Mapping[str, Any],
+        now: float,
+        job_id: int | None = None,
+        round_no: int | None = None,
+        supersede: bool = True,
+    ) -> int:
+        """Write what reconcile is about to do, before doing it. With ``supersede``, the
+        job's earlier open intents are closed as ``superseded`` (a newer plan wins)."""
+        if supersede and job_id is not None:
+            self._s.execute(
+                update(IntentRow)
+                .where(IntentRow.job_id == job_id, IntentRow.status.in_(OPEN_INTENT_STATES))
+                .values(status="superseded", updated_at=now)
+            )
+        row = IntentRow(
+            round_no=round_no,
+            job_id=job_id,
+            action=action,
+            params=dict(params),
+            status="pending",
+            attempts=0,
+            created_at=now,
+            updated_at=now,
+            detail="",
+        )
+        self._s.add(row)
+        self._s.flush()
+        return row.id
+
+    def start_intent(self, *, intent_id: int, now: float) -> Intent:
+        """Mark an intent as being acted on (counts the attempt); commit before acting."""
+        row = self._intent_row(intent_id)
+        if row.status not in OPEN_INTENT_STATES:
+            raise StoreError(f"intent {intent_id} is {row.status}, not open")
+        row.status, row.attempts, row.updated_at = "acting", row.attempts + 1, now
+        return _intent(row)
+
+    def finish_intent(self, *, intent_id: int, status: str, now: float, detail: str = "") -> None:
+        if status not in INTENT_END_STATES:
+            raise StoreError(
+                f"intent status {status!r}: must be one of {', '.join(INTENT_END_STATES)}"
+            )
+        row = self._intent_row(intent_id)
+        row.status, row.updated_at, row.detail = status, now, detail[:MAX_DETAIL]
+
+    def open_intents(self) -> list[Intent]:
+        """Intents written but not finished: what a restarted reconcile must check."""
+        rows = self._s.scalars(
+            select(IntentRow).where(IntentRow.status.in_(OPEN_INTENT_STATES)).order_by(IntentRow.id)
+        )
+        return [_intent(r) for r in rows]
+
+    def intent(self, intent_id: int) -> Intent:
+        return _intent(self._intent_row(intent_id))
+
+    def log_action(
+        self,
+        *,
+        action: str,
+        command: Sequence[str],
+        outcome: str,
+        now: float,
+        duration_s: float,
+        rc: int | None = None,
+        detail: str = "",
+        slurm_job_id: str | None = None,
+        job_id: int | None = None,
+        intent_id: int | None = None,
+    ) -> int:
+        """Append one Slurm command and its outcome to the audit log."""
+        row = SlurmActionRow(
+            time=now,
+            intent_id=intent_id,
+            job_id=job_id,
+            slurm_job_id=slurm_job_id,
+            action=action,
+            command=list(command),
+            outcome=outcome,
+            rc=rc,
+            detail=detail[:MAX_DETAIL],
+            duration_s=duration_s,
+        )
+        self._s.add(row)
+        self._s.flush()
+        return row.id
+
+    def actions(
+        self, *, job_id: int | None = None, intent_id: int | None = None
+    ) -> list[SlurmAction]:
+        query = select(SlurmActionRow).order_by(SlurmActionRow.id)
+        if job_id is not None:
+            query = query.where(SlurmActionRow.job_id == job_id)
+        if intent_id is not None:
+            query = query.where(SlurmActionRow.intent_id == intent_id)
+        return [_action(r) for r in self._s.scalars(query)]
+
+    # ----- the inbox's ledger ------------------------------------------------------------
+    def accepted_digest(self, *, slurm_job_id: str, seq: int) -> str | None:
+        """The digest of the accepted report (Slurm job, seq), or None if there is none."""
+        return self._s.scalar(
+            select(AcceptedReportRow.digest).where(
+                AcceptedReportRow.slurm_job_id == slurm_job_id, AcceptedReportRow.seq == seq
+            )
+        )
+
+    def record_accepted(
+        self,
+        *,
+        slurm_job_id: str,
+        seq: int,
+        kind: str,
+        job_id: int,
+        uid: int,
+        digest: str,
+        sent_time: float,
+        now: float,
+        munge_status: int,
+    ) -> None:
+        self._s.add(
+            AcceptedReportRow(
+                slurm_job_id=slurm_job_id,
+                seq=seq,
+                kind=kind,
+                job_id=job_id,
+                uid=uid,
+                digest=digest,
+                sent_time=sent_time,
+                received_at=now,
+                munge_status=munge_status,
+            )
+        )
+
+    def accepted_count(self, *, job_id: int | None = None) -> int:
+        query = select(func.count()).select_from(AcceptedReportRow)
+        if job_id is not None:
+            query = query.where(AcceptedReportRow.job_id == job_id)
+        return int(self._s.scalar(query) or 0)
+
+    def record_rejected(
+        self,
+        *,
+        file: str,
+        reason: str,
+        size: int,
+        now: float,
+        slurm_job_id: str | None = None,
+        seq: int | None = None,
+        uid: int | None = None,
+    ) -> None:
+        self._s.add(
+            RejectedReportRow(
+                received_at=now,
+                file=file[:1024],
+                slurm_job_id=slurm_job_id,
+                seq=seq,
+                uid=uid,
+                size=size,
+                reason=reason[:MAX_DETAIL],
+            )
+        )
+
+    def rejected_reports(self) -> list[RejectedReport]:
+        rows = self._s.scalars(select(RejectedReportRow).order_by(RejectedReportRow.id))
+        return [record(RejectedReport, r) for r in rows]
+
+    def _intent_row(self, intent_id: int) -> IntentRow:
+        row = self._s.get(IntentRow, intent_id)
+        if row is None:
+            raise StoreError(f"no intent {intent_id}")
+        return row
+
+
+def columns(model: type[Any]) -> list[Any]:
+    """Every column of a model, to select plain rows instead of ORM objects."""
+    return [getattr(model, attr.key) for attr in sa_inspect(model).column_attrs]
+
+
+def record(cls: type[_T], row: Any, **override: Any) -> _T:
+    """An immutable record from an ORM row: same-named fields copied, some converted."""
+    values = {f.name: getattr(row, f.name) for f in fields(cls) if f.name not in override}  # type: ignore[arg-type]
+    return cls(**values, **override)
+
+
+def _allocation(r: Any) -> Allocation:
+    return record(Allocation, r, nodes=tuple(r.nodes))
+
+
+def _intent(r: IntentRow) -> Intent:
+    return record(Intent, r, params=dict(r.params))
+
+
+def _action(r: SlurmActionRow) -> SlurmAction:
+    return record(SlurmAction, r, command=tuple(r.command))

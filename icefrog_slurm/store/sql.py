@@ -1,0 +1,143 @@
+"""``SqlStore``: the one place that commits. SQLite (embedded default) and Postgres.
+
+Use::
+
+    store = SqlStore(url)                      # checks the schema is migrated
+    snap = store.snapshot()                    # one consistent read (a tick's input)
+    with store.transaction() as tx:            # one transaction: commit at the end,
+        tx.record_round(...)                   # roll back on any exception
+        tx.add_intent(...)
+
+A controller tick is one transaction: it reads the snapshot, records the round's decision
+and writes the reconcile intents. Reconcile then runs outside it, one short transaction a
+step: ``start_intent`` before a Slurm command, ``log_action`` + ``finish_intent`` after, so
+an intent is durable before anything happens on Slurm and a restarted controller finds what
+was in flight with ``open_intents()``.
+
+SQLite connections run in WAL mode with foreign keys on and a real ``BEGIN`` (pysqlite's
+default would not open a transaction for reads); write transactions take ``BEGIN
+IMMEDIATE`` so two writers queue instead of failing on a lock upgrade. On Postgres a
+snapshot (and a ``consistent`` transaction) runs at REPEATABLE READ so all its queries see
+the same state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.orm import Session, sessionmaker
+
+from icefrog_slurm.errors import IcefrogError, InputError
+from icefrog_slurm.settings import Settings
+from icefrog_slurm.store.leader import LeaderLock, try_lead
+from icefrog_slurm.store.records import StoreSnapshot
+from icefrog_slurm.store.tx import StoreTx
+
+_BEGIN_OPTION = "icefrog_sqlite_begin"
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url`` with the project's SQLite settings; bad URLs are InputError."""
+    try:
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "sqlite":
+            engine = create_engine(parsed, connect_args={"timeout": 30.0})
+            _configure_sqlite(engine, in_memory=parsed.database in (None, "", ":memory:"))
+            return engine
+        return create_engine(parsed, pool_pre_ping=True)
+    except (ArgumentError, NoSuchModuleError) as exc:
+        raise InputError(f"database URL {url!r}: {exc}") from None
+
+
+def _configure_sqlite(engine: Engine, *, in_memory: bool) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves, below
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA foreign_keys=ON")
+        if not in_memory:
+            cur.execute("PRAGMA journal_mode=WAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql(conn.get_execution_options().get(_BEGIN_OPTION, "BEGIN"))
+
+
+class SqlStore:
+    """The state store over one database URL."""
+
+    def __init__(self, url: str, *, check_schema: bool = True) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self._is_sqlite = self.engine.dialect.name == "sqlite"
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        if check_schema:
+            try:
+                self.check_schema()
+            except BaseException:
+                self.engine.dispose()
+                raise
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def check_schema(self) -> None:
+        """Fail with a clear message unless the database is migrated to the code's head."""
+        from icefrog_slurm.store.migrate import current_revision, head_revision
+
+        current, head = current_revision(self.engine), head_revision()
+        if current != head:
+            raise IcefrogError(
+                f"database {self.engine.url.render_as_string(hide_password=True)} is at "
+                f"revision {current or 'none'}, the code needs {head}: run `icefrog db upgrade`"
+            )
+
+    def try_lead(self) -> LeaderLock | None:
+        """Become the one active controller: a held lock, or None if another holds it
+        (a Postgres advisory lock; ``flock`` on a file beside a SQLite database)."""
+        return try_lead(self.engine)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SqlStore:
+        return cls(settings.store.url)
+
+    @contextmanager
+    def transaction(self, *, consistent: bool = False) -> Iterator[StoreTx]:
+        """One read-write transaction: committed when the block ends, rolled back on error.
+
+        ``consistent`` (a tick that reads its snapshot and writes in one transaction): every
+        read sees the state of the first one. SQLite's write transactions always do; on
+        Postgres it runs at REPEATABLE READ, and a concurrent update of a row it also
+        updates makes it fail (serialization error) rather than overwrite.
+        """
+        with self._sessions() as session, session.begin():
+            self._first_connection(session, write=True, consistent=consistent)
+            yield StoreTx(session)
+
+    def snapshot(self, *, include_finished: bool = False) -> StoreSnapshot:
+        """One consistent read of everything a tick needs."""
+        with self.reading() as session:
+            return StoreTx(session).snapshot(include_finished=include_finished)
+
+    @contextmanager
+    def reading(self) -> Iterator[Session]:
+        """One consistent read-only transaction (reports, snapshots): a plain ``BEGIN`` on
+        SQLite, so it never waits for or blocks the controller's write lock; REPEATABLE
+        READ on Postgres. Callers only read in it."""
+        with self._sessions() as session, session.begin():
+            self._first_connection(session, write=False, consistent=True)
+            yield session
+
+    def _first_connection(self, session: Session, *, write: bool, consistent: bool) -> None:
+        """Open the transaction's connection with the right BEGIN / isolation level."""
+        if self._is_sqlite:
+            begin = "BEGIN IMMEDIATE" if write else "BEGIN"
+            session.connection(execution_options={_BEGIN_OPTION: begin})
+        elif consistent:
+            session.connection(execution_options={"isolation_level": "REPEATABLE READ"})

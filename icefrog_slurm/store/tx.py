@@ -1,0 +1,286 @@
+"""``StoreTx``: every read and write of the store, inside one transaction of ``SqlStore``.
+
+Methods take keyword arguments and return immutable records (``records.py``); a caller never
+sees an ORM object or commits. Writes that may be repeated (a requeued job re-sends an
+epoch's gradient statistics or metric) replace the earlier row, so they are idempotent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from sqlalchemy import func, select, update
+
+from icefrog_slurm.protocol import (
+    FinishedReport,
+    GradStats,
+    JobSpec,
+    MetricReport,
+    ProfileSample,
+    ProgressReport,
+)
+from icefrog_slurm.store.ledger import LedgerTx, StoreError, columns, record
+from icefrog_slurm.store.models import (
+    GradStatsRow,
+    Job,
+    MetricRow,
+    ProfileSampleRow,
+    SlurmJob,
+)
+from icefrog_slurm.store.records import (
+    ACTIVE_STATES,
+    JOB_STATES,
+    JobRecord,
+    JobView,
+    Progress,
+    StoreSnapshot,
+)
+
+
+class StoreTx(LedgerTx):
+    """The operations of one transaction (see :class:`SqlStore.transaction`)."""
+
+    # ----- jobs and their Slurm chain -------------------------------------------------
+    def create_job(
+        self,
+        *,
+        name: str,
+        owner_uid: int,
+        owner_user: str,
+        slurm_job_id: str,
+        spec: JobSpec,
+        now: float,
+    ) -> int:
+        """A new icefrog job whose first Slurm job is ``slurm_job_id``; returns its id."""
+        self._require_free_slurm_id(slurm_job_id)
+        row = Job(
+            name=name,
+            owner_uid=owner_uid,
+            owner_user=owner_user,
+            state="pending",
+            submit_time=now,
+            **_speccolumns(spec),
+        )
+        self._s.add(row)
+        self._s.flush()
+        self._s.add(
+            SlurmJob(
+                slurm_job_id=slurm_job_id,
+                job_id=row.id,
+                position=0,
+                reason="submitted",
+                created_at=now,
+            )
+        )
+        return row.id
+
+    def set_spec(self, *, job_id: int, spec: JobSpec) -> None:
+        self._s.execute(update(Job).where(Job.id == job_id).values(**_speccolumns(spec)))
+
+    def link_slurm_job(self, *, job_id: int, slurm_job_id: str, reason: str, now: float) -> None:
+        """Append a Slurm job (a resubmission) to the chain; the job keeps its identity."""
+        job = self._job_row(job_id)
+        self._require_free_slurm_id(slurm_job_id)
+        self._s.add(
+            SlurmJob(
+                slurm_job_id=slurm_job_id,
+                job_id=job_id,
+                position=len(job.slurm_jobs),
+                reason=reason,
+                created_at=now,
+            )
+        )
+        self._s.flush()
+        self._s.expire(job, ["slurm_jobs"])
+
+    def set_state(self, *, job_id: int, state: str, now: float) -> None:
+        """Move a job to ``state``; stamps start (first ``running``) and end times."""
+        if state not in JOB_STATES:
+            raise StoreError(f"job state {state!r}: must be one of {', '.join(JOB_STATES)}")
+        job = self._job_row(job_id)
+        job.state = state
+        if state == "running" and job.start_time is None:
+            job.start_time = now
+        if state not in ACTIVE_STATES and job.end_time is None:
+            job.end_time = now
+
+    def job(self, job_id: int) -> JobRecord:
+        return _orm_job_record(self._job_row(job_id))
+
+    def job_by_slurm_id(self, slurm_job_id: str) -> JobRecord | None:
+        """The icefrog job whose chain holds this Slurm job id, if any."""
+        link = self._s.get(SlurmJob, slurm_job_id)
+        return None if link is None else _orm_job_record(link.job)
+
+    def jobs(self, *, states: Iterable[str] | None = None) -> list[JobRecord]:
+        """Jobs (in ``states``), read as plain rows: no ORM object per job."""
+        query = select(*columns(Job)).order_by(Job.id)
+        chains = select(SlurmJob.job_id, SlurmJob.slurm_job_id).order_by(
+            SlurmJob.job_id, SlurmJob.position
+        )
+        if states is not None:
+            query = query.where(Job.state.in_(tuple(states)))
+            chains = chains.join(Job).where(Job.state.in_(tuple(states)))
+        chain = _group(self._s.execute(chains), lambda r: r.slurm_job_id)
+        return [_job_record(row, chain.get(row.id, ())) for row in self._s.execute(query)]
+
+    # ----- what jobs measured -----------------------------------------------------------
+    def add_profile_samples(
+        self, *, job_id: int, slurm_job_id: str, samples: Sequence[ProfileSample], now: float
+    ) -> None:
+        for sample in samples:
+            self._s.add(
+                ProfileSampleRow(
+                    job_id=job_id, slurm_job_id=slurm_job_id, time=now, **asdict(sample)
+                )
+            )
+
+    def put_grad_stats(self, *, job_id: int, stats: GradStats, now: float) -> None:
+        """Store one epoch's per-layer statistics, replacing a re-sent epoch."""
+        row = self._s.scalar(
+            select(GradStatsRow).where(
+                GradStatsRow.job_id == job_id, GradStatsRow.epoch == stats.epoch
+            )
+        )
+        if row is None:
+            row = GradStatsRow(job_id=job_id, epoch=stats.epoch)
+            self._s.add(row)
+        row.frozen = stats.frozen
+        row.grad_var = list(stats.grad_var)
+        row.grad_sqr = list(stats.grad_sqr)
+        row.time = now
+
+    def put_metric(self, *, job_id: int, metric: MetricReport, now: float) -> None:
+        """Store one epoch's validation metric, replacing a re-sent one."""
+        row = self._s.scalar(
+            select(MetricRow).where(
+                MetricRow.job_id == job_id,
+                MetricRow.epoch == metric.epoch,
+                MetricRow.name == metric.name,
+            )
+        )
+        if row is None:
+            row = MetricRow(job_id=job_id, epoch=metric.epoch, name=metric.name)
+            self._s.add(row)
+        row.value = metric.value
+        row.time = now
+
+    def set_progress(self, *, job_id: int, progress: ProgressReport, sent_time: float) -> None:
+        """Keep the newest progress: an older report arriving late changes nothing."""
+        job = self._job_row(job_id)
+        if job.progress_time is not None and sent_time < job.progress_time:
+            return
+        job.epoch = progress.epoch
+        job.samples_done = progress.samples_done
+        job.effective_samples_done = progress.effective_samples_done
+        job.checkpoint_path = progress.checkpoint_path
+        job.progress_time = sent_time
+
+    def mark_finished(self, *, job_id: int, report: FinishedReport, now: float) -> None:
+        job = self._job_row(job_id)
+        job.finish_reason = report.reason
+        job.final_metric = report.final_metric
+        self.set_state(
+            job_id=job_id, state="failed" if report.reason == "failed" else "finished", now=now
+        )
+
+    # ----- the tick's read ---------------------------------------------------------------
+    def snapshot(self, *, include_finished: bool = False) -> StoreSnapshot:
+        """Every (active) job with its measurements, the last round and open intents; a
+        fixed number of queries whatever the number of jobs."""
+        states = None if include_finished else ACTIVE_STATES
+        jobs = self.jobs(states=states)
+        ids = select(Job.id)  # a subquery, not a list: no bound-parameter limit
+        if states is not None:
+            ids = ids.where(Job.state.in_(states))
+        samples = _group(
+            self._s.execute(
+                select(*columns(ProfileSampleRow))
+                .where(ProfileSampleRow.job_id.in_(ids))
+                .order_by(ProfileSampleRow.id)
+            ),
+            lambda r: record(ProfileSample, r),
+        )
+        metrics = _group(
+            self._s.execute(
+                select(*columns(MetricRow))
+                .where(MetricRow.job_id.in_(ids))
+                .order_by(MetricRow.epoch, MetricRow.id)
+            ),
+            lambda r: record(MetricReport, r),
+        )
+        latest = (
+            select(GradStatsRow.job_id, func.max(GradStatsRow.epoch).label("epoch"))
+            .where(GradStatsRow.job_id.in_(ids))
+            .group_by(GradStatsRow.job_id)
+            .subquery()
+        )
+        grads = {
+            r.job_id: record(GradStats, r, grad_var=tuple(r.grad_var), grad_sqr=tuple(r.grad_sqr))
+            for r in self._s.execute(
+                select(*columns(GradStatsRow)).join(
+                    latest,
+                    (GradStatsRow.job_id == latest.c.job_id)
+                    & (GradStatsRow.epoch == latest.c.epoch),
+                )
+            )
+        }
+        views = tuple(
+            JobView(
+                job=j,
+                samples=tuple(samples.get(j.id, ())),
+                grad_stats=grads.get(j.id),
+                metrics=tuple(metrics.get(j.id, ())),
+            )
+            for j in jobs
+        )
+        return StoreSnapshot(
+            jobs=views, last_round=self.round(), open_intents=tuple(self.open_intents())
+        )
+
+    # ----- helpers -----------------------------------------------------------------------
+    def _job_row(self, job_id: int) -> Job:
+        row = self._s.get(Job, job_id)
+        if row is None:
+            raise StoreError(f"no icefrog job {job_id}")
+        return row
+
+    def _require_free_slurm_id(self, slurm_job_id: str) -> None:
+        link = self._s.get(SlurmJob, slurm_job_id)
+        if link is not None:
+            raise StoreError(
+                f"Slurm job {slurm_job_id} already belongs to icefrog job {link.job_id}"
+            )
+
+
+def _group(rows: Iterable[Any], convert: Any) -> dict[int, list[Any]]:
+    out: dict[int, list[Any]] = {}
+    for row in rows:
+        out.setdefault(row.job_id, []).append(convert(row))
+    return out
+
+
+def _speccolumns(spec: JobSpec) -> dict[str, Any]:
+    values = asdict(spec)
+    for name in ("layer_flops", "layer_param_bytes", "layer_boundaries"):
+        values[name] = list(values[name])
+    return values
+
+
+def _orm_job_record(row: Job) -> JobRecord:
+    return _job_record(row, [link.slurm_job_id for link in row.slurm_jobs])
+
+
+def _job_record(row: Any, chain: Sequence[str]) -> JobRecord:
+    layers = {
+        n: tuple(getattr(row, n)) for n in ("layer_flops", "layer_param_bytes", "layer_boundaries")
+    }
+    return record(
+        JobRecord,
+        row,
+        spec=record(JobSpec, row, **layers),
+        slurm_job_ids=tuple(chain),
+        progress=record(Progress, row, time=row.progress_time),
+    )

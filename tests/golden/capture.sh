@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Capture the golden Slurm outputs the parsers are pinned to, from a real cluster.
+# Usage (cluster up and empty, SLURM_CONF exported):  tests/golden/capture.sh tests/golden/slurm-XX.YY
+# Scenario (the unit tests find each job by its comment or name, never by its id):
+#   held     icefrog job, held, gpu:2 on 1 node          comment icefrog:golden-held
+#   running  icefrog job, running, gpu:2 on 2 nodes      comment icefrog:golden-run
+#   shard    icefrog job, running, shard:1 pinned node3  comment icefrog:golden-shard;prev=<held id>
+#   foreign  a job of uid 65534 (nobody), running gpu:1  name foreign, no comment
+set -euo pipefail
+out=${1:?output folder}
+mkdir -p "$out"
+work=$(mktemp -d /tmp/icefrog-golden.XXXX); chmod 1777 "$work"
+sub() { sbatch --parsable "$@" | cut -d';' -f1; }
+held=$(sub -H --requeue -J icefrog-held -o "$work/%j.out" --comment=icefrog:golden-held -N1 --gres=gpu:2 --wrap 'sleep 300')
+run=$(sub --requeue -J icefrog-run -o "$work/%j.out" --comment=icefrog:golden-run -N2 --gres=gpu:2 --wrap 'sleep 300')
+shard=$(sub --requeue -J icefrog-shard -o "$work/%j.out" --comment="icefrog:golden-shard;prev=$held" -w node3 --gres=shard:1 --wrap 'sleep 300')
+foreign=$(cd "$work" && setpriv --reuid=65534 --regid=65534 --clear-groups sbatch --parsable -J foreign -o "$work/%j.out" --gres=gpu:1 -w node4 --wrap 'sleep 300' | cut -d';' -f1)
+for _ in $(seq 50); do
+    [[ $(squeue -h -t R -j "$run,$shard,$foreign" | wc -l) == 3 ]] && break; sleep 0.2
+done
+squeue -h -t all -o '%i|%T|%b|%D|%N|%r|%Q|%U|%P|%k' >"$out/squeue.txt"
+scontrol -o show job "$held" >"$out/scontrol-o-held.txt"
+scontrol -o show job "$run" >"$out/scontrol-o-running.txt"
+scontrol -o show job "$shard" >"$out/scontrol-o-shard.txt"
+scontrol show job -d "$run" >"$out/scontrol-d-running.txt"
+scontrol show job -d "$shard" >"$out/scontrol-d-shard.txt"
+sinfo -h -N -p gpu -o '%N|%t|%G' >"$out/sinfo.txt"
+scontrol show hostnames 'node[1-3],node4' >"$out/hostnames.txt"
+(squeue -h -t all -j 999999 -o '%i' 2>&1 || true) >"$out/squeue-unknown-job.txt"
+(scontrol update jobid="$held" Gres=shard:2 2>&1 || true) >"$out/update-gpu-to-shard.txt"
+sbatch --version >"$out/version.txt"
+scancel "$held" "$run" "$shard" "$foreign"
+echo "captured into $out (jobs $held $run $shard $foreign)"

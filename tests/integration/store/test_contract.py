@@ -1,0 +1,222 @@
+"""The state store's contract, run on SQLite and on a real Postgres server."""
+
+from __future__ import annotations
+
+import pytest
+
+from icefrog_slurm.protocol import FinishedReport, GradStats, MetricReport, ProgressReport
+from icefrog_slurm.store import StoreError
+from icefrog_slurm.store.records import Allocation, Progress
+from icefrog_slurm.store.sql import SqlStore
+from tests.integration.store.helpers import sample, spec
+
+
+def _job(store: SqlStore, slurm_id: str = "100", uid: int = 1001, name: str = "cnn") -> int:
+    with store.transaction() as tx:
+        return tx.create_job(
+            name=name,
+            owner_uid=uid,
+            owner_user="alice",
+            slurm_job_id=slurm_id,
+            spec=spec(),
+            now=10.0,
+        )
+
+
+def test_job_record_and_its_slurm_chain(store: SqlStore) -> None:
+    job_id = _job(store)
+    with store.transaction() as tx:
+        tx.link_slurm_job(job_id=job_id, slurm_job_id="107", reason="resubmitted", now=20.0)
+        job = tx.job_by_slurm_id("100")
+        assert job is not None and job == tx.job_by_slurm_id("107") == tx.job(job_id)
+        assert tx.job_by_slurm_id("999") is None
+    assert job.slurm_job_ids == ("100", "107") and job.slurm_job_id == "107"
+    assert job.spec == spec()  # the protocol's JobSpec round-trips, layer table included
+    assert (job.owner_uid, job.owner_user, job.state, job.submit_time) == (
+        1001,
+        "alice",
+        "pending",
+        10.0,
+    )
+    other = _job(store, "200", name="other")
+    with (
+        pytest.raises(StoreError, match="already belongs to icefrog job"),
+        store.transaction() as tx,
+    ):
+        tx.link_slurm_job(job_id=other, slurm_job_id="107", reason="x", now=1.0)
+
+
+def test_state_times_and_a_failed_transaction_changes_nothing(store: SqlStore) -> None:
+    job_id = _job(store)
+    with store.transaction() as tx:
+        tx.set_state(job_id=job_id, state="running", now=30.0)
+    with pytest.raises(RuntimeError), store.transaction() as tx:
+        tx.set_state(job_id=job_id, state="cancelled", now=40.0)
+        tx.put_metric(
+            job_id=job_id, metric=MetricReport(epoch=1, name="val_acc", value=0.5), now=40.0
+        )
+        raise RuntimeError("boom")
+    with store.transaction() as tx:
+        job = tx.job(job_id)
+        with pytest.raises(StoreError, match="job state"):
+            tx.set_state(job_id=job_id, state="sleeping", now=1.0)
+    assert (job.state, job.start_time, job.end_time) == ("running", 30.0, None)
+    assert store.snapshot().jobs[0].metrics == ()
+
+
+def test_measurements_replace_resent_epochs_and_keep_newest_progress(store: SqlStore) -> None:
+    job_id = _job(store)
+    with store.transaction() as tx:
+        tx.add_profile_samples(
+            job_id=job_id, slurm_job_id="100", samples=[sample(1), sample(2)], now=11.0
+        )
+        tx.put_grad_stats(
+            job_id=job_id, stats=GradStats(1, 0, (1.0, 2.0, 3.0), (4.0, 5.0, 6.0)), now=12.0
+        )
+        tx.put_grad_stats(
+            job_id=job_id, stats=GradStats(2, 1, (0.5, 0.5, 0.5), (1.0, 1.0, 1.0)), now=13.0
+        )
+        tx.put_grad_stats(
+            job_id=job_id, stats=GradStats(2, 2, (0.7, 0.7, 0.7), (1.0, 1.0, 1.0)), now=14.0
+        )
+        for value in (0.5, 0.6):  # a requeued job re-sends epoch 1
+            tx.put_metric(job_id=job_id, metric=MetricReport(1, "val_acc", value), now=15.0)
+        tx.put_metric(job_id=job_id, metric=MetricReport(2, "val_acc", 0.7), now=16.0)
+        tx.set_progress(
+            job_id=job_id, progress=ProgressReport(2, 100000, 90000.0, "/ck/2"), sent_time=50.0
+        )
+        tx.set_progress(
+            job_id=job_id, progress=ProgressReport(1, 50000, 45000.0, "/ck/1"), sent_time=40.0
+        )
+    (view,) = store.snapshot().jobs
+    assert view.samples == (sample(1), sample(2))
+    assert view.grad_stats == GradStats(2, 2, (0.7, 0.7, 0.7), (1.0, 1.0, 1.0))
+    assert view.metrics == (MetricReport(1, "val_acc", 0.6), MetricReport(2, "val_acc", 0.7))
+    assert view.job.progress == Progress(2, 100000, 90000.0, "/ck/2", 50.0)
+
+
+def test_snapshot_holds_active_jobs_last_round_and_open_intents(store: SqlStore) -> None:
+    a, b = _job(store, "100"), _job(store, "200", name="b")
+    with store.transaction() as tx:
+        tx.mark_finished(job_id=b, report=FinishedReport("target_reached", 30, 0.95), now=99.0)
+        n = tx.next_round_no()
+        tx.record_round(
+            round_no=n,
+            now=100.0,
+            policy="icefrog",
+            capacity_gpus=8,
+            solve_s=0.2,
+            min_share=0.8,
+            allocations=[Allocation(a, 2, 64, 1, False, ("node1",), 0.9, 3600.0, 0.8)],
+        )
+        intent = tx.add_intent(action="start", params={"gpus": 2}, now=100.0, job_id=a, round_no=n)
+    snap = store.snapshot()
+    assert [v.job.id for v in snap.jobs] == [a]
+    assert [v.job.id for v in store.snapshot(include_finished=True).jobs] == [a, b]
+    with store.transaction() as tx:
+        done = tx.job(b)
+        assert tx.next_round_no() == n + 1
+    assert (done.state, done.finish_reason, done.final_metric, done.end_time) == (
+        "finished",
+        "target_reached",
+        0.95,
+        99.0,
+    )
+    assert snap.last_round is not None and snap.last_round.round_no == n == 1
+    assert snap.last_round.allocations == (
+        Allocation(a, 2, 64, 1, False, ("node1",), 0.9, 3600.0, 0.8),
+    )
+    assert [i.id for i in snap.open_intents] == [intent]
+
+
+def test_reconcile_intents_and_the_audit_log(store: SqlStore) -> None:
+    """Intent first, act, record the outcome: a restart sees what was in flight."""
+    job_id = _job(store)
+    with store.transaction() as tx:
+        first = tx.add_intent(
+            action="start", params={"gpus": 2, "nodes": ["node1"]}, now=1.0, job_id=job_id
+        )
+    with store.transaction() as tx:
+        started = tx.start_intent(intent_id=first, now=2.0)
+    assert (started.status, started.attempts) == ("acting", 1)
+    # ... the controller dies here; after a restart the intent is still open:
+    with store.transaction() as tx:
+        (open_one,) = tx.open_intents()
+        assert open_one.id == first and open_one.params == {"gpus": 2, "nodes": ["node1"]}
+        assert tx.start_intent(intent_id=first, now=3.0).attempts == 2
+        tx.log_action(
+            action="release",
+            command=["scontrol", "release", "100"],
+            outcome="ok",
+            rc=0,
+            now=4.0,
+            duration_s=0.05,
+            slurm_job_id="100",
+            job_id=job_id,
+            intent_id=first,
+        )
+        tx.finish_intent(intent_id=first, status="done", now=4.0)
+    with store.transaction() as tx:
+        assert tx.open_intents() == []
+        (act,) = tx.actions(job_id=job_id)
+        assert (act.command, act.outcome, act.rc, act.intent_id) == (
+            ("scontrol", "release", "100"),
+            "ok",
+            0,
+            first,
+        )
+        with pytest.raises(StoreError, match="not open"):
+            tx.start_intent(intent_id=first, now=5.0)
+        second = tx.add_intent(action="resize", params={"gpus": 4}, now=6.0, job_id=job_id)
+        third = tx.add_intent(action="resize", params={"gpus": 1}, now=7.0, job_id=job_id)
+        assert [i.id for i in tx.open_intents()] == [third]
+        assert tx.intent(second).status == "superseded"
+        with pytest.raises(StoreError, match="intent status"):
+            tx.finish_intent(intent_id=third, status="maybe", now=8.0)
+
+
+def test_round_trajectory_of_a_job(store: SqlStore) -> None:
+    job_id = _job(store)
+    with store.transaction() as tx:
+        for n, gpus in ((1, 0), (2, 2), (3, 4)):
+            tx.record_round(
+                round_no=n,
+                now=300.0 * n,
+                policy="icefrog",
+                capacity_gpus=4,
+                allocations=[Allocation(job_id, gpus, 64, n, gpus == 1)],
+            )
+    with store.transaction() as tx:
+        trajectory = tx.job_allocations(job_id)
+        assert tx.round(2) is not None and tx.round(9) is None
+    assert [(n, a.gpus, a.frozen) for n, a in trajectory] == [(1, 0, 1), (2, 2, 2), (3, 4, 3)]
+
+
+def test_only_one_controller_leads(db_url: str) -> None:
+    first, second = SqlStore(db_url), SqlStore(db_url)
+    try:
+        lock = first.try_lead()
+        assert lock is not None
+        assert second.try_lead() is None
+        lock.release()
+        again = second.try_lead()
+        assert again is not None and first.try_lead() is None
+        again.release()
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_consistent_transaction_reads_one_state(store: SqlStore) -> None:
+    if store.engine.dialect.name == "sqlite":
+        pytest.skip("SQLite: a write transaction (BEGIN IMMEDIATE) excludes other writers")
+    other = SqlStore(store.url)
+    try:
+        with store.transaction(consistent=True) as tx:
+            assert tx.jobs() == []
+            _job(other, "300")  # committed by another connection meanwhile
+            assert tx.snapshot().jobs == ()
+        with store.transaction() as tx:
+            assert len(tx.jobs()) == 1
+    finally:
+        other.close()

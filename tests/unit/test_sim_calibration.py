@@ -1,0 +1,108 @@
+"""Calibration of the simulated tasks against Pollux's measured profiles and curves."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from icefrog_slurm.sim.calibration import (
+    A800_COMPUTE_SPEEDUP,
+    calibrate_pollux,
+    from_document,
+    shipped_calibration,
+    size_class,
+    to_document,
+)
+from icefrog_slurm.sim.catalog import shipped_catalog
+from icefrog_slurm.sim.pollux import read_placements, read_validation
+
+TRACES = Path("/work/shared/data/pollux/traces")
+pytestmark = pytest.mark.skipif(not TRACES.exists(), reason="Pollux data not present")
+
+
+# The three smallest Pollux profiles keep the test fast; ``python -m
+# icefrog_slurm.sim.calibration`` prints all six (docs/simulator.md).
+QUICK = ("yolov3-voc", "bert-squad", "deepspeech2-arctic")
+
+
+@pytest.fixture(scope="module")
+def fresh():
+    catalog = shipped_catalog()
+    return {n: calibrate_pollux(catalog.get(n), TRACES / catalog.get(n).pollux_app) for n in QUICK}
+
+
+def test_heldback_ape_is_reported_and_loosely_bounded(fresh) -> None:
+    for name, cal in fresh.items():
+        assert cal.source.startswith("pollux:")
+        e = cal.heldback_ape
+        print(f"{name}: held-back throughput APE mean {e['mean']:.1f} % p95 {e['p95']:.1f} %"
+              f" max {e['max']:.1f} % over {e['rows']:.0f} rows")  # fmt: skip
+        assert e["mean"] < 15.0, name  # measured 7.6-10.1 %
+        assert e["p95"] < 40.0, name  # measured 20.6-34.3 %
+
+
+def test_shipped_calibration_is_current(fresh) -> None:
+    """calibration.json is what ``python -m icefrog_slurm.sim.calibration`` gives today."""
+    shipped = shipped_calibration()
+    regenerate = "regenerate it: python -m icefrog_slurm.sim.calibration"
+    assert set(shipped) == set(shipped_catalog().available()), regenerate
+    again = from_document(to_document(fresh, shipped_catalog()))
+    for name in QUICK:
+        cal = shipped[name]
+        for gpus, batch in ((1, 8), (4, 16), (8, 32), (16, 64)):
+            assert cal.throughput(gpus=gpus, batch=batch) == pytest.approx(
+                again[name].throughput(gpus=gpus, batch=batch), rel=1e-6
+            )
+        assert cal.samples == pytest.approx(again[name].samples)
+
+
+def test_a800_is_the_v100_measurement_sped_up() -> None:
+    """One GPU has no sync: A800 throughput = V100 measured x the assumed speedup (+- fit)."""
+    cal = shipped_calibration()["resnet18-cifar10"]
+    rows = [s for s, n in read_placements(TRACES / "cifar10") if s.gpus == 1]
+    for s in rows:
+        a800 = cal.throughput(gpus=1, batch=s.batch)
+        assert a800 / s.samples_per_s == pytest.approx(A800_COMPUTE_SPEEDUP, rel=0.15)
+
+
+def test_convergence_comes_from_the_validation_curves() -> None:
+    cal = shipped_calibration()["resnet18-cifar10"]
+    curves = read_validation(TRACES / "cifar10")
+    assert cal.batches == tuple(curves)
+    for batch, curve in curves.items():
+        first = next(i for i, m in enumerate(curve.metric) if m >= 0.94)
+        assert cal.samples_to_target(batch) == pytest.approx(curve.iteration[first] * batch)
+    # between measured batches: log-log interpolation, inside the neighbours' range
+    mid = cal.samples_to_target(math.sqrt(128 * 256))
+    assert min(cal.samples[:2]) <= mid <= max(cal.samples[:2])
+    # larger batches need more samples (statistical efficiency falls)
+    assert cal.samples_to_target(4096) > cal.samples_to_target(128)
+
+
+def test_scaled_tasks() -> None:
+    cal, catalog = shipped_calibration(), shipped_catalog()
+    mobilenet = cal["mobilenetv2-cifar10"]
+    assert mobilenet.source == "scaled:resnet18-cifar10"
+    for batch, v100_s in ((32, 0.057), (64, 0.074)):  # the spec's measured V100 steps
+        t_iter = batch / mobilenet.throughput(gpus=1, batch=batch)
+        assert t_iter == pytest.approx(v100_s / A800_COMPUTE_SPEEDUP, rel=1e-6)
+    ddpm, resnet = cal["ddpm-cifar10"], cal["resnet18-cifar10"]
+    ratio = sum(catalog.layers("ddpm-cifar10").flops) / sum(
+        catalog.layers("resnet18-cifar10").flops
+    )
+    slow = resnet.throughput(gpus=1, batch=128) / ddpm.throughput(gpus=1, batch=128)
+    assert slow == pytest.approx(ratio, rel=1e-6)
+    base = catalog.get("ddpm-cifar10")
+    assert ddpm.samples_to_target(base.min_batch) == pytest.approx(base.base_samples)
+
+
+def test_declared_size_classes_match_gpu_time() -> None:
+    cal, catalog = shipped_calibration(), shipped_catalog()
+    for name, c in cal.items():
+        task = catalog.get(name)
+        assert size_class(c.reference_gpu_seconds(task)) == task.size_class, name
+    assert [size_class(h * 3600) for h in (0.5, 5, 50, 500)] == [
+        "small", "medium", "large", "xlarge",
+    ]  # fmt: skip

@@ -1,0 +1,208 @@
+"""Parsers and builders of icefrog_slurm.slurm, pinned by golden Slurm output (22.05 + 24.11)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from icefrog_slurm.slurm import capacity, commands, parse
+from icefrog_slurm.slurm.port import Gres, IcefrogTag, JobState, NodeGpus, SubmitRequest
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden"
+VERSIONS = ["slurm-22.05", "slurm-24.11"]
+
+
+def golden(version: str, name: str) -> str:
+    return (GOLDEN / version / name).read_text()
+
+
+def live_by_key(jobs: dict[str, JobState], key: str) -> JobState:
+    [job] = [j for j in jobs.values() if j.tag and j.tag.key == key and j.state != "CANCELLED"]
+    return job
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_squeue_golden(version: str) -> None:
+    jobs = parse.parse_squeue(golden(version, "squeue.txt"))
+    held = live_by_key(jobs, "golden-held")
+    assert (held.state, held.reason, held.held) == ("PENDING", "JobHeldUser", True)
+    assert held.gres == Gres("gpu", 2) and held.num_nodes == 1 and held.priority == 0
+    run = live_by_key(jobs, "golden-run")
+    assert run.holds_resources and run.nodelist == "node[1-2]" and run.num_nodes == 2
+    shard = live_by_key(jobs, "golden-shard")
+    assert shard.gres == Gres("shard", 1)
+    assert shard.tag == IcefrogTag("golden-shard", previous_id=held.job_id)
+    [foreign] = [j for j in jobs.values() if j.user_id == 65534]
+    assert foreign.tag is None and foreign.comment == "" and foreign.gres == Gres("gpu", 1)
+    done = [j for j in jobs.values() if j.finished]
+    assert done and all(not j.holds_resources for j in done)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_scontrol_one_line_golden(version: str) -> None:
+    held = parse.parse_job_detail(golden(version, "scontrol-o-held.txt"))
+    assert (held.state, held.reason, held.num_nodes) == ("PENDING", "JobHeldUser", "1-1")
+    assert held.gres == Gres("gpu", 2) and held.nodelist is None and held.req_nodes is None
+    assert (held.user_id, held.group_id, held.partition) == (0, 0, "gpu")
+    assert held.tag == IcefrogTag("golden-held") and held.std_out is not None
+    assert held.std_out.endswith(f"/{held.job_id}.out") and held.time_limit == "UNLIMITED"
+    run = parse.parse_job_detail(golden(version, "scontrol-o-running.txt"))
+    assert run.nodelist == "node[1-2]" and run.restarts == 0 and run.name == "icefrog-run"
+    shard = parse.parse_job_detail(golden(version, "scontrol-o-shard.txt"))
+    assert shard.gres == Gres("shard", 1) and shard.req_nodes == "node3"
+    assert shard.tag == IcefrogTag("golden-shard", previous_id=held.job_id)
+    assert shard.fields["AllocNode:Sid"] == "localhost:3650"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_gres_detail_golden(version: str) -> None:
+    [gpu] = parse.parse_gres_detail(golden(version, "scontrol-d-running.txt"))
+    assert gpu.nodes == ("node1", "node2") and gpu.kind == "gpu"
+    assert gpu.count == 2 and gpu.indices == (0, 1)
+    [shard] = parse.parse_gres_detail(golden(version, "scontrol-d-shard.txt"))
+    assert (shard.nodes, shard.kind, shard.count, shard.indices) == (("node3",), "shard", 1, (0,))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_sinfo_and_hostnames_golden(version: str) -> None:
+    nodes = parse.parse_sinfo_nodes(golden(version, "sinfo.txt"))
+    assert [(n.name, n.gpus, n.shards, n.usable) for n in nodes] == [
+        (f"node{i}", 4, 8, True) for i in range(1, 5)
+    ]
+    names = parse.parse_hostnames(golden(version, "hostnames.txt"))
+    assert (
+        names == parse.expand_hostlist("node[1-3],node4") == tuple(f"node{i}" for i in range(1, 5))
+    )
+
+
+def test_version_folders_hold_the_same_files() -> None:
+    a = {p.name for p in (GOLDEN / "slurm-22.05").glob("*.txt")}
+    b = {p.name for p in (GOLDEN / "slurm-24.11").glob("*.txt")}
+    assert a - b == {"update-gpu-to-shard.txt"} and b <= a
+    assert "Invalid generic resource" in golden("slurm-22.05", "update-gpu-to-shard.txt")
+
+
+def test_capacity_from_golden_excludes_foreign_gpus() -> None:
+    nodes = parse.parse_sinfo_nodes(golden("slurm-22.05", "sinfo.txt"))
+    jobs = parse.parse_squeue(golden("slurm-22.05", "squeue.txt")).values()
+    cap = capacity.partition_capacity(partition="gpu", nodes=nodes, jobs=jobs)
+    assert cap.total_gpus == 16 and cap.foreign_gpus == 1 and cap.available_gpus == 15
+    assert {n.name: n.foreign_gpus for n in cap.nodes}["node4"] == 1
+    assert len(cap.foreign_job_ids) == 1
+
+
+def _job(jid: str, gres: Gres, nodelist: str, *, tag: IcefrogTag | None = None) -> JobState:
+    return JobState(jid, "RUNNING", gres, 1, nodelist, "None", 1, 1000, "gpu", "", tag)
+
+
+def test_capacity_shards_down_nodes_and_other_partitions() -> None:
+    nodes = [
+        NodeGpus("n1", "mix", 4, 8),
+        NodeGpus("n2", "down*", 4, 8),
+        NodeGpus("n3", "idle", 4, 8),
+    ]
+    jobs = [
+        _job("1", Gres("shard", 3), "n1"),  # 3 shards at 2 a GPU: 2 GPUs unless told
+        _job("2", Gres("gpu", 4), "n2"),  # on a down node: not counted twice
+        _job("3", Gres("gpu", 2), "n3", tag=IcefrogTag("k")),  # icefrog's own
+        _job("4", Gres("gpu", 1), "other[1-2]"),  # nodes outside the partition
+    ]
+    cap = capacity.partition_capacity(partition="gpu", nodes=nodes, jobs=jobs)
+    assert (cap.total_gpus, cap.foreign_gpus, cap.available_gpus) == (8, 2, 6)
+    told = capacity.partition_capacity(
+        partition="gpu", nodes=nodes, jobs=jobs, shard_gpus={"1": {"n1": 3}}
+    )
+    assert told.foreign_gpus == 3 and capacity.foreign_shard_jobs(jobs) == ("1",)
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("gres:gpu:2", Gres("gpu", 2)),
+        ("gres/gpu:2", Gres("gpu", 2)),
+        ("gres/gpu:a800:4", Gres("gpu", 4)),
+        ("gres:shard:3", Gres("shard", 3)),
+        ("gpu:a800:1", Gres("gpu", 1)),
+        ("gres/gpu", Gres("gpu", 1)),
+        ("N/A", None),
+        ("gres/tmpfs:10", None),
+    ],
+)
+def test_gres_request_forms(text: str, want: Gres | None) -> None:
+    assert parse.parse_gres_request(text) == want
+
+
+def test_parse_errors_name_the_text() -> None:
+    with pytest.raises(parse.ParseError, match="expected 10"):
+        parse.parse_squeue("1|RUNNING|gres:gpu:1\n")
+    with pytest.raises(parse.ParseError, match="no job id"):
+        parse.parse_sbatch_parsable("sbatch: error: nope")
+    with pytest.raises(parse.ParseError, match="no JobId"):
+        parse.parse_job_detail("Job 5 not found")
+    assert parse.parse_sbatch_parsable("42;icefrog-dev\n") == "42"
+
+
+def test_expand_hostlist_forms() -> None:
+    assert parse.expand_hostlist("gpu[08-10],a,b[1,3-4]x") == (
+        "gpu08", "gpu09", "gpu10", "a", "b1x", "b3x", "b4x",
+    )  # fmt: skip
+    assert parse.expand_hostlist("") == () and parse.expand_hostlist("(null)") == ()
+
+
+def test_tags() -> None:
+    assert parse.parse_tag("icefrog:abc;prev=12") == IcefrogTag("abc", "12")
+    assert parse.parse_tag("icefrog:abc") == IcefrogTag("abc")
+    assert parse.parse_tag("something else") is None and parse.parse_tag("icefrog:") is None
+    assert IcefrogTag("abc", "12").comment() == "icefrog:abc;prev=12"
+
+
+def test_builders() -> None:
+    req = SubmitRequest(
+        script="/s.sh",
+        tag=IcefrogTag("k1"),
+        name="icefrog-k1",
+        gres=Gres("shard", 1),
+        num_nodes=2,
+        nodes=("node1", "node2"),
+        partition="gpu",
+        output="/o/%j.out",
+    )
+    assert commands.sbatch_held(req) == (
+        "sbatch", "--parsable", "--hold", "--requeue", "--job-name=icefrog-k1",
+        "--comment=icefrog:k1", "--gres=shard:1", "--nodes=2-2", "--nodelist=node1,node2",
+        "--partition=gpu", "--output=/o/%j.out",
+    )  # fmt: skip
+    assert commands.update_job("7", gres=Gres("gpu", 4), num_nodes=2, nodes=("node[1-2]",)) == (
+        "scontrol", "update", "jobid=7", "NumNodes=2-2", "Gres=gpu:4", "ReqNodeList=node[1-2]",
+    )  # fmt: skip
+    assert commands.update_job("7", start_now=True)[-1] == "StartTime=now"
+    assert commands.update_job("7", nodes=())[-1] == "ReqNodeList="
+    with pytest.raises(ValueError, match="at least one field"):
+        commands.update_job("7")
+    assert commands.signal_batch("7", "USR1") == ("scancel", "--batch", "--signal=USR1", "7")
+    assert commands.squeue_jobs({"10", "9"})[5] == "10,9"
+    assert commands.as_user(("sbatch",), uid=1000, gid=100, user="ann") == (
+        "setpriv", "--reuid=1000", "--regid=100", "--init-groups", "--", "sbatch",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=">= 1"):
+        Gres("gpu", 0)
+
+
+def test_production_examples_comment_every_line() -> None:
+    # The Slurm examples (slurm.conf*, gres.conf*); icefrog.toml.example has its own test.
+    examples = sorted((GOLDEN.parent.parent / "slurm_conf").glob("*.conf.*example"))
+    assert len(examples) >= 5
+    for path in examples:
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if line.strip() and not line.startswith("#"):
+                assert i and lines[i - 1].startswith("#"), f"{path.name}:{i + 1} has no comment"
+
+
+def test_resubmitted_output_gets_its_own_file() -> None:
+    from icefrog_slurm.slurm.cli_backend import _job_pattern
+
+    assert _job_pattern("/o/16.out", "16") == "/o/%j.out"
+    assert _job_pattern("/o16/116.out", "16") == "/o16/116.out"
+    assert _job_pattern(None, "16") is None
