@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("launcher.cli", "Run a training script under torchrun in a Slurm allocation"),
     "controller": ("icefrog_slurm.commands.controller", "The scheduling daemon (one per cluster)"),
     "simulate": ("icefrog_slurm.commands.simulate", "Trace-driven simulation of the policies"),
+    "solve": ("icefrog_slurm.commands.solve", "One IceShare round: who waits, runs, shares"),
 }
 
 
