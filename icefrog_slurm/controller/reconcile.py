@@ -90,12 +90,17 @@ def record(plan: Plan, tx: StoreTx) -> int:
             continue
         if current is not None and current.params.get("target") == target:
             continue  # the same goal is already in flight: keep its progress
+        if current is not None:
+            tx.finish_intent(
+                intent_id=current.id, status="superseded", now=plan.time, detail="new target"
+            )
         tx.add_intent(
             action=job.action,
             params={"target": target, "slurm_job_id": job.slurm_job_id, "round": plan.round_no},
             now=plan.time,
             job_id=job.job_id,
             round_no=plan.round_no,
+            supersede=False,  # done above, without one UPDATE a job
         )
         added += 1
     return added
