@@ -155,6 +155,33 @@ class Decision:
         return json.dumps(asdict(self) | {"extra": dict(self.extra)}, sort_keys=True)
 
 
+def parse_decision(raw: str | bytes) -> Decision:
+    """Parse and validate a ``decision.json`` document; InputError names the bad field."""
+    if len(raw) > MAX_REPORT_BYTES:
+        raise InputError(f"decision: {len(raw)} bytes, more than the limit {MAX_REPORT_BYTES}")
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"decision: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError("decision: must be a JSON object")
+    _only(data, ("round", "gpus", "batch", "frozen", "shared", "extra"), "decision")
+    extra = data.get("extra", {})
+    if not isinstance(extra, dict):
+        raise InputError("decision.extra: must be an object")
+    shared = data.get("shared", False)
+    if not isinstance(shared, bool):
+        raise InputError("decision.shared: must be true or false")
+    return Decision(
+        round=_int(data.get("round"), "decision.round", minimum=0),
+        gpus=_int(data.get("gpus"), "decision.gpus", minimum=0),
+        batch=_int(data.get("batch"), "decision.batch", minimum=1),
+        frozen=_int(data.get("frozen"), "decision.frozen", minimum=0),
+        shared=shared,
+        extra=extra,
+    )
+
+
 def body_digest(body: Mapping[str, Any]) -> str:
     """sha256 of the canonical JSON of a report body; the munge credential's payload."""
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)

@@ -1,0 +1,88 @@
+"""Checkpoints on the shared filesystem that survive a crash at any instant.
+
+A checkpoint ``n`` is two files in the checkpoint folder:
+
+- ``ckpt-<n>.pt``: the ``torch.save`` bytes of the state (model, optimizer, data position,
+  RNG states, freeze state, progress), written atomically (temp, fsync, rename, fsync dir);
+- ``ckpt-<n>.json``: the manifest (sha256 and size of the ``.pt``), written the same way
+  AFTER the ``.pt``. The manifest is the commit marker.
+
+:func:`load_latest` walks the manifests newest first and returns the first checkpoint whose
+bytes match its manifest and unpickle; a torn or corrupt one is skipped (with a warning
+on stderr), falling back to the previous good one. The newest ``keep`` are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from launcher.reports import write_atomic
+
+_PREFIX = "ckpt-"
+
+
+def save(folder: str | Path, number: int, state: dict[str, Any], keep: int = 2) -> Path:
+    """Write checkpoint ``number`` atomically and prune all but the newest ``keep``."""
+    root = Path(folder)
+    root.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    data = buffer.getvalue()
+    path = root / f"{_PREFIX}{number:08d}.pt"
+    write_atomic(path, data)
+    manifest = {"file": path.name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    write_atomic(path.with_suffix(".json"), json.dumps(manifest).encode())
+    for old in _numbers(root)[:-keep] if keep > 0 else []:
+        for suffix in (".json", ".pt"):
+            (root / f"{_PREFIX}{old:08d}{suffix}").unlink(missing_ok=True)
+    return path
+
+
+def _numbers(root: Path) -> list[int]:
+    out = []
+    for manifest in root.glob(f"{_PREFIX}*.json"):
+        stem = manifest.stem[len(_PREFIX) :]
+        if stem.isdigit():
+            out.append(int(stem))
+    return sorted(out)
+
+
+def latest_number(folder: str | Path) -> int:
+    """The highest checkpoint number with a manifest, or -1."""
+    root = Path(folder)
+    return _numbers(root)[-1] if root.is_dir() and _numbers(root) else -1
+
+
+def load_latest(folder: str | Path) -> tuple[int, dict[str, Any]] | None:
+    """The newest checkpoint that verifies, as ``(number, state)``; None when there is none."""
+    root = Path(folder)
+    if not root.is_dir():
+        return None
+    for number in reversed(_numbers(root)):
+        state = _verified(root, number)
+        if state is not None:
+            return number, state
+    return None
+
+
+def _verified(root: Path, number: int) -> dict[str, Any] | None:
+    name = f"{_PREFIX}{number:08d}"
+    try:
+        manifest = json.loads((root / f"{name}.json").read_text())
+        data = (root / f"{name}.pt").read_bytes()
+        if len(data) != manifest["size"] or hashlib.sha256(data).hexdigest() != manifest["sha256"]:
+            raise ValueError("size or sha256 differs from the manifest")
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        if not isinstance(state, dict):
+            raise ValueError("not a checkpoint dictionary")
+        return state
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, EOFError) as exc:
+        print(f"icefrog trainer: skipping checkpoint {name}: {exc}", file=sys.stderr)
+        return None

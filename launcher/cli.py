@@ -1,0 +1,92 @@
+"""The ``icefrog launch`` subcommand: parse the job's limits, build the torchrun command
+from the Slurm allocation, run it, and exit 0, 75 (requeue me) or the failure status.
+
+Registered by name in icefrog_slurm/cli.py; torch is never imported here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import socket
+import sys
+
+from launcher.config import JobConfig, parse_range, parse_target
+from launcher.launch import (
+    DEFAULT_PORT,
+    REQUEUE_EXIT_CODE,
+    allocation_from_env,
+    build_command,
+    child_env,
+    environ,
+    rendezvous_host,
+    resolves,
+    run_training,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (
+        f"Exit status: 0 finished, {REQUEUE_EXIT_CODE} checkpointed and asks to be requeued, "
+        "other: the training failed."
+    )
+    parser.add_argument("--gpus", default="1", help="GPU count range, N or LO-HI (default 1)")
+    parser.add_argument("--batch", default="32", help="per-GPU batch range, N or LO-HI")
+    parser.add_argument(
+        "--max-frozen", type=float, default=0.9, help="largest frozen fraction of layers"
+    )
+    parser.add_argument("--target", default="", help="validation target, e.g. 'val_acc>=0.94'")
+    parser.add_argument("--max-epochs", type=int, default=100, help="epochs before giving up")
+    parser.add_argument("--workdir", default=".", help="shared folder for checkpoints")
+    parser.add_argument("--inbox", default="", help="controller's report inbox folder")
+    parser.add_argument("--decision", default="", help="decision.json (default in workdir)")
+    parser.add_argument("--job-name", default="", help="icefrog job name (default SLURM_JOB_NAME)")
+    parser.add_argument("--seed", type=int, default=0, help="data order and RNG seed")
+    parser.add_argument(
+        "--procs-per-node", type=int, default=None, help="override processes per node"
+    )
+    parser.add_argument("--torchrun", default="torchrun", help="torchrun executable")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help=f"c10d rendezvous port across nodes (default {DEFAULT_PORT} + job id %% 1000)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the command and environment only"
+    )
+    parser.add_argument("script", nargs=argparse.REMAINDER, help="-- train.py ARGS...")
+
+
+def run(args: argparse.Namespace) -> int:
+    env = environ()
+    script = list(args.script)
+    if script and script[0] == "--":
+        script = script[1:]
+    config = JobConfig(
+        gpus=parse_range(args.gpus, "gpus"),
+        batch=parse_range(args.batch, "batch"),
+        max_frozen=args.max_frozen,
+        target=parse_target(args.target) if args.target else None,
+        max_epochs=args.max_epochs,
+        workdir=os.path.abspath(args.workdir),
+        inbox=os.path.abspath(args.inbox) if args.inbox else "",
+        decision=os.path.abspath(args.decision) if args.decision else "",
+        job_name=args.job_name or env.get("SLURM_JOB_NAME", "job"),
+        slurm_job_id=env.get("SLURM_JOB_ID", "0"),
+        seed=args.seed,
+    )
+    config.validate()
+    alloc = allocation_from_env(env, args.procs_per_node)
+    alloc = rendezvous_host(alloc, resolves, socket.gethostname())
+    command = build_command(alloc, script, torchrun=args.torchrun, port=args.port)
+    extra = config.to_env()
+    if args.dry_run:
+        for key, value in sorted(extra.items()):
+            print(f"{key}={shlex.quote(value)}")
+        print(shlex.join(command))
+        return 0
+    os.makedirs(config.workdir, exist_ok=True)
+    sys.stdout.flush()
+    return run_training(command, child_env(env, alloc, extra), config.workdir)

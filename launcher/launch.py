@@ -1,0 +1,226 @@
+"""``icefrog launch``: run the training script under torchrun inside a Slurm allocation.
+
+Pure parts (tested with plain dicts for the environment): :func:`allocation_from_env` reads
+the allocation Slurm gives the batch script, :func:`build_command` turns it into the
+torchrun (or ``srun ... torchrun`` across nodes) command line. The impure part,
+:func:`run_training`, starts that command in the background and traps USR1/TERM.
+
+Exit status of ``icefrog launch``:
+
+- ``0``: the trainer finished (target reached or max epochs ran out; the ``finished``
+  report says which);
+- :data:`REQUEUE_EXIT_CODE` (75, ``EX_TEMPFAIL``): "requeue me". The trainers checkpointed
+  and stopped because the launcher got USR1 or TERM, or because the controller's decision
+  asked for a GPU count different from the one running (rank 0 writes
+  ``<workdir>/requeue-requested``);
+- anything else: the training failed (torchrun's status).
+
+Signals: Slurm (``scancel --batch --signal=USR1``, ``--signal=B:USR1@60``) signals the batch
+shell, which must ``exec icefrog launch`` so the launcher receives it. torchrun's agent dies on
+an unhandled USR1, so the launcher sends it TERM in every case; torchrun forwards TERM to
+the trainers, whose handler checkpoints at the next step boundary and exits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from icefrog_slurm.errors import InputError
+
+REQUEUE_EXIT_CODE = 75  # sysexits EX_TEMPFAIL: checkpointed, please requeue
+REQUEUE_MARKER = "requeue-requested"
+DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What one node of the allocation runs: node count, processes per node, devices."""
+
+    nnodes: int
+    nproc_per_node: int
+    first_node: str
+    job_id: str
+    cuda_visible_devices: str | None  # None: leave the variable as it is
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm hostlist: ``node[03-05,9],gpu1`` -> ``node03``."""
+    text = nodelist.strip()
+    if not text:
+        raise InputError("SLURM_NODELIST: empty")
+    match = re.match(r"^([^,\[]+)(?:\[([^\]]+)\])?", text)
+    if match is None:
+        raise InputError(f"SLURM_NODELIST: cannot read {nodelist!r}")
+    prefix, ranges = match.groups()
+    if ranges is None:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    if not first.isdigit():
+        raise InputError(f"SLURM_NODELIST: cannot read the range in {nodelist!r}")
+    return prefix + first
+
+
+def _device_list(text: str, name: str) -> list[str]:
+    devices = [d.strip() for d in text.split(",") if d.strip()]
+    if not devices:
+        raise InputError(f"{name}: empty device list")
+    return devices
+
+
+def allocation_from_env(env: Mapping[str, str], procs_override: int | None = None) -> Allocation:
+    """Read the allocation from Slurm's variables.
+
+    Processes per node, first match wins: ``procs_override``; CUDA_VISIBLE_DEVICES (a GPU
+    job on a node with real devices); GPU_DEVICE_ORDINAL (a shard job: Slurm sets no
+    CUDA_VISIBLE_DEVICES, so the ordinals become it; one process per distinct GPU);
+    SLURM_GPUS_ON_NODE; otherwise 1.
+    """
+    try:
+        nnodes = int(env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", "1")))
+    except ValueError:
+        raise InputError("SLURM_JOB_NUM_NODES: must be a number") from None
+    if nnodes < 1:
+        raise InputError("SLURM_JOB_NUM_NODES: must be >= 1")
+    visible: str | None = None
+    if "CUDA_VISIBLE_DEVICES" in env:
+        nproc = len(_device_list(env["CUDA_VISIBLE_DEVICES"], "CUDA_VISIBLE_DEVICES"))
+    elif "GPU_DEVICE_ORDINAL" in env:
+        ordinals = _device_list(env["GPU_DEVICE_ORDINAL"], "GPU_DEVICE_ORDINAL")
+        distinct = list(dict.fromkeys(ordinals))
+        visible = ",".join(distinct)
+        nproc = len(distinct)
+    elif env.get("SLURM_GPUS_ON_NODE", "").isdigit() and int(env["SLURM_GPUS_ON_NODE"]) > 0:
+        nproc = int(env["SLURM_GPUS_ON_NODE"])
+    else:
+        nproc = 1
+    if procs_override is not None:
+        if procs_override < 1:
+            raise InputError("--procs-per-node: must be >= 1")
+        nproc = procs_override
+    nodelist = env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", "localhost"))
+    return Allocation(
+        nnodes=nnodes,
+        nproc_per_node=nproc,
+        first_node=first_host(nodelist),
+        job_id=env.get("SLURM_JOB_ID", "0"),
+        cuda_visible_devices=visible,
+    )
+
+
+def rendezvous_host(
+    alloc: Allocation, resolves: Callable[[str], bool], fallback: str
+) -> Allocation:
+    """The c10d host: the allocation's first node when its name resolves, else
+    ``fallback`` (the batch host, where the launcher runs: Slurm runs the batch script on
+    the first node). Node names need not resolve, e.g. on a test cluster whose nodes
+    are all ``NodeHostname=localhost``."""
+    if alloc.nnodes == 1 or resolves(alloc.first_node):
+        return alloc
+    return dataclasses.replace(alloc, first_node=fallback)
+
+
+def resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return True
+
+
+def build_command(
+    alloc: Allocation,
+    script: Sequence[str],
+    *,
+    torchrun: str = "torchrun",
+    port: int | None = None,
+) -> list[str]:
+    """The command line: torchrun on one node, ``srun`` one torchrun per node otherwise.
+
+    One node uses ``--standalone`` (a private rendezvous, no port clash between jobs
+    sharing a node); several nodes rendezvous with c10d on the first node, on ``port``
+    or, by default, ``DEFAULT_PORT + job_id % 1000`` so two jobs whose first node is
+    the same do not collide.
+    """
+    if not script:
+        raise InputError("launch: give the training script after '--' (e.g. -- train.py)")
+    base = [torchrun, f"--nproc-per-node={alloc.nproc_per_node}"]
+    if alloc.nnodes == 1:
+        return [*base, "--standalone", "--nnodes=1", *script]
+    if port is None:
+        port = DEFAULT_PORT + (int(alloc.job_id) % 1000 if alloc.job_id.isdigit() else 0)
+    rdzv = [
+        f"--nnodes={alloc.nnodes}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={alloc.first_node}:{port}",
+        f"--rdzv-id={alloc.job_id}",
+    ]
+    srun = ["srun", f"--nodes={alloc.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    return [*srun, *base, *rdzv, *script]
+
+
+def child_env(
+    env: Mapping[str, str], alloc: Allocation, extra: Mapping[str, str]
+) -> dict[str, str]:
+    """The environment of torchrun: the caller's, the device mapping and the job config."""
+    out = dict(env)
+    if alloc.cuda_visible_devices is not None:
+        out["CUDA_VISIBLE_DEVICES"] = alloc.cuda_visible_devices
+    out.update(extra)
+    return out
+
+
+class _Trap:
+    """Remembers the first USR1/TERM and passes TERM on to the child process group."""
+
+    def __init__(self) -> None:
+        self.signalled: int | None = None
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.signalled is None:
+            self.signalled = signum
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGTERM)
+
+
+def run_training(command: Sequence[str], env: Mapping[str, str], workdir: str) -> int:
+    """Run ``command`` in the background, wait, and map the outcome to an exit status."""
+    marker = Path(workdir) / REQUEUE_MARKER
+    marker.unlink(missing_ok=True)
+    trap = _Trap()
+    old = {s: signal.signal(s, trap) for s in (signal.SIGUSR1, signal.SIGTERM)}
+    try:
+        trap.child = subprocess.Popen(list(command), env=dict(env))
+        if trap.signalled is not None:  # a signal arrived while starting
+            trap.child.send_signal(signal.SIGTERM)
+        while True:
+            try:
+                code = trap.child.wait()
+                break
+            except InterruptedError:  # pragma: no cover - PEP 475 retries for us
+                continue
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    if trap.signalled is not None or marker.exists():
+        print(
+            f"icefrog launch: checkpointed; exiting {REQUEUE_EXIT_CODE} (requeue me)",
+            file=sys.stderr,
+        )
+        return REQUEUE_EXIT_CODE
+    return code if code >= 0 else 128 - code
+
+
+def environ() -> dict[str, str]:
+    """The process environment (read here, at the edge, and nowhere else in launch)."""
+    return dict(os.environ)

@@ -1,0 +1,434 @@
+"""The Model Trainer: what a user adds to an ordinary PyTorch training loop.
+
+    trainer = Trainer(model, optimizer, train_set)          # layers: top-level children
+    for epoch in trainer.epochs():                          # restores, applies decisions
+        for x, y in trainer.loader:                         # per-GPU batch from the decision
+            optimizer.zero_grad()
+            loss_fn(trainer.model(x), y).backward()
+            optimizer.step()
+        trainer.report_metric(evaluate(model))              # every rank calls it
+
+It owns: the freeze state (the first ``l`` layers get ``requires_grad=False``, their
+gradients ``None``, and because the input needs no gradient autograd records nothing for
+them: backward really stops at the boundary); DDP over the trainable parameters only,
+rebuilt when ``l`` changes; the statistics and profile hooks; checkpoints at every epoch end
+and on a stop signal; the reports to the controller; and the end of the job (target metric
+reached, or max epochs) with the reason.
+
+One optimizer holds every parameter: a frozen parameter has ``grad None``, so PyTorch's
+optimizers skip it and its state (e.g. Adam's moments and step) waits unchanged until it is
+unfrozen. (A user calling ``zero_grad(set_to_none=False)`` still gets ``None`` for frozen
+parameters: their gradients are dropped when frozen and autograd never sets them again.)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.protocol import (
+    Decision,
+    FinishedReport,
+    GradStats,
+    JobSpec,
+    MetricReport,
+    ProfileSample,
+    ProgressReport,
+)
+from launcher import checkpoint
+from launcher.config import JobConfig
+from launcher.data import ElasticDataLoader
+from launcher.decision import read_decision
+from launcher.launch import REQUEUE_EXIT_CODE, REQUEUE_MARKER
+from launcher.profiler import (
+    StepTimer,
+    find_layers,
+    gpu_utilization,
+    layer_flops,
+    param_bytes,
+    peak_memory_bytes,
+)
+from launcher.reports import Reporter, write_atomic
+from launcher.stats import GradStatsCollector
+
+
+class ElasticModel:
+    """Calls the current DDP wrapper (or the bare model) and times the forward pass.
+    Other attributes (``train``, ``eval``, ``parameters``...) are the model's own."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self._trainer = trainer
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        t = self._trainer
+        t.timer.fwd_start = t.now()
+        out = (t.ddp or t.module)(*args, **kwargs)
+        t.timer.fwd_end = t.now()
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(t.backward_started)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._trainer.module, name)
+
+
+class Trainer:
+    """See the module docstring. ``env`` defaults to os.environ (torchrun's and the
+    launcher's variables); ``config`` overrides the launcher's variables."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        dataset: Any,
+        *,
+        layers: Sequence[nn.Module] | None = None,
+        shuffle: bool = True,
+        config: JobConfig | None = None,
+        env: Mapping[str, str] | None = None,
+        stats_every: int = 8,
+        profile_every: int = 4,
+    ) -> None:
+        env = dict(os.environ) if env is None else dict(env)
+        self.config = config or JobConfig.from_env(env)
+        self.rank, self.world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+        local_rank = int(env.get("LOCAL_RANK", "0"))
+        if self.world > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        cuda = torch.cuda.is_available()
+        self.device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+        self.module = model.to(self.device)
+        self.optimizer = optimizer
+        self.layers = find_layers(model, layers)
+        self.model = ElasticModel(self)
+        self.loader = ElasticDataLoader(self, dataset, shuffle)
+        self.timer = StepTimer(self.device)
+        self.stats = GradStatsCollector(len(self.layers), stats_every)
+        self.reporter = Reporter(
+            inbox=self.config.inbox,
+            slurm_job_id=self.config.slurm_job_id,
+            job_name=self.config.job_name,
+            enabled=self.rank == 0,
+        )
+        self.ddp: DistributedDataParallel | None = None
+        self.epoch = self.position = self.samples_done = self.step = 0
+        self.effective_done = 0.0
+        self.batch, self.frozen, self.psi = self.config.batch[0], 0, 1.0
+        self.decision_round, self.shared = -1, False
+        self.metric: float | None = None
+        self.finished: str = ""
+        self._stop: int | None = None
+        self.last_profile: ProfileSample | None = None
+        self.synced_numel = 0  # gradient elements all-reduced so far (frozen ones never are)
+        self._measuring = False  # this step feeds the gradient statistics
+        self._timing = False  # this step is timed (synchronising CUDA at the marks)
+        self.profile_every = max(1, profile_every)
+        self._layer_of = {
+            id(p): i for i, layer in enumerate(self.layers) for p in layer.parameters()
+        }
+        self.table = self._measure_layers(dataset)
+        self.max_frozen = self.table.max_frozen_from_fraction(self.config.max_frozen)
+        self._ckpt_number = checkpoint.latest_number(self.config.checkpoint_dir) + 1
+        self._restore()
+        self.set_frozen(self.frozen, force=True)
+        optimizer.register_step_pre_hook(self._before_step)
+        optimizer.register_step_post_hook(self._after_step)
+        for signum in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(signum, self._on_signal)
+
+    # -- layers and freezing ---------------------------------------------------------
+    def _measure_layers(self, dataset: Any) -> LayerTable:
+        names = {id(m): n for n, m in self.module.named_modules()}
+        clone = copy.deepcopy(self.module)  # FLOP counting runs a step: keep the model intact
+        clone_layers = [clone.get_submodule(names[id(layer)]) for layer in self.layers]
+        count = min(self.batch, len(dataset))
+        sample = self.loader.fetch(torch.arange(count))
+        inputs = self.to_device(sample[0] if isinstance(sample, tuple | list) else sample)
+        flops = layer_flops(clone, clone_layers, inputs)
+        nbytes = [param_bytes(layer) for layer in self.layers]
+        if sum(flops) <= 0:  # nothing the counter knows (e.g. custom ops): use sizes
+            flops = list(nbytes)
+        return LayerTable(flops=tuple(flops), param_bytes=tuple(nbytes))
+
+    def set_frozen(self, frozen: int, force: bool = False) -> None:
+        """Freeze exactly the first ``frozen`` layers and rebuild DDP over the rest."""
+        frozen = max(0, min(frozen, self.max_frozen))
+        if frozen == self.frozen and not force:
+            return
+        if frozen > self.frozen:
+            self.stats.freeze_changed(self.frozen, frozen)
+        for i, layer in enumerate(self.layers):
+            for p in layer.parameters():
+                p.requires_grad_(i >= frozen)
+                if i < frozen:
+                    p.grad = None
+        self.frozen = frozen
+        self.psi = self.stats.penalty(frozen)
+        self._trainable = [p for p in self.module.parameters() if p.requires_grad]
+        index = [self._layer_of.get(id(p), -1) for p in self._trainable]
+        self._stat_params = [p for p, i in zip(self._trainable, index, strict=True) if i >= 0]
+        self._stat_index = torch.tensor([i for i in index if i >= 0], dtype=torch.long)
+        self.ddp = None
+        if self.world > 1 and self._trainable:
+            self.ddp = DistributedDataParallel(
+                self.module, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
+            # DDP checks the hook's annotations at run time: give it an unannotated one
+            self.ddp.register_comm_hook(None, lambda state, bucket: self._comm_hook(bucket))
+
+    # -- hooks -----------------------------------------------------------------------
+    def now(self) -> float:
+        return self.timer.now() if self._timing else time.perf_counter()
+
+    def backward_started(self, grad: torch.Tensor) -> None:
+        self.timer.bwd_start = time.perf_counter()
+
+    def _comm_hook(self, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+        self.timer.last_bucket = time.perf_counter()
+        self.synced_numel += bucket.buffer().numel()
+        if self._measuring:
+            pairs = [
+                (self._layer_of[id(p)], g)
+                for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True)
+                if id(p) in self._layer_of
+            ]
+            if pairs:
+                index = torch.tensor([i for i, _ in pairs], dtype=torch.long)
+                self.stats.add_local(index, [g for _, g in pairs])
+        return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        end = self.now()
+        if self._measuring and self._stat_params:
+            grads = [p.grad for p in self._stat_params]
+            if all(g is not None for g in grads):
+                self.stats.finish_step(
+                    self._stat_index,
+                    grads,  # type: ignore[arg-type]
+                    step=self.step,
+                    local_batch=self.batch,
+                    world=self.world,
+                )
+        self.timer.record(end, self._timing)
+
+    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.step += 1
+        self._measuring = self.stats.measuring(self.step, self.world)
+        self._timing = self.step % self.profile_every == 0
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._stop = signum
+
+    # -- data ------------------------------------------------------------------------
+    def to_device(self, batch: Any) -> Any:
+        if self.device.type == "cpu":
+            return batch
+        if isinstance(batch, torch.Tensor):
+            return batch.to(self.device, non_blocking=True)
+        if isinstance(batch, tuple | list):
+            return type(batch)(self.to_device(b) for b in batch)
+        return batch
+
+    def consumed(self, global_count: int, local_count: int) -> None:
+        """A step's samples: data position and progress (psi-weighted, spec section 4)."""
+        self.position += global_count
+        self.samples_done += global_count
+        self.effective_done += self.psi * global_count
+        full = local_count == self.batch
+        self._measuring, self._timing = self._measuring and full, self._timing and full
+
+    def step_boundary(self) -> None:
+        """Between two steps: on a stop signal rank 0 checkpoints; every rank exits 75.
+        Other ranks keep stepping until rank 0 has stopped (their collective then fails),
+        so rank 0 never waits on a peer that left."""
+        if self._stop is not None and self.rank == 0:
+            self._save()
+            self._exit_requeue(f"signal {self._stop}")
+
+    def _exit_requeue(self, why: str) -> None:
+        if self.rank == 0:
+            write_atomic(Path(self.config.workdir) / REQUEUE_MARKER, why.encode())
+            print(f"icefrog trainer: checkpointed; requeue requested ({why})", file=sys.stderr)
+        raise SystemExit(REQUEUE_EXIT_CODE)
+
+    # -- epochs ----------------------------------------------------------------------
+    def epochs(self) -> Iterator[int]:
+        """Yield epoch numbers until the target is reached or max epochs run out."""
+        if self.finished:
+            return
+        self._register()
+        self.apply_decision(first=True)
+        while self.epoch < self.config.max_epochs:
+            self._measuring = self.stats.measuring(self.step, self.world)
+            self._timing = self.step % self.profile_every == 0
+            yield self.epoch
+            self._end_epoch()
+            if self.finished:
+                return
+            self.apply_decision(first=False)
+        self._finish("max_epochs")
+
+    def report_metric(self, value: float, name: str | None = None) -> None:
+        """Report the validation metric of this epoch. Call it on every rank: rank 0's
+        value is the one used (broadcast), so all ranks agree on stopping."""
+        box = [float(value)]
+        if self.world > 1:
+            dist.broadcast_object_list(box, src=0)
+        self.metric = box[0]
+        target = self.config.target
+        label = name or (target.metric if target else "metric")
+        self.reporter.send("metric", MetricReport(epoch=self.epoch, name=label, value=self.metric))
+
+    def _end_epoch(self) -> None:
+        var, sqr = self.stats.end_epoch(self.frozen)
+        self.reporter.send("grad_stats", GradStats(self.epoch, self.frozen, tuple(var), tuple(sqr)))
+        self._send_profile()
+        self.epoch, self.position = self.epoch + 1, 0
+        self.psi = self.stats.penalty(self.frozen)
+        target = self.config.target
+        if target is not None and self.metric is not None and target.reached(self.metric):
+            self.finished = "target_reached"
+        elif self.epoch >= self.config.max_epochs:
+            self.finished = "max_epochs"
+        path = self._save()
+        self.reporter.send(
+            "progress",
+            ProgressReport(self.epoch, self.samples_done, self.effective_done, str(path or "")),
+        )
+        if self.finished:
+            self._finish(self.finished)
+
+    def _finish(self, reason: str) -> None:
+        self.finished = reason
+        metric = self.metric if self.metric is not None else 0.0
+        self.reporter.send("finished", FinishedReport(reason, self.epoch, metric))  # type: ignore[arg-type]
+        if self.rank == 0:
+            target = self.config.target
+            print(
+                f"icefrog trainer: finished: {reason} after {self.epoch} epochs "
+                f"(metric {metric:g}, target {target or 'none'})",
+                file=sys.stderr,
+            )
+
+    def _send_profile(self) -> None:
+        means = self.timer.take()
+        if means is None or means["iter"] <= 0:
+            return
+        sample = ProfileSample(
+            gpus=self.world,
+            batch=self.batch,
+            frozen=self.frozen,
+            shared=self.shared,
+            t_fwd_s=means["fwd"],
+            t_bwd_s=max(means["bwd"], 0.0),
+            t_sync_s=max(means["sync"], 0.0),
+            t_iter_s=means["iter"],
+            samples_per_s=self.world * self.batch / means["iter"],
+            peak_mem_bytes=peak_memory_bytes(self.device),
+            gpu_util=gpu_utilization(self.device),
+        )
+        self.last_profile = sample
+        self.reporter.send("profile", {"samples": [dataclasses.asdict(sample)]})
+
+    def _register(self) -> None:
+        target = self.config.target
+        spec = JobSpec(
+            min_gpus=self.config.gpus[0],
+            max_gpus=self.config.gpus[1],
+            min_batch=self.config.batch[0],
+            max_batch=self.config.batch[1],
+            max_frozen_fraction=self.config.max_frozen,
+            target_metric=target.metric if target else "none",
+            target_op=target.op if target else ">=",
+            target_value=target.value if target else sys.float_info.max,
+            max_epochs=self.config.max_epochs,
+            samples_per_epoch=self.loader.size,
+            layer_flops=self.table.flops,
+            layer_param_bytes=self.table.param_bytes,
+            accepts_shared=self.config.gpus[0] == 1,
+        )
+        self.reporter.send("register", spec)
+
+    # -- decisions -------------------------------------------------------------------
+    def apply_decision(self, first: bool) -> None:
+        """Adopt the controller's batch and freeze depth (rank 0 reads, all agree). A new
+        round asking for another GPU count stops the job for a requeue (after the
+        checkpoint just written) unless this is the start of the run."""
+        box: list[Decision | None] = [
+            read_decision(self.config.decision_path) if self.rank == 0 else None
+        ]
+        if self.world > 1:
+            dist.broadcast_object_list(box, src=0)
+        decision = box[0]
+        if decision is None or (decision.round == self.decision_round and not first):
+            return
+        self.decision_round = decision.round
+        if not first and decision.gpus != self.world:
+            self._exit_requeue(f"decision round {decision.round}: {decision.gpus} GPUs")
+        self.batch = max(self.config.batch[0], min(decision.batch, self.config.batch[1]))
+        self.shared = decision.shared
+        legal = [b for b in self.table.candidates(self.max_frozen) if b <= decision.frozen]
+        self.set_frozen(max(legal, default=0))
+
+    # -- checkpoints -----------------------------------------------------------------
+    def _save(self) -> Path | None:
+        if self.rank != 0:
+            return None
+        state = {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "epoch": self.epoch,
+            "position": self.position,
+            "samples_done": self.samples_done,
+            "effective_done": self.effective_done,
+            "frozen": self.frozen,
+            "batch": self.batch,
+            "decision_round": self.decision_round,
+            "finished": self.finished,
+            "world": self.world,
+            "stats": self.stats.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+        }
+        path = checkpoint.save(self.config.checkpoint_dir, self._ckpt_number, state)
+        self._ckpt_number += 1
+        return path
+
+    def _restore(self) -> None:
+        found = checkpoint.load_latest(self.config.checkpoint_dir)
+        if found is None:
+            torch.manual_seed(self.config.seed + self.rank)
+            return
+        number, state = found
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        for key in ("epoch", "position", "samples_done", "effective_done", "frozen", "batch"):
+            setattr(self, key, state[key])
+        self.decision_round, self.finished = state["decision_round"], state["finished"]
+        self.stats.load_state_dict(state["stats"])
+        if self.rank == 0:
+            torch.set_rng_state(state["rng"]["torch"])
+            random.setstate(state["rng"]["python"])
+        else:  # other ranks' streams are not saved: derive one from the progress
+            torch.manual_seed(self.config.seed + 7919 * self.rank + self.samples_done)
+        if self.rank == 0:
+            print(
+                f"icefrog trainer: resumed from checkpoint {number} (epoch {self.epoch}, "
+                f"{self.samples_done} samples, {self.world} processes, was {state['world']})",
+                file=sys.stderr,
+            )

@@ -1,0 +1,206 @@
+"""The launcher's pure parts: target and range parsing, the allocation read from Slurm's
+variables (plain dicts: this is logic, not a Slurm mock) and the torchrun command."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from icefrog_slurm.cli import main
+from icefrog_slurm.errors import InputError
+from launcher.config import JobConfig, Target, parse_range, parse_target
+from launcher.launch import (
+    REQUEUE_EXIT_CODE,
+    REQUEUE_MARKER,
+    allocation_from_env,
+    build_command,
+    child_env,
+    first_host,
+    rendezvous_host,
+    run_training,
+)
+
+
+def test_parse_target() -> None:
+    assert parse_target("val_acc>=0.94") == Target("val_acc", ">=", 0.94)
+    assert parse_target(" val_loss <= 1e-2 ") == Target("val_loss", "<=", 0.01)
+    assert parse_target("val_acc>=0.94").reached(0.95)
+    assert not parse_target("val_loss<=0.1").reached(0.2)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("val_acc>0.9", "operator must be >= or <="),
+        ("val_acc==0.9", "operator must be >= or <="),
+        ("val_acc>=high", "'high' is not a number"),
+        ("val_acc>=inf", "must be finite"),
+        ("0.94", "expected NAME>=NUMBER"),
+        ("", "expected NAME>=NUMBER"),
+    ],
+)
+def test_parse_target_errors(text: str, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        parse_target(text)
+
+
+def test_parse_range() -> None:
+    assert parse_range("1-8", "gpus") == (1, 8)
+    assert parse_range("4", "gpus") == (4, 4)
+    for bad, message in [
+        ("8-1", "smaller than"),
+        ("0-2", ">= 1"),
+        ("a-b", "LO-HI"),
+        ("1-2-3", "LO-HI"),
+    ]:
+        with pytest.raises(InputError, match=message):
+            parse_range(bad, "gpus")
+
+
+def test_config_env_round_trip() -> None:
+    config = JobConfig(
+        gpus=(1, 8),
+        batch=(32, 256),
+        max_frozen=0.5,
+        target=parse_target("val_acc>=0.9"),
+        max_epochs=7,
+        workdir="/shared/w",
+        inbox="/shared/inbox",
+        job_name="resnet",
+        slurm_job_id="12",
+    )
+    env = {**config.to_env(), "SLURM_JOB_ID": "12"}
+    assert JobConfig.from_env(env) == config
+    assert config.decision_path == "/shared/w/decision.json"
+    with pytest.raises(InputError, match="--max-frozen"):
+        JobConfig.from_env({"ICEFROG_MAX_FROZEN": "1.5"})
+
+
+def test_first_host() -> None:
+    assert first_host("node[03-05,9],gpu1") == "node03"
+    assert first_host("gpu1,gpu2") == "gpu1"
+    assert first_host("node[1-4]") == "node1"
+    with pytest.raises(InputError):
+        first_host("")
+
+
+def test_allocation_gpu_job_single_node() -> None:
+    env = {"SLURM_JOB_NUM_NODES": "1", "CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_ID": "7"}
+    alloc = allocation_from_env(env)
+    assert (alloc.nnodes, alloc.nproc_per_node, alloc.cuda_visible_devices) == (1, 2, None)
+    cmd = build_command(alloc, ["train.py", "--lr", "0.1"])
+    assert cmd == [
+        "torchrun",
+        "--nproc-per-node=2",
+        "--standalone",
+        "--nnodes=1",
+        "train.py",
+        "--lr",
+        "0.1",
+    ]
+
+
+def test_allocation_shard_job_maps_ordinals_to_cuda_visible_devices() -> None:
+    env = {"SLURM_JOB_NUM_NODES": "1", "GPU_DEVICE_ORDINAL": "2,2", "SLURM_SHARDS_ON_NODE": "2"}
+    alloc = allocation_from_env(env)
+    assert alloc.nproc_per_node == 1
+    assert alloc.cuda_visible_devices == "2"
+    assert child_env(env, alloc, {"ICEFROG_X": "1"})["CUDA_VISIBLE_DEVICES"] == "2"
+
+
+def test_allocation_multi_node_uses_srun_and_c10d_on_first_node() -> None:
+    env = {
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_GPUS_ON_NODE": "4",
+        "SLURM_JOB_NODELIST": "node[3-4]",
+        "SLURM_JOB_ID": "99",
+    }
+    alloc = allocation_from_env(env)
+    assert (alloc.nnodes, alloc.nproc_per_node, alloc.first_node) == (2, 4, "node3")
+    cmd = build_command(alloc, ["train.py"], port=29600)
+    assert cmd[:4] == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    assert "--rdzv-endpoint=node3:29600" in cmd and "--rdzv-id=99" in cmd
+    assert "--nproc-per-node=4" in cmd and cmd[-1] == "train.py"
+    assert "--rdzv-endpoint=node3:29599" in build_command(alloc, ["train.py"])  # 29500 + 99
+    # a node name that does not resolve: the batch host (the launcher's own) instead
+    assert rendezvous_host(alloc, lambda h: True, "batchhost").first_node == "node3"
+    assert rendezvous_host(alloc, lambda h: False, "batchhost").first_node == "batchhost"
+
+
+def test_allocation_without_gpus_and_override() -> None:
+    assert allocation_from_env({}).nproc_per_node == 1
+    assert allocation_from_env({"SLURM_GPUS_ON_NODE": "0"}, procs_override=3).nproc_per_node == 3
+    with pytest.raises(InputError, match="SLURM_JOB_NUM_NODES"):
+        allocation_from_env({"SLURM_JOB_NUM_NODES": "x"})
+    with pytest.raises(InputError, match="script"):
+        build_command(allocation_from_env({}), [])
+
+
+def test_cli_dry_run(capsys: pytest.CaptureFixture[str], tmp_path: object) -> None:
+    code = main(
+        ["launch", "--gpus", "1-2", "--target", "val_acc>=0.9", "--procs-per-node", "2",
+         "--workdir", str(tmp_path), "--dry-run", "--", "train.py", "--epochs", "3"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "ICEFROG_TARGET=val_acc>=0.9" in out.replace("'", "")
+    assert out.strip().endswith(
+        "torchrun --nproc-per-node=2 --standalone --nnodes=1 train.py --epochs 3"
+    )
+
+
+def test_cli_bad_target_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["launch", "--target", "acc>0.9", "--dry-run", "--", "t.py"]) == 2
+    assert "operator must be >= or <=" in capsys.readouterr().err
+
+
+def _child(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_run_training_maps_outcomes(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    assert run_training(_child("raise SystemExit(0)"), env, str(tmp_path)) == 0
+    assert run_training(_child("raise SystemExit(5)"), env, str(tmp_path)) == 5
+    marker = f"open({str(tmp_path / REQUEUE_MARKER)!r}, 'w').write('x'); raise SystemExit(1)"
+    assert run_training(_child(marker), env, str(tmp_path)) == REQUEUE_EXIT_CODE
+    # a stale marker from an earlier run does not count
+    assert run_training(_child("raise SystemExit(0)"), env, str(tmp_path)) == 0
+
+
+def test_run_training_usr1_terminates_child_and_asks_requeue(tmp_path: Path) -> None:
+    """USR1 to the launcher: the child (standing in for torchrun) gets TERM; exit 75."""
+    got_term, ready = tmp_path / "term", tmp_path / "ready"
+    code = (
+        "import signal, sys, time\n"
+        f"def on(*a): open({str(got_term)!r}, 'w').write('1'); sys.exit(3)\n"
+        "signal.signal(signal.SIGTERM, on)\n"
+        f"open({str(ready)!r}, 'w').write('1'); time.sleep(60)\n"
+    )
+
+    def signal_when_ready() -> None:
+        for _ in range(600):
+            if ready.exists():
+                os.kill(os.getpid(), signal.SIGUSR1)
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=signal_when_ready, daemon=True)
+    thread.start()
+    assert run_training(_child(code), dict(os.environ), str(tmp_path)) == REQUEUE_EXIT_CODE
+    thread.join(timeout=5)
+    assert got_term.exists()
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # handlers restored
+
+
+def test_cli_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["launch", "--help"])
+    assert exited.value.code == 0
+    assert f"{REQUEUE_EXIT_CODE} checkpointed" in capsys.readouterr().out

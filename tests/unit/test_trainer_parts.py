@@ -1,0 +1,131 @@
+"""Model Trainer parts that need no second process: checkpoints (atomic, torn ones
+skipped), reports (parse back with the controller's parser), decisions, the frozen
+penalty (eq 3), the one-replica gradient statistics and the FLOP table."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from icefrog_slurm.errors import InputError  # noqa: E402
+from icefrog_slurm.protocol import Decision, parse_decision, parse_envelope, parse_payload  # noqa: E402
+from launcher import checkpoint  # noqa: E402
+from launcher.decision import read_decision  # noqa: E402
+from launcher.profiler import find_layers, layer_flops, param_bytes  # noqa: E402
+from launcher.reports import Reporter  # noqa: E402
+from launcher.stats import GradStatsCollector  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def test_checkpoint_round_trip_and_pruning(tmp_path: Path) -> None:
+    for n in range(4):
+        checkpoint.save(tmp_path, n, {"n": n, "w": torch.full((3,), float(n))})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt-00000002.json", "ckpt-00000002.pt", "ckpt-00000003.json", "ckpt-00000003.pt"
+    ]  # fmt: skip
+    found = checkpoint.load_latest(tmp_path)
+    assert found is not None and found[0] == 3 and found[1]["w"].tolist() == [3.0] * 3
+
+
+def test_torn_or_corrupt_checkpoint_is_never_loaded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint.save(tmp_path, 1, {"n": 1})
+    checkpoint.save(tmp_path, 2, {"n": 2})
+    newest = tmp_path / "ckpt-00000002.pt"
+    newest.write_bytes(newest.read_bytes()[:-10])  # torn: truncated after the manifest
+    found = checkpoint.load_latest(tmp_path)
+    assert found is not None and found == (1, {"n": 1})
+    assert "skipping checkpoint ckpt-00000002" in capsys.readouterr().err
+    # flipped byte, same size: the checksum catches it
+    good = (tmp_path / "ckpt-00000001.pt").read_bytes()
+    (tmp_path / "ckpt-00000001.pt").write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    assert checkpoint.load_latest(tmp_path) is None
+    # a .pt without its manifest (crash before the commit marker) is invisible
+    (tmp_path / "ckpt-00000005.pt").write_bytes(good)
+    assert checkpoint.latest_number(tmp_path) == 2
+
+
+def test_reports_parse_back(tmp_path: Path) -> None:
+    reporter = Reporter(inbox=str(tmp_path), slurm_job_id="17", job_name="mlp")
+    path = reporter.send("metric", {"epoch": 3, "name": "val_acc", "value": 0.5})
+    assert path is not None and path.name == "00000000-metric.json"
+    envelope = parse_envelope(path.read_bytes())
+    assert (envelope.kind, envelope.seq, envelope.slurm_job_id) == ("metric", 0, "17")
+    assert parse_payload("metric", envelope.payload).value == 0.5
+    if shutil.which("munge"):
+        assert envelope.credential.startswith("MUNGE:")
+    # a restarted job continues the numbering instead of overwriting
+    again = Reporter(inbox=str(tmp_path), slurm_job_id="17", job_name="mlp")
+    assert again.seq == 1
+    assert (
+        Reporter(inbox=str(tmp_path), slurm_job_id="17", job_name="m", enabled=False).send(
+            "metric", {}
+        )
+        is None
+    )
+
+
+def test_decision_parsing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    decision = Decision(round=3, gpus=2, batch=64, frozen=4, shared=True)
+    assert parse_decision(decision.to_json()) == decision
+    assert read_decision(tmp_path / "missing.json") is None
+    bad = tmp_path / "d.json"
+    bad.write_text(json.dumps({"round": 1, "gpus": 1, "batch": 0, "frozen": 0}))
+    assert read_decision(bad) is None
+    assert "decision.batch: must be >= 1" in capsys.readouterr().err
+    with pytest.raises(InputError, match=r"decision\.colour: unknown field"):
+        parse_decision(json.dumps({"round": 1, "gpus": 1, "batch": 1, "frozen": 0, "colour": 1}))
+
+
+def test_frozen_penalty_eq3() -> None:
+    # the spec's worked example: prefix variance 20 at freeze time, suffix 80 now
+    stats = GradStatsCollector(2)
+    stats.last_var, stats.frozen_var = [0.0, 80.0], [20.0, 0.0]
+    assert stats.penalty(1) == pytest.approx(0.8)
+    stats.last_var, stats.frozen_var = [5.0, 1.0], [5.0, 0.0]
+    assert stats.penalty(0) == 1.0
+    stats.last_var, stats.frozen_var = [0.0, 0.0], [0.0, 0.0]
+    assert stats.penalty(1) == 1.0
+    # a negative estimate (the unbiased estimator can dip below 0) counts as 0
+    stats.last_var, stats.frozen_var = [0.0, 30.0], [-1.0, 0.0]
+    assert stats.penalty(1) == 1.0
+
+
+def test_one_replica_statistics_estimate_variance() -> None:
+    """Gradients = G + noise/sqrt(m) with known tr(Sigma): the pair estimator recovers it."""
+    gen = torch.Generator().manual_seed(0)
+    m, dims = 16, [200, 50]
+    true_g = [torch.full((d,), 0.5) for d in dims]  # |G|^2 = 50 and 12.5
+    sigma2 = [2.0, 8.0]  # per-coordinate per-sample variance: tr(Sigma) = 400 and 400
+    stats = GradStatsCollector(2, every=2)
+    index = torch.tensor([0, 1])
+    for step in range(400):
+        grads = [
+            g + torch.randn(d, generator=gen) * (s / m) ** 0.5
+            for g, d, s in zip(true_g, dims, sigma2, strict=True)
+        ]
+        stats.finish_step(index, grads, step=step, local_batch=m, world=1)
+    var, sqr = stats.end_epoch(frozen=0)
+    assert var == pytest.approx([400.0, 400.0], rel=0.1)
+    assert sqr == pytest.approx([50.0, 12.5], rel=0.15)
+    stats.freeze_changed(0, 1)
+    var2, _ = stats.end_epoch(frozen=1)
+    assert var2[0] == var[0]  # the frozen layer keeps its at-freeze value (eq 3)
+
+
+def test_layers_and_flops() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    layers = find_layers(model)
+    assert len(layers) == 3
+    flops = layer_flops(model, layers, torch.randn(5, 8))
+    # forward 2*5*8*16 and the weight gradient (the input needs none) of the same size
+    assert flops == [2 * 2 * 5 * 8 * 16, 0.0, 2 * 2 * 5 * 16 * 4 + 2 * 5 * 16 * 4]
+    assert [param_bytes(layer) for layer in layers] == [(8 * 16 + 16) * 4, 0.0, (16 * 4 + 4) * 4]
+    assert all(p.grad is None for p in model.parameters())
