@@ -30,6 +30,7 @@ from icefrog_slurm.core.fit import ProfileHistory
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.penalty import PenaltyTable
 from icefrog_slurm.core.sharing import Load, SharingPredictor, fit_sharing
+from icefrog_slurm.core.throughput import DdpThroughputModel
 from icefrog_slurm.core.tta import time_to_accuracy
 from icefrog_slurm.core.tuner import (
     TunerChoice,
@@ -63,13 +64,25 @@ class _Cached:
     history: ProfileHistory
     sharing: SharingPredictor | None
     prior: bool  # the history holds only the prior sample
+    model: DdpThroughputModel | None = None  # the last fitted model
+    stale: bool = True  # a configuration arrived since ``model`` was fitted
 
 
 class Estimator:
-    """Builds every job's candidates; keeps each job's fitted models between rounds."""
+    """Builds every job's candidates; keeps each job's fitted models between rounds.
+
+    A fit costs 0.1-0.3 s a job (``fit_ddp_model``'s least squares), so a round refits at
+    most ``fit_budget`` models (call :meth:`new_round` first; the policy passes the jobs
+    oldest first). A job left over keeps its last fitted model, or the prior when it has
+    none, until a later round; its measured configurations are used as measured anyway.
+    """
 
     def __init__(self) -> None:
         self._cache: dict[int, _Cached] = {}
+        self._budget = -1  # fits left this round; -1: unlimited
+
+    def new_round(self, *, fit_budget: int | None) -> None:
+        self._budget = -1 if fit_budget is None else fit_budget
 
     def candidates(
         self,
@@ -92,7 +105,7 @@ class Estimator:
         else:
             psi, frozen, current_frozen = (lambda _l: 1.0), (0,), None
         batches = powers_of_two(spec.min_batch, spec.max_batch)
-        model = cached.history.model()
+        model = self._model(job, cached, layers, gpus_per_node)
         measured = cached.history.measured()
         remaining = max(
             0.0, spec.max_epochs * spec.samples_per_epoch - job.job.progress.effective_samples_done
@@ -127,6 +140,23 @@ class Estimator:
             out.append(Candidate(gpus, shared, best, tta, load))
         return tuple(out)
 
+    def _model(
+        self, job: JobSnapshot, cached: _Cached, layers: LayerTable, gpus_per_node: int
+    ) -> DdpThroughputModel:
+        """The job's fitted model, refitted when stale and the round's budget allows."""
+        if cached.model is not None and not cached.stale:
+            return cached.model
+        if self._budget != 0 or cached.prior:
+            if self._budget > 0 and not cached.prior:
+                self._budget -= 1
+            cached.model, cached.stale = cached.history.model(), False
+            return cached.model
+        if cached.model is not None:
+            return cached.model  # refitted in a later round
+        prior = ProfileHistory(layers, gpus_per_node=gpus_per_node)
+        prior.add([_prior(job)])
+        return prior.model()
+
     def _models(self, job: JobSnapshot, layers: LayerTable, gpus_per_node: int) -> _Cached:
         samples = job.view.samples
         cached = self._cache.get(job.id)
@@ -138,7 +168,7 @@ class Estimator:
                 history.add([_prior(job)])
             self._cache[job.id] = cached
         if cached.samples != len(samples) or cached.samples == 0:
-            cached.history.add(samples[cached.samples :])
+            cached.stale |= cached.history.add(samples[cached.samples :])
             cached.sharing = _sharing(samples, layers)
             cached.samples = len(samples)
         return cached
