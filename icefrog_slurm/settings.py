@@ -149,7 +149,7 @@ class SolverSettings:
     starvation_rounds: float = field(default=4.0, metadata=_bounds(exclusive_minimum=0.0))
     """A waiting job's weight grows by 1 every this many rounds it has waited (aging)."""
 
-    max_fits_per_round: int = field(default=16, metadata=_bounds(minimum=1))
+    max_fits_per_round: int = field(default=8, metadata=_bounds(minimum=1))
     """Throughput models refitted at most this many a round (oldest jobs first; a fit costs
     0.1-0.3 s); the others keep their last model until a later round."""
 
