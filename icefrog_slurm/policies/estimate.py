@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from icefrog_slurm.controller.snapshot import JobSnapshot
 from icefrog_slurm.core.fit import ProfileHistory
@@ -66,6 +66,10 @@ class _Cached:
     prior: bool  # the history holds only the prior sample
     model: DdpThroughputModel | None = None  # the last fitted model
     stale: bool = True  # a configuration arrived since ``model`` was fitted
+    # The tuner's choices by (gpus, shared), valid while ``tuned_for`` is unchanged.
+    tuned: dict[tuple[int, bool], TunerChoice | None] = field(default_factory=dict)
+    tuned_for: tuple[object, ...] = ()
+    version: int = 0  # bumped whenever ``model`` changes
 
 
 class Estimator:
@@ -80,6 +84,7 @@ class Estimator:
     def __init__(self) -> None:
         self._cache: dict[int, _Cached] = {}
         self._budget = -1  # fits left this round; -1: unlimited
+        self._priors: dict[tuple[object, ...], DdpThroughputModel] = {}
 
     def new_round(self, *, fit_budget: int | None) -> None:
         self._budget = -1 if fit_budget is None else fit_budget
@@ -111,19 +116,23 @@ class Estimator:
             0.0, spec.max_epochs * spec.samples_per_epoch - job.job.progress.effective_samples_done
         )
         age = max(0.0, now - job.job.submit_time)
+        key = (len(job.view.samples), stats, cached.version, model is cached.model)
+        if cached.tuned_for != key:
+            cached.tuned, cached.tuned_for = {}, key
         out: list[Candidate] = []
         for gpus, shared in _configurations(job, gpus_per_node, capacity, settings, cached):
-            lam = settings.sharing.speed_factor if shared else 1.0
-            best = tune(
-                batch_sizes=batches,
-                frozen_candidates=frozen,
-                psi=psi,
-                throughput=measured_or_predicted(
-                    gpus=gpus, measured=measured, model=model, layers=layers
-                ),
-                lam=lam,
-                current_frozen=current_frozen,
-            )
+            if (gpus, shared) not in cached.tuned:
+                cached.tuned[gpus, shared] = tune(
+                    batch_sizes=batches,
+                    frozen_candidates=frozen,
+                    psi=psi,
+                    throughput=measured_or_predicted(
+                        gpus=gpus, measured=measured, model=model, layers=layers
+                    ),
+                    lam=settings.sharing.speed_factor if shared else 1.0,
+                    current_frozen=current_frozen,
+                )
+            best = cached.tuned[gpus, shared]
             if best is None:
                 continue
             tta = time_to_accuracy(
@@ -146,16 +155,30 @@ class Estimator:
         """The job's fitted model, refitted when stale and the round's budget allows."""
         if cached.model is not None and not cached.stale:
             return cached.model
-        if self._budget != 0 or cached.prior:
-            if self._budget > 0 and not cached.prior:
-                self._budget -= 1
+        if cached.prior:
+            cached.model, cached.stale = self._prior_model(job, layers, gpus_per_node), False
+            cached.version += 1
+            return cached.model
+        if self._budget != 0:
+            self._budget -= self._budget > 0
             cached.model, cached.stale = cached.history.model(), False
+            cached.version += 1
             return cached.model
         if cached.model is not None:
             return cached.model  # refitted in a later round
-        prior = ProfileHistory(layers, gpus_per_node=gpus_per_node)
-        prior.add([_prior(job)])
-        return prior.model()
+        return self._prior_model(job, layers, gpus_per_node)
+
+    def _prior_model(
+        self, job: JobSnapshot, layers: LayerTable, gpus_per_node: int
+    ) -> DdpThroughputModel:
+        """The prior's model, fitted once for each (layer table, batch, node size)."""
+        sample = _prior(job)
+        key = (layers, sample.batch, gpus_per_node)
+        if key not in self._priors:
+            history = ProfileHistory(layers, gpus_per_node=gpus_per_node)
+            history.add([sample])
+            self._priors[key] = history.model()
+        return self._priors[key]
 
     def _models(self, job: JobSnapshot, layers: LayerTable, gpus_per_node: int) -> _Cached:
         samples = job.view.samples
