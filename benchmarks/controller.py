@@ -299,7 +299,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=("store", "slurm"), default="store")
     parser.add_argument("--jobs", type=int, default=2400)
     parser.add_argument("--nodes", type=int, default=240, help="4-GPU nodes (store mode)")
-    parser.add_argument("--policy", choices=POLICIES, default=POLICIES[-1])
+    parser.add_argument("--policy", choices=POLICIES, default="icefrog")
     parser.add_argument("--partition-gpus", type=int, default=48, help="solver partitions")
     parser.add_argument("--postgres", action="store_true", help="a throwaway Postgres")
     parser.add_argument("--url", default="", help="an existing database (store mode)")

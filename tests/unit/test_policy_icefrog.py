@@ -3,12 +3,6 @@ node, a reason for each waiting job, foreign-held nodes left out, running jobs k
 
 from __future__ import annotations
 
-import pytest
-
-pytest.importorskip(
-    "icefrog_slurm.core.solver", reason="the IceShare solver (issue 3) is not merged yet"
-)
-
 from icefrog_slurm.controller.snapshot import Current, JobSnapshot, Snapshot
 from icefrog_slurm.policies.icefrog import IcefrogPolicy
 from icefrog_slurm.protocol import GradStats, JobSpec, ProfileSample

@@ -11,10 +11,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip(
-    "icefrog_slurm.core.solver", reason="the IceShare solver (issue 3) is not merged yet"
-)
-
 from icefrog_slurm.policies.icefrog import IcefrogPolicy
 from icefrog_slurm.protocol import GradStats, ProfileSample
 from icefrog_slurm.slurm.parse import expand_hostlist

@@ -67,7 +67,7 @@ def test_killed_at_any_step_converges_after_restart(
     env = {**os.environ, "ICEFROG_KILL_AFTER_STEP": str(step), "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
         [sys.executable, "-m", "icefrog_slurm", "controller", "--config", str(config),
-         "--max-ticks", "200"],
+         "--max-ticks", "200", "--policy", "standin"],
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == -9, proc.stdout + proc.stderr  # it died at that step
