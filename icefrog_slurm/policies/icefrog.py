@@ -4,13 +4,13 @@ max-min solver, then placement on nodes.
 1. Every job's candidates (:mod:`.estimate`): for each legal GPU count and for one shared
    GPU, the Layer Tuner's best (batch, frozen) and the predicted TTA (eq 15-16); at most
    ``solver.max_fits_per_round`` throughput models are refitted, oldest jobs first.
-2. The solver problem (eq 17-18): one option per candidate, a job's weight aged by the
-   rounds it has waited (``solver.starvation_rounds``; counted by the policy, and for a job
-   it has not seen yet estimated from its submit and start times), its current allocation
-   as the warm
-   start (stage 3 of the solver keeps running jobs where they are when that costs no
-   share). The cluster is the partition's nodes that foreign jobs leave whole (the solver
-   plans whole, identical nodes; a node a foreign job partly holds is left out this round).
+2. The solver problem (eq 17-18): one option per candidate; a job's weight aged by the
+   rounds it has waited beyond ``solver.starvation_grace_rounds`` (one more weight every
+   ``solver.starvation_rounds``; rounds counted by the policy, estimated from submit and
+   start times for a job it has not seen yet); its current allocation as the warm start
+   (stage 3 of the solver keeps running jobs where they are when that costs no share).
+   The cluster is the partition's nodes that foreign jobs leave whole (the solver plans
+   whole, identical nodes; a node a foreign job partly holds is left out this round).
 3. ``solve_and_place``: solve, map counts onto nodes and GPU indices, re-solve without any
    option that could not be placed.
 
@@ -163,7 +163,11 @@ def _request(
     return JobRequest(
         id=str(job.id),
         options=opts,
-        weight=aged_weight(1.0, waited, rounds_per_step=settings.solver.starvation_rounds),
+        weight=aged_weight(
+            1.0,
+            max(0, waited - settings.solver.starvation_grace_rounds),
+            rounds_per_step=settings.solver.starvation_rounds,
+        ),
         current=current,
     )
 
