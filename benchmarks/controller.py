@@ -172,8 +172,10 @@ class NoFiles:
 
 
 class StepClock:
-    def __init__(self) -> None:
-        self.offset = 0.0
+    """Real time shifted by ``offset`` (a round is made due by moving it forward)."""
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.offset = offset
 
     def now(self) -> float:
         return time.time() + self.offset
@@ -223,7 +225,7 @@ def store_mode(args: argparse.Namespace) -> None:
         with store.transaction() as tx:
             sids = [j.slurm_job_id for j in tx.jobs()]
         settings = settings_for(tmp, args)
-        clock = StepClock()
+        clock = StepClock(600.0 - time.time())  # the filler submits at t=0: 10 minutes ago
         ctl = Controller(
             settings=settings,
             policy=make_policy(args.policy),
@@ -297,7 +299,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=("store", "slurm"), default="store")
     parser.add_argument("--jobs", type=int, default=2400)
     parser.add_argument("--nodes", type=int, default=240, help="4-GPU nodes (store mode)")
-    parser.add_argument("--policy", choices=POLICIES, default=POLICIES[-1])
+    parser.add_argument("--policy", choices=POLICIES, default="icefrog")
     parser.add_argument("--partition-gpus", type=int, default=48, help="solver partitions")
     parser.add_argument("--postgres", action="store_true", help="a throwaway Postgres")
     parser.add_argument("--url", default="", help="an existing database (store mode)")

@@ -147,7 +147,17 @@ class SolverSettings:
     """Processes solving partitions at once."""
 
     starvation_rounds: float = field(default=4.0, metadata=_bounds(exclusive_minimum=0.0))
-    """A waiting job's weight grows by 1 every this many rounds it has waited (aging)."""
+    """A waiting job's weight grows by 1 every this many rounds it has waited beyond the
+    grace below (aging: no job waits forever)."""
+
+    starvation_grace_rounds: int = field(default=12, metadata=_bounds(minimum=0))
+    """Rounds a job may wait before its weight starts to grow. Without a grace, a full
+    cluster of alike jobs swaps its running and waiting jobs every round (each swap a
+    checkpoint-restart); with 12 rounds (an hour) it rotates them at most hourly."""
+
+    max_fits_per_round: int = field(default=8, metadata=_bounds(minimum=1))
+    """Throughput models refitted at most this many a round (oldest jobs first; a fit costs
+    0.1-0.3 s); the others keep their last model until a later round."""
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,7 @@ without timestamps: journald adds its own). Wires the real adapters: ``SqlStore`
 ``SlurmCliBackend``, the system clock, job files on the filesystem, the report inbox and,
 when ``metrics.port`` is set, the Prometheus endpoint. ``--once`` makes one tick;
 ``--dry-run`` makes one tick, prints the plan as JSON and enacts nothing (nothing is
-recorded either). ``--policy`` picks the policy (``standin`` until the IceShare solver is
-merged).
+recorded either). ``--policy`` picks the policy: ``icefrog`` (default) or ``standin``.
 
 Testing hook: ``ICEFROG_KILL_AFTER_STEP=K`` makes the process SIGKILL itself right after
 the K-th reconcile step point (a Slurm command done, or its outcome logged), to prove that
@@ -31,7 +30,7 @@ from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
 from icefrog_slurm.slurm.port import JobNotFound
 
 DEFAULT_CONFIG = "/etc/icefrog/icefrog.toml"
-POLICIES = ("standin",)
+POLICIES = ("icefrog", "standin")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,10 +40,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dry-run", action="store_true", help="print one tick's plan; enact nothing"
     )
     parser.add_argument("--max-ticks", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--policy", choices=POLICIES, default="standin", help="the policy")
+    parser.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="icefrog",
+        help="icefrog (default) or standin (first come, first served, no freezing or sharing)",
+    )
 
 
 def make_policy(name: str) -> Policy:
+    if name == "icefrog":
+        from icefrog_slurm.policies.icefrog import IcefrogPolicy
+
+        return IcefrogPolicy()
     if name == "standin":
         from icefrog_slurm.policies.standin import StandInPolicy
 

@@ -142,8 +142,10 @@ class Controller:
     def tick_once(self) -> TickReport:
         """One tick (module docstring)."""
         now = self.clock.now()
-        if self.drain is not None and (
-            self._last_drain is None or now - self._last_drain >= self.settings.inbox.poll_s
+        if (
+            self.drain is not None
+            and not self.dry_run
+            and (self._last_drain is None or now - self._last_drain >= self.settings.inbox.poll_s)
         ):
             self.drain()
             self._last_drain = now

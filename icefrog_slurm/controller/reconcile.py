@@ -16,7 +16,8 @@ step, so repeating a step never does harm:
   checkpoint marker, its exit, or ``checkpoint_timeout_s``; then requeue it held;
 - finished while an intent moves it (it checkpointed and exited): requeue it held;
 - cancelled or gone: look for the job resubmitted in its place (a resubmission the
-  controller was killed in) and link it to the icefrog job;
+  controller was killed in) and link it to the icefrog job; with none, the intent fails (a
+  job its owner cancelled is never brought back);
 - pending and held: gpu<->shard needs a resubmission as the job's owner (Slurm 22.05 cannot
   change a pending job's GRES type), linked into the icefrog job's chain; otherwise update
   GRES / NumNodes=N-N / ReqNodeList; then release with StartTime=now;
@@ -90,12 +91,17 @@ def record(plan: Plan, tx: StoreTx) -> int:
             continue
         if current is not None and current.params.get("target") == target:
             continue  # the same goal is already in flight: keep its progress
+        if current is not None:
+            tx.finish_intent(
+                intent_id=current.id, status="superseded", now=plan.time, detail="new target"
+            )
         tx.add_intent(
             action=job.action,
             params={"target": target, "slurm_job_id": job.slurm_job_id, "round": plan.round_no},
             now=plan.time,
             job_id=job.job_id,
             round_no=plan.round_no,
+            supersede=False,  # done above, without one UPDATE a job
         )
         added += 1
     return added
@@ -220,7 +226,8 @@ class Reconciler:
             if new is not None:
                 self._link(intent, job_id, new, "resubmitted (recovered)")
                 return new
-        if intent.action == "start" or state is None:
+        if intent.action == "start" or state is None or state.state == "CANCELLED":
+            # not ours to bring back: it ended on its own, or its owner cancelled it
             raise SlurmRejected(f"Slurm job {sid} ended ({state.state if state else 'gone'})")
         self._do(
             intent, job_id, sid, "requeue_hold", r, lambda: self.cluster.requeue_hold(job_id=sid)

@@ -1,6 +1,7 @@
 """``tick(snapshot, policy, settings) -> Plan``: the pure half of a controller round.
 
-1. Store bookkeeping read off Slurm: a pending job Slurm runs is ``running``; a job Slurm
+1. Store bookkeeping read off Slurm: a pending job Slurm runs is ``running``, a running job
+   requeued held is ``pending`` again (once no reconcile step moves it); a job Slurm
    finished (or forgot) with no reconcile step in flight ends ``finished``, ``cancelled``
    or ``failed``.
 2. When a round is due (``controller.round_period_s`` after the last one, or no round yet):
@@ -92,6 +93,9 @@ def state_changes(snapshot: Snapshot) -> tuple[tuple[int, str], ...]:
         state, store_state = j.slurm, j.job.state
         if state is not None and state.holds_resources and store_state == "pending":
             out.append((j.id, "running"))
+        elif state is not None and state.state == "PENDING" and store_state == "running":
+            if j.id not in busy:
+                out.append((j.id, "pending"))  # stopped (requeued held): it waits again
         elif j.id not in busy and (state is None or state.finished):
             out.append((j.id, _end_state(state, store_state)))
     return tuple(out)

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from icefrog_slurm.controller.snapshot import JobSnapshot
 from icefrog_slurm.core.fit import ProfileHistory
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.penalty import PenaltyTable
 from icefrog_slurm.core.sharing import Load, SharingPredictor, fit_sharing
+from icefrog_slurm.core.throughput import DdpThroughputModel
 from icefrog_slurm.core.tta import time_to_accuracy
 from icefrog_slurm.core.tuner import (
     TunerChoice,
@@ -63,13 +64,30 @@ class _Cached:
     history: ProfileHistory
     sharing: SharingPredictor | None
     prior: bool  # the history holds only the prior sample
+    model: DdpThroughputModel | None = None  # the last fitted model
+    stale: bool = True  # a configuration arrived since ``model`` was fitted
+    # The tuner's choices by (gpus, shared), valid while ``tuned_for`` is unchanged.
+    tuned: dict[tuple[int, bool], TunerChoice | None] = field(default_factory=dict)
+    tuned_for: tuple[object, ...] = ()
+    version: int = 0  # bumped whenever ``model`` changes
 
 
 class Estimator:
-    """Builds every job's candidates; keeps each job's fitted models between rounds."""
+    """Builds every job's candidates; keeps each job's fitted models between rounds.
+
+    A fit costs 0.1-0.3 s a job (``fit_ddp_model``'s least squares), so a round refits at
+    most ``fit_budget`` models (call :meth:`new_round` first; the policy passes the jobs
+    oldest first). A job left over keeps its last fitted model, or the prior when it has
+    none, until a later round; its measured configurations are used as measured anyway.
+    """
 
     def __init__(self) -> None:
         self._cache: dict[int, _Cached] = {}
+        self._budget = -1  # fits left this round; -1: unlimited
+        self._priors: dict[tuple[object, ...], DdpThroughputModel] = {}
+
+    def new_round(self, *, fit_budget: int | None) -> None:
+        self._budget = -1 if fit_budget is None else fit_budget
 
     def candidates(
         self,
@@ -92,25 +110,29 @@ class Estimator:
         else:
             psi, frozen, current_frozen = (lambda _l: 1.0), (0,), None
         batches = powers_of_two(spec.min_batch, spec.max_batch)
-        model = cached.history.model()
+        model = self._model(job, cached, layers, gpus_per_node)
         measured = cached.history.measured()
         remaining = max(
             0.0, spec.max_epochs * spec.samples_per_epoch - job.job.progress.effective_samples_done
         )
         age = max(0.0, now - job.job.submit_time)
+        key = (len(job.view.samples), stats, cached.version, model is cached.model)
+        if cached.tuned_for != key:
+            cached.tuned, cached.tuned_for = {}, key
         out: list[Candidate] = []
         for gpus, shared in _configurations(job, gpus_per_node, capacity, settings, cached):
-            lam = settings.sharing.speed_factor if shared else 1.0
-            best = tune(
-                batch_sizes=batches,
-                frozen_candidates=frozen,
-                psi=psi,
-                throughput=measured_or_predicted(
-                    gpus=gpus, measured=measured, model=model, layers=layers
-                ),
-                lam=lam,
-                current_frozen=current_frozen,
-            )
+            if (gpus, shared) not in cached.tuned:
+                cached.tuned[gpus, shared] = tune(
+                    batch_sizes=batches,
+                    frozen_candidates=frozen,
+                    psi=psi,
+                    throughput=measured_or_predicted(
+                        gpus=gpus, measured=measured, model=model, layers=layers
+                    ),
+                    lam=settings.sharing.speed_factor if shared else 1.0,
+                    current_frozen=current_frozen,
+                )
+            best = cached.tuned[gpus, shared]
             if best is None:
                 continue
             tta = time_to_accuracy(
@@ -127,6 +149,37 @@ class Estimator:
             out.append(Candidate(gpus, shared, best, tta, load))
         return tuple(out)
 
+    def _model(
+        self, job: JobSnapshot, cached: _Cached, layers: LayerTable, gpus_per_node: int
+    ) -> DdpThroughputModel:
+        """The job's fitted model, refitted when stale and the round's budget allows."""
+        if cached.model is not None and not cached.stale:
+            return cached.model
+        if cached.prior:
+            cached.model, cached.stale = self._prior_model(job, layers, gpus_per_node), False
+            cached.version += 1
+            return cached.model
+        if self._budget != 0:
+            self._budget -= self._budget > 0
+            cached.model, cached.stale = cached.history.model(), False
+            cached.version += 1
+            return cached.model
+        if cached.model is not None:
+            return cached.model  # refitted in a later round
+        return self._prior_model(job, layers, gpus_per_node)
+
+    def _prior_model(
+        self, job: JobSnapshot, layers: LayerTable, gpus_per_node: int
+    ) -> DdpThroughputModel:
+        """The prior's model, fitted once for each (layer table, batch, node size)."""
+        sample = _prior(job)
+        key = (layers, sample.batch, gpus_per_node)
+        if key not in self._priors:
+            history = ProfileHistory(layers, gpus_per_node=gpus_per_node)
+            history.add([sample])
+            self._priors[key] = history.model()
+        return self._priors[key]
+
     def _models(self, job: JobSnapshot, layers: LayerTable, gpus_per_node: int) -> _Cached:
         samples = job.view.samples
         cached = self._cache.get(job.id)
@@ -138,7 +191,7 @@ class Estimator:
                 history.add([_prior(job)])
             self._cache[job.id] = cached
         if cached.samples != len(samples) or cached.samples == 0:
-            cached.history.add(samples[cached.samples :])
+            cached.stale |= cached.history.add(samples[cached.samples :])
             cached.sharing = _sharing(samples, layers)
             cached.samples = len(samples)
         return cached

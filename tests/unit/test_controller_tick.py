@@ -98,6 +98,8 @@ def test_finished_jobs_end_in_the_store_unless_an_intent_moves_them() -> None:
     plan = tick(_snap([_job(1), _job(2)], states), Everyone(), settings)
     assert dict(plan.state_changes) == {1: "finished", 2: "cancelled"}
     assert plan.jobs == ()
+    held = {"1": _state(1, Gres("gpu", 1), "PENDING", "", "job requeued in held state")}
+    assert tick(_snap([_job(1)], held), Everyone(), settings).state_changes == ((1, "pending"),)
 
 
 def test_run_dir_from_the_trainers_checkpoint_path() -> None:

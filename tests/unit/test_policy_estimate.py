@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from icefrog_slurm.controller.snapshot import Current, JobSnapshot
 from icefrog_slurm.policies.estimate import Estimator
 from icefrog_slurm.protocol import GradStats, JobSpec, ProfileSample
@@ -55,3 +57,21 @@ def test_the_prior_is_dropped_once_the_job_measures_itself() -> None:
     prior = _cands(_job(), est)[(1, False)].tta_s  # type: ignore[attr-defined]
     measured = _cands(_job((_sample(1, 0, 1000.0),)), est)[(1, False)].tta_s  # type: ignore[attr-defined]
     assert measured - 100.0 < (prior - 100.0) / 5  # 1000 samples/s measured, ~100 assumed
+
+
+def test_a_round_refits_at_most_its_budget_and_the_rest_keep_their_model() -> None:
+    est = Estimator()
+    jobs = [_job((_sample(1, 0, 400.0 + i), _sample(2, 0, 700.0))) for i in range(3)]
+    jobs = [
+        JobSnapshot(replace(j.view, job=replace(j.job, id=i)), None, Current())
+        for i, j in enumerate(jobs)
+    ]
+    est.new_round(fit_budget=1)
+    for j in jobs:
+        est.candidates(j, now=100.0, gpus_per_node=4, capacity=16, settings=SETTINGS)
+    fitted = [est._cache[j.id].model is not None for j in jobs]
+    assert fitted == [True, False, False]  # the first in order got the one fit
+    est.new_round(fit_budget=5)
+    for j in jobs:
+        est.candidates(j, now=100.0, gpus_per_node=4, capacity=16, settings=SETTINGS)
+    assert all(est._cache[j.id].model is not None for j in jobs)

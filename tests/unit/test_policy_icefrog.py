@@ -3,12 +3,6 @@ node, a reason for each waiting job, foreign-held nodes left out, running jobs k
 
 from __future__ import annotations
 
-import pytest
-
-pytest.importorskip(
-    "icefrog_slurm.core.solver", reason="the IceShare solver (issue 3) is not merged yet"
-)
-
 from icefrog_slurm.controller.snapshot import Current, JobSnapshot, Snapshot
 from icefrog_slurm.policies.icefrog import IcefrogPolicy
 from icefrog_slurm.protocol import GradStats, JobSpec, ProfileSample
@@ -98,3 +92,36 @@ def test_overload_packs_small_jobs_onto_shared_gpus_on_one_node() -> None:
 def test_a_job_without_samples_gets_the_prior_and_runs() -> None:
     allocs = _check(_snap([_job(1, _spec(2, 4))]))
     assert allocs[1].gpus >= 2  # type: ignore[attr-defined]
+
+
+def _rounds(
+    policy: IcefrogPolicy, jobs: list[JobSnapshot], settings: object, n: int
+) -> list[set[int]]:
+    """Run n rounds 300 s apart; each round the jobs hold what the last one gave them."""
+    ran = []
+    for r in range(n):
+        snap = _snap(jobs)
+        snap = Snapshot(snap.time + 300 * r, snap.jobs, snap.capacity, None)
+        allocs = policy.decide(snap, settings=settings).allocations  # type: ignore[arg-type]
+        jobs = [
+            _job(j.id, j.job.spec, j.view.samples, Current(1, False, allocs[j.id].nodes))
+            if allocs[j.id].gpus else _job(j.id, j.job.spec, j.view.samples)
+            for j in jobs
+        ]  # fmt: skip
+        ran.append({i for i, a in allocs.items() if a.gpus})
+    return ran
+
+
+def test_a_full_cluster_keeps_its_running_jobs_round_after_round() -> None:
+    jobs = [_job(i, _spec(1, 1), _small(0, util=0.9)) for i in range(1, 13)]
+    ran = _rounds(IcefrogPolicy(), jobs, SETTINGS, 3)
+    assert len(ran[0]) == 8 and ran[0] == ran[1] == ran[2]
+
+
+def test_aging_lets_a_waiting_job_in_eventually() -> None:
+    eager = settings_from_mapping(
+        {"solver": {"starvation_grace_rounds": 0, "starvation_rounds": 1}}
+    )
+    jobs = [_job(i, _spec(1, 1), _small(0, util=0.9)) for i in range(1, 13)]
+    ran = _rounds(IcefrogPolicy(), jobs, eager, 3)
+    assert len(ran[0]) == 8 and ran[1] != ran[0]  # the waiting ones rotate in

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from icefrog_slurm.controller.tick import EVICTED
 from icefrog_slurm.policies.standin import StandInPolicy
+from icefrog_slurm.protocol import ProfileSample
 from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
 from icefrog_slurm.slurm.parse import expand_hostlist
 from icefrog_slurm.slurm.port import Gres
@@ -168,3 +171,36 @@ def test_a_foreign_jobs_gpus_are_left_alone(
     finally:
         cluster.cancel(job_id=out)
     assert all(len(live_tagged(cluster, j.tag.key)) == 1 for j in placed if j.tag)
+
+
+def test_an_unstable_packed_job_is_evicted_and_returns_a_round_later(
+    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+) -> None:
+    settings = make_settings(tmp_path)
+    clock = OffsetClock()
+    shard = Gres("shard", 1)
+    a, sid_a, _ = submit_job(store, cluster, base, _key(), gres=shard)
+    b, sid_b, _ = submit_job(store, cluster, base, _key(), gres=shard)  # submitted later
+    policy = FixedPolicy({a: (1, True, ("node3",)), b: (1, True, ("node3",))})
+    ctl = make_controller(settings, store, policy, clock)
+    converge(ctl)
+    running(cluster, sid_a), running(cluster, sid_b)
+    with store.transaction() as tx:  # b measures a utilization that swings while packed
+        tx.add_profile_samples(
+            job_id=b,
+            slurm_job_id=sid_b,
+            samples=[
+                ProfileSample(1, 32, 0, True, 0.1, 0.1, 0.0, 0.2, 160.0, 1e9, u)
+                for u in (0.1, 0.9, 0.2, 0.95, 0.1)
+            ],
+            now=time.time(),
+        )
+    clock.next_round(settings)
+    assert ctl.tick_once().plan.jobs[1].reason == EVICTED
+    converge(ctl)
+    assert state_of(cluster, sid_b).held and running(cluster, sid_a).gres == shard
+    clock.next_round(settings)
+    converge(ctl)
+    assert running(cluster, sid_b).gres == shard  # back in a later round
+    with store.transaction() as tx:
+        assert [al.gpus for _, al in tx.job_allocations(b)] == [1, 0, 1]

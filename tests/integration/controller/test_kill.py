@@ -67,7 +67,7 @@ def test_killed_at_any_step_converges_after_restart(
     env = {**os.environ, "ICEFROG_KILL_AFTER_STEP": str(step), "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
         [sys.executable, "-m", "icefrog_slurm", "controller", "--config", str(config),
-         "--max-ticks", "200"],
+         "--max-ticks", "200", "--policy", "standin"],
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == -9, proc.stdout + proc.stderr  # it died at that step
@@ -84,4 +84,58 @@ def test_killed_at_any_step_converges_after_restart(
     with store.transaction() as tx:
         assert tx.open_intents() == []
         assert tx.job(a).slurm_job_ids == (sid_a,) and tx.job(b).slurm_job_ids == (sid_b,)
+    store.close()
+
+
+MOVE_POINTS = 9  # signal, requeue_hold, resubmit (x2: done, logged), link, release (x2)
+
+
+def _move_child(url: str, state_dir: str, job: int, step: int) -> None:
+    """In a forked child: a controller deciding a shared GPU for ``job``, killing itself
+    after step point ``step``."""
+    from tests.integration.controller.support import FixedPolicy
+
+    settings = make_settings(Path(state_dir).parent, checkpoint_timeout_s=15.0)
+    left = [step]
+
+    def hook(_what: str) -> None:
+        left[0] -= 1
+        if left[0] <= 0:
+            os.kill(os.getpid(), 9)
+
+    policy = FixedPolicy({job: (1, True, ("node4",))})
+    ctl = make_controller(settings, SqlStore(url), policy, OffsetClock())
+    ctl.reconciler.after_step = hook
+    ctl.run(max_ticks=200)
+
+
+@pytest.mark.parametrize("step", range(1, MOVE_POINTS + 1))
+def test_killed_while_moving_to_a_shared_gpu_converges_after_restart(
+    step: int, tmp_path: Path, job_dir: Path, cluster: SlurmCliBackend
+) -> None:
+    import multiprocessing
+
+    from tests.integration.controller.support import FixedPolicy
+
+    settings = make_settings(tmp_path, checkpoint_timeout_s=15.0)
+    store = make_store(settings)
+    key = f"kill-{uuid.uuid4().hex[:6]}"
+    job, sid, _ = submit_job(store, cluster, job_dir, key, held=False)
+    running(cluster, sid)
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(
+        target=_move_child, args=(settings.store.url, settings.state.dir, job, step)
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == -9
+
+    policy = FixedPolicy({job: (1, True, ("node4",))})
+    converge(make_controller(settings, SqlStore(settings.store.url), policy, OffsetClock()))
+    live = live_tagged(cluster, key)
+    assert len(live) == 1 and not live[0].held, live  # none lost, doubled or held
+    with store.transaction() as tx:
+        assert tx.open_intents() == []
+        assert tx.job(job).slurm_job_ids == (sid, live[0].job_id)  # the chain, kept
+    assert running(cluster, live[0].job_id).gres == Gres("shard", 1)
     store.close()
