@@ -41,6 +41,7 @@ def job_options(
     """Every job's candidates (jobs without any are left out); and GPUs a node."""
     per_node = max((n.gpus for n in snapshot.capacity.nodes), default=1)
     estimator.forget({j.id for j in snapshot.jobs})
+    estimator.new_round(fit_budget=settings.solver.max_fits_per_round)  # as IcefrogPolicy
     out = []
     for job in snapshot.jobs:
         cands = estimator.candidates(
