@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from icefrog_slurm.commands.simulate import make_policy
@@ -51,6 +52,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-freeze", action="store_true")
     ap.add_argument("--no-share", action="store_true")
+    ap.add_argument("--batch", choices=("paper", "fixed", "tuned"), default="tuned",
+                    help="as icefrog simulate --batch (default here: tuned)")  # fmt: skip
     args = ap.parse_args()
     catalog = shipped_catalog()
     workload = read_workload(args.workload, catalog)
@@ -59,13 +62,15 @@ def main() -> None:
         freeze=not args.no_freeze, share=not args.no_share,
     )  # fmt: skip
     print(f"{args.workload} ({len(workload)} jobs), {args.gpus} GPUs, seed {args.seed}, "
-          f"freeze {opts.freeze}, share {opts.share}")  # fmt: skip
+          f"freeze {opts.freeze}, share {opts.share}, batch {args.batch}")  # fmt: skip
     print("| policy | wall s | in policy s | rest s | ticks | rounds | sim h | avg JCT h |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.policy.split(","):
         policy = Timed(make_policy(name))
+        fixed = args.batch == "fixed" or (args.batch == "paper" and name != "pollux+")
         started = time.perf_counter()
-        result = Engine(workload, policy, settings=Settings(), options=opts).run()
+        run_opts = replace(opts, fixed_batch=fixed)
+        result = Engine(workload, policy, settings=Settings(), options=run_opts).run()
         wall = time.perf_counter() - started
         jcts = [j.finish - j.submit for j in result.jobs if j.finish is not None]
         avg = statistics.fmean(jcts) / 3600 if jcts else float("nan")

@@ -8,7 +8,10 @@ engine of ``icefrog_slurm/sim/engine.py``; writes ``summary.json`` (one policy's
 or ``{"policies": {...}}`` for several) and, with matplotlib installed (extra ``sim``), the
 plots ``jct_cdf.png``, ``gpus_in_use.png`` and ``frozen_layers.png``. A progress line on
 stderr while it runs. Settings (round period, reallocation overhead, sharing) come from
-``--config`` when given, else the defaults. Bad arguments exit with code 2.
+``--config`` when given, else the defaults. ``--batch paper`` (default): as in the paper's
+evaluation (spec section 12) jobs keep the workload's global batch under every policy but
+Pollux+, which adapts it (its point); ``fixed`` / ``tuned`` apply one rule to all. Bad
+arguments exit with code 2.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from icefrog_slurm.controller.plan import Policy
@@ -46,6 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="folder for the results")
     parser.add_argument("--no-freeze", action="store_true", help="no job freezes layers")
     parser.add_argument("--no-share", action="store_true", help="no job shares a GPU")
+    parser.add_argument(
+        "--batch",
+        choices=("paper", "fixed", "tuned"),
+        default="paper",
+        help="global batch: the workload's, fixed, for every policy but pollux+ (paper, spec "
+        "section 12); fixed for all; or the batch each policy decides for all (tuned)",
+    )
     parser.add_argument("--config", type=Path, help="controller settings TOML (defaults)")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
 
@@ -79,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     results: list[SimResult] = []
     for policy in policies:
-        engine = Engine(workload, policy, settings=settings, options=options, catalog=catalog)
+        fixed = args.batch == "fixed" or (args.batch == "paper" and policy.name != "pollux+")
+        opts = replace(options, fixed_batch=fixed)
+        engine = Engine(workload, policy, settings=settings, options=opts, catalog=catalog)
         results.append(engine.run(None if args.quiet else _progress(policy.name)))
         if not args.quiet:
             print(file=sys.stderr)

@@ -85,6 +85,7 @@ class SimOptions:
     seed: int = 0
     freeze: bool = True  # jobs may freeze layers (max_frozen_fraction from the catalog)
     share: bool = True  # jobs accept a shared GPU
+    fixed_batch: bool = False  # jobs keep the workload's global batch (ignore decided batch)
     max_sim_s: float = 60 * 86400.0  # stop (jobs unfinished) after this much simulated time
 
 
@@ -187,9 +188,7 @@ class Engine:
                 self.cluster.schedule()
                 self._advance(self._next_time(report, last_round), result)
         finally:
-            self.store.close()
-            if self._tmp is not None:
-                self._tmp.cleanup()
+            self.close()
         result.jobs = [j.outcome for j in self.jobs] + [
             JobOutcome(name=j.name, task=self.catalog.resolve(j.task), submit=j.submit_s)
             for j in self.pending
@@ -198,6 +197,13 @@ class Engine:
         result.wall_s = time.perf_counter() - started
         result.end_time = self.clock.now()
         return result
+
+    def close(self) -> None:
+        """Release the store and its throw-away folder (``run`` does it when it ends)."""
+        self.store.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
 
     def _all_done(self, total: int) -> bool:
         return not self.pending and all(j.done for j in self.jobs) and len(self.jobs) == total
@@ -238,6 +244,7 @@ class Engine:
             spec,
             seed=seed,
             overhead_s=self.settings.controller.reallocation_overhead_s,
+            fixed_batch=self.options.fixed_batch,
         )
         per_node = min(job.gpus, self.options.gpus_per_node)
         request = SubmitRequest(
@@ -314,10 +321,11 @@ class Engine:
                 continue
             d = job.decision
             shared = bool(self.cluster.gpu_sharers(*held[0])) and len(held) == 1
-            batch = d.batch if d is not None and d.batch >= 1 else job.spec.min_batch
+            batch, global_batch = job.batch_for(len(held), None if d is None else d.batch)
             frozen = d.frozen if d is not None else 0
             nodes = len({n for n, _ in held})
-            job.set_config(Config(len(held), nodes, batch, frozen, shared, held), now)
+            cfg = Config(len(held), nodes, batch, frozen, shared, held, global_batch)
+            job.set_config(cfg, now)
 
     def _held(self, job: SimJob) -> tuple[tuple[str, int], ...]:
         held = self.cluster.holdings(job.slurm_id)

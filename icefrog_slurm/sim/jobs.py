@@ -49,6 +49,11 @@ class Config:
     frozen: int
     shared: bool
     gpu_key: tuple[tuple[str, int], ...]  # the (node, GPU index) it holds
+    global_batch: int = 0  # samples an optimiser step; 0: gpus x batch (no accumulation)
+
+    @property
+    def step_batch(self) -> int:
+        return self.global_batch or self.gpus * self.batch
 
 
 @dataclass
@@ -80,9 +85,17 @@ class SimJob:
     """One workload job's simulated training (module docstring)."""
 
     def __init__(
-        self, job: Job, truth: TaskTruth, spec: JobSpec, *, seed: int, overhead_s: float
+        self,
+        job: Job,
+        truth: TaskTruth,
+        spec: JobSpec,
+        *,
+        seed: int,
+        overhead_s: float,
+        fixed_batch: bool = False,
     ) -> None:
         self.job, self.truth, self.spec = job, truth, spec
+        self.fixed_global = job.batch_size if fixed_batch else 0
         self.run = truth.start_run(seed=seed)
         self.rng = np.random.default_rng([seed, 0xB0B])
         self.overhead_s = overhead_s
@@ -104,6 +117,19 @@ class SimJob:
     @property
     def epoch_samples(self) -> int:
         return self.spec.samples_per_epoch
+
+    def batch_for(self, gpus: int, decided: int | None) -> tuple[int, int]:
+        """(per-GPU batch, global batch) on ``gpus`` GPUs. A job with a fixed global batch
+        (the workload's, spec section 12) splits it over its GPUs, at most the task's
+        largest per-GPU batch, accumulating gradients beyond it (same samples/s as that
+        batch); else it takes the decided per-GPU batch (its smallest before a decision)."""
+        if self.fixed_global:
+            per_gpu = min(
+                max(-(-self.fixed_global // gpus), self.spec.min_batch), self.spec.max_batch
+            )
+            return per_gpu, self.fixed_global
+        batch = decided if decided is not None and decided >= 1 else self.spec.min_batch
+        return batch, gpus * batch
 
     def on_decision(self, decision: Decision) -> None:
         self.decision = decision
@@ -139,7 +165,7 @@ class SimJob:
         )
         samples = rate * useful
         before = self.run.progress
-        gained = self.run.advance(samples=samples, global_batch=cfg.gpus * cfg.batch)
+        gained = self.run.advance(samples=samples, global_batch=cfg.step_batch)
         finish: float | None = None
         if self.run.reached and gained > 0:
             share = (1.0 - before) / gained

@@ -166,3 +166,24 @@ def test_icefrog_without_freezing_or_sharing_is_an_elastic_max_min_scheduler() -
     hours = [j.gpu_seconds for j in result.jobs]
     assert max(hours) <= 2 * min(hours)
     assert max(g for _, g in result.usage) == 8
+
+
+def test_fixed_global_batch_is_split_over_gpus_and_drives_convergence() -> None:
+    """With the workload's global batch fixed, a one-GPU job trains at that batch whatever
+    the policy decided, and its work to the target is that of the fixed global batch."""
+    job = Job("f", 0.0, TASK, 1, 256)
+    opts = SimOptions(gpus=4, gpus_per_node=4, seed=5, fixed_batch=True)
+    result = Engine([job], StandInPolicy(), settings=Settings(), options=opts).run()
+    catalog, cal = shipped_catalog(), shipped_calibration()
+    truth = TaskTruth(catalog.get(TASK), catalog.layers(TASK), cal[TASK], seed=5)
+    per_sample = truth.start_run(seed=5 * 1_000_003).advance(samples=1.0, global_batch=256)
+    rate = truth.throughput(gpus=1, batch=256, frozen=0)
+    expected = Settings().controller.reallocation_overhead_s + 1.0 / per_sample / rate
+    assert result.jobs[0].finish == pytest.approx(expected, rel=1e-9)
+    big = Job("g", 0.0, TASK, 1, 4096)
+    engine = Engine([big], StandInPolicy(), settings=Settings(), options=opts)
+    engine._arrivals()
+    task = catalog.get(TASK)
+    assert engine.jobs[0].batch_for(2, 32) == (task.max_batch, 4096)  # accumulates beyond
+    assert engine.jobs[0].batch_for(16, 32) == (256, 4096)
+    engine.close()
