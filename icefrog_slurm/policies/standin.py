@@ -1,7 +1,8 @@
 """``StandInPolicy``: a simple first-come first-served policy behind the policy interface.
 
-A stand-in until the IceShare solver (issue 3) is wired in as ``IcefrogPolicy``; it makes
-the controller work end to end and is the reference the tests compare against. It does no
+Written as the stand-in before the IceShare solver (issue 3) landed; kept as
+``--policy standin``, a predictable baseline for the mechanics tests (kill test, foreign
+jobs) and a fallback without fitting or solving. It does no
 layer freezing and no sharing: in submission order each job gets ``min_gpus`` exclusive
 GPUs when they fit (a running job keeps what it holds), the smallest batch of its range
 and no frozen layers; jobs that do not fit wait. Placement: a running job stays on its
