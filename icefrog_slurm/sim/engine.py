@@ -277,18 +277,13 @@ class Engine:
 
     def _current_job(self, slurm_id: str) -> SimJob | None:
         job = self.by_slurm.get(slurm_id)
-        if job is not None:
-            return job
-        with self.store.transaction() as tx:
-            rec = tx.job_by_slurm_id(slurm_id)
-        if rec is None:
-            return None
-        for sim in self.jobs:
-            if self._store_ids.get(sim.job.name) == rec.id:
-                self.by_slurm[slurm_id] = sim
-                sim.slurm_id = slurm_id
-                return sim
-        return None
+        if job is None:  # a resubmitted Slurm job not seen yet: same name, same job
+            name = self.cluster.job_detail(job_id=slurm_id).name
+            job = next((j for j in self.jobs if j.job.name == name), None)
+            if job is not None:
+                self.by_slurm[slurm_id] = job
+                job.slurm_id = slurm_id
+        return job
 
     # ----- the world moving ----------------------------------------------------------------
     def _advance(self, until: float, result: SimResult) -> None:
@@ -328,15 +323,18 @@ class Engine:
             job.set_config(cfg, now)
 
     def _held(self, job: SimJob) -> tuple[tuple[str, int], ...]:
+        """GPUs the job's current Slurm job holds; follows a resubmission (gpu <-> shard:
+        the old job cancelled, its successor tagged ``prev=``) to the new Slurm job."""
         held = self.cluster.holdings(job.slurm_id)
         if held:
             return held
-        with self.store.transaction() as tx:
-            sid = tx.job(self._store_ids[job.job.name]).slurm_job_id
-        if sid != job.slurm_id:
-            self.by_slurm[sid] = job
-            job.slurm_id = sid
-            return self.cluster.holdings(sid)
+        state = self.cluster.poll(job_ids=[job.slurm_id]).get(job.slurm_id)
+        if state is not None and state.state == "CANCELLED":
+            new = self.cluster.find_successor(job_id=job.slurm_id)
+            if new is not None:
+                self.by_slurm[new] = job
+                job.slurm_id = new
+                return self.cluster.holdings(new)
         return ()
 
     def _speed(self, job: SimJob) -> float:
