@@ -92,13 +92,13 @@ def write_plots(out: Path, results: Sequence[SimResult]) -> list[Path]:
         if jcts:
             ax.step(jcts, [(i + 1) / len(jcts) for i in range(len(jcts))], label=r.policy)
     ax.set(xscale="log", xlabel="JCT (hours)", ylabel="fraction of jobs", title="JCT CDF")
-    ax.legend()
+    _legend(ax)
     paths.append(_save(fig, out / "jct_cdf.png"))
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in results:
         ax.step([t / 3600 for t, _ in r.usage], [g for _, g in r.usage], label=r.policy)
     ax.set(xlabel="time (hours)", ylabel="GPUs in use", title="GPUs in use")
-    ax.legend()
+    _legend(ax)
     paths.append(_save(fig, out / "gpus_in_use.png"))
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in results:
@@ -106,9 +106,14 @@ def write_plots(out: Path, results: Sequence[SimResult]) -> list[Path]:
             ax.step([t / 3600 for t, _ in trace], [k for _, k in trace], where="post",
                     label=f"{r.policy}: {name}")  # fmt: skip
     ax.set(xlabel="time (hours)", ylabel="frozen layers", title="Frozen layers (sample jobs)")
-    ax.legend(fontsize=6)
+    _legend(ax, fontsize=6)
     paths.append(_save(fig, out / "frozen_layers.png"))
     return paths
+
+
+def _legend(ax: Any, **kw: Any) -> None:
+    if ax.get_legend_handles_labels()[0]:  # no empty legend (and no warning)
+        ax.legend(**kw)
 
 
 def _save(fig: Any, path: Path) -> Path:
