@@ -6,6 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as settings_hyp
+from hypothesis import strategies as st
 
 from icefrog_slurm.cli import main
 from icefrog_slurm.core.penalty import effective_progress
@@ -21,7 +24,7 @@ from icefrog_slurm.sim.cluster import SimCluster
 from icefrog_slurm.sim.engine import Engine, SimOptions, SimResult
 from icefrog_slurm.sim.truth import TaskTruth
 from icefrog_slurm.sim.workload import Job
-from icefrog_slurm.slurm.port import Gres, IcefrogTag, SubmitRequest
+from icefrog_slurm.slurm.port import Gres, IcefrogTag, SlurmRejected, SubmitRequest
 
 TASK = "resnet18-cifar10"
 
@@ -187,3 +190,46 @@ def test_fixed_global_batch_is_split_over_gpus_and_drives_convergence() -> None:
     assert engine.jobs[0].batch_for(2, 32) == (task.max_batch, 4096)  # accumulates beyond
     assert engine.jobs[0].batch_for(16, 32) == (256, 4096)
     engine.close()
+
+
+@settings_hyp(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["submit", "release", "requeue", "cancel",
+                                           "complete", "schedule"]),
+                          st.integers(0, 7), st.sampled_from(["gpu", "shard"]),
+                          st.integers(1, 4), st.integers(1, 2)), max_size=40))  # fmt: skip
+def test_sim_cluster_never_oversubscribes_a_gpu(
+    ops: list[tuple[str, int, str, int, int]],
+) -> None:
+    """Whatever Slurm is asked, no GPU is both exclusive and shared, shards stay within
+    shards_per_gpu, and GPUs in use never exceed the cluster's."""
+    cluster = SimCluster(nodes=2, gpus_per_node=4, shards_per_gpu=2)
+    ids: list[str] = []
+    for op, k, kind, count, nodes in ops:
+        sid = ids[k % len(ids)] if ids else ""
+        try:
+            if op == "submit":
+                gres = Gres("shard", 1) if kind == "shard" else Gres("gpu", count)
+                req = SubmitRequest("", IcefrogTag(f"j{len(ids)}"), f"j{len(ids)}", gres,
+                                    num_nodes=1 if kind == "shard" else nodes)  # fmt: skip
+                ids.append(cluster.submit_held(request=req))
+                cluster.release(job_id=ids[-1])  # as reconcile does once it is updated
+            elif op == "schedule":
+                cluster.schedule()
+            elif sid and op == "complete":
+                if cluster.holdings(sid):
+                    cluster.complete(job_id=sid)
+            elif sid:
+                {"release": cluster.release, "requeue": cluster.requeue_hold,
+                 "cancel": cluster.cancel}[op](job_id=sid)  # fmt: skip
+        except SlurmRejected:
+            pass
+        assert cluster.gpus_in_use() <= 8
+        for node in cluster.node_names:
+            for i in range(4):
+                gpu = cluster._nodes[node][i]
+                assert not (gpu.owner and gpu.shards)
+                assert sum(gpu.shards.values()) <= 2
+        held = [g for s in ids for g in cluster.holdings(s)]
+        assert len(held) == len(set(held)) + sum(
+            len(cluster.gpu_sharers(n, i)) - 1 for n, i in set(held) if cluster.gpu_sharers(n, i)
+        )
