@@ -12,7 +12,7 @@ import shlex
 import socket
 import sys
 
-from launcher.config import JobConfig, parse_range, parse_target
+from launcher.config import JobConfig, parse_job_parallelism, parse_range, parse_target
 from launcher.launch import (
     DEFAULT_PORT,
     REQUEUE_EXIT_CODE,
@@ -35,6 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", default="32", help="per-GPU batch range, N or LO-HI")
     parser.add_argument(
         "--max-frozen", type=float, default=0.9, help="largest frozen fraction of layers"
+    )
+    parser.add_argument(
+        "--parallelism",
+        default="ddp",
+        help="ddp, sdp, pp:P (P pipeline stages) or hp:DxP (D replicas of P stages); default ddp",
+    )
+    parser.add_argument(
+        "--gpu-unit", type=int, default=1, help="every GPU count a multiple of N (LLaMA jobs: 4)"
     )
     parser.add_argument("--target", default="", help="validation target, e.g. 'val_acc>=0.94'")
     parser.add_argument("--max-epochs", type=int, default=100, help="epochs before giving up")
@@ -64,8 +72,9 @@ def run(args: argparse.Namespace) -> int:
     script = list(args.script)
     if script and script[0] == "--":
         script = script[1:]
+    gpus = parse_range(args.gpus, "gpus")
     config = JobConfig(
-        gpus=parse_range(args.gpus, "gpus"),
+        gpus=gpus,
         batch=parse_range(args.batch, "batch"),
         max_frozen=args.max_frozen,
         target=parse_target(args.target) if args.target else None,
@@ -76,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         job_name=args.job_name or env.get("SLURM_JOB_NAME", "job"),
         slurm_job_id=env.get("SLURM_JOB_ID", "0"),
         seed=args.seed,
+        parallelism=parse_job_parallelism(args.parallelism, args.gpu_unit, gpus),
     )
     config.validate()
     alloc = allocation_from_env(env, args.procs_per_node)

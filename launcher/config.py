@@ -7,12 +7,14 @@ range parser (``1-8``), both raising :class:`InputError` naming the problem.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from icefrog_slurm.core.parallelism import DDP, Kind, Parallelism, parse_parallelism
 from icefrog_slurm.errors import InputError
 
 _TARGET = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(>=|<=)\s*(\S+)\s*$")
@@ -69,6 +71,29 @@ def parse_range(text: str, name: str, minimum: int = 1) -> tuple[int, int]:
     return lo, hi
 
 
+def parse_job_parallelism(text: str, unit: int, gpus: tuple[int, int]) -> Parallelism:
+    """``--parallelism`` (ddp, sdp, pp:P, hp:DxP) with ``--gpu-unit``; the GPU count the text
+    names (P, D x P) must lie in the ``--gpus`` range."""
+    if unit < 1:
+        raise InputError(f"--gpu-unit: must be >= 1, got {unit}")
+    parallelism, named = parse_parallelism(text, unit)
+    if named and not gpus[0] <= named <= gpus[1]:
+        raise InputError(
+            f"--parallelism: {text!r} uses {named} GPUs, outside --gpus {gpus[0]}-{gpus[1]}"
+        )
+    return parallelism
+
+
+def _env_parallelism(text: str) -> Parallelism:
+    if not text:
+        return DDP
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise InputError(f"{ENV_PREFIX}PARALLELISM: not JSON: {text!r}") from None
+    return Parallelism.from_json(doc, f"{ENV_PREFIX}PARALLELISM")
+
+
 @dataclass(frozen=True)
 class JobConfig:
     """Everything the trainer needs to know that is not in the training script itself."""
@@ -84,10 +109,16 @@ class JobConfig:
     job_name: str = "job"
     slurm_job_id: str = "0"
     seed: int = 0
+    parallelism: Parallelism = DDP  # --parallelism and --gpu-unit (spec section 7)
 
     @property
     def decision_path(self) -> str:
         return self.decision or f"{self.workdir.rstrip('/')}/decision.json"
+
+    @property
+    def accepts_shared(self) -> bool:
+        """Only a job that can run on one GPU alone may share one: DDP in units of 1."""
+        return self.gpus[0] == 1 and self.parallelism == Parallelism(Kind.DDP)
 
     @property
     def checkpoint_dir(self) -> str:
@@ -105,6 +136,7 @@ class JobConfig:
             "DECISION": self.decision,
             "JOB_NAME": self.job_name,
             "SEED": str(self.seed),
+            "PARALLELISM": json.dumps(self.parallelism.to_json()),
         }
         if self.target is not None:
             env["TARGET"] = str(self.target)
@@ -136,6 +168,7 @@ class JobConfig:
             "job_name": get("JOB_NAME", "job"),
             "slurm_job_id": env.get("SLURM_JOB_ID", "0"),
             "seed": seed,
+            "parallelism": _env_parallelism(get("PARALLELISM", "")),
         }
         values.update(overrides)
         config = cls(**values)  # type: ignore[arg-type]
@@ -147,5 +180,10 @@ class JobConfig:
             raise InputError(f"--max-frozen: must be within [0, 1], got {self.max_frozen}")
         if self.max_epochs < 1:
             raise InputError(f"--max-epochs: must be >= 1, got {self.max_epochs}")
+        if not self.parallelism.legal_gpu_counts(*self.gpus):
+            raise InputError(
+                f"--gpus: no count in {self.gpus[0]}-{self.gpus[1]} is legal for "
+                f"{self.parallelism.describe()}"
+            )
         if not self.slurm_job_id.isdigit():
             raise InputError(f"SLURM_JOB_ID: must be a number, got {self.slurm_job_id!r}")

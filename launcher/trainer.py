@@ -361,7 +361,8 @@ class Trainer:
             samples_per_epoch=self.loader.size,
             layer_flops=self.table.flops,
             layer_param_bytes=self.table.param_bytes,
-            accepts_shared=self.config.gpus[0] == 1,
+            accepts_shared=self.config.accepts_shared,
+            parallelism=self.config.parallelism,
         )
         self.reporter.send("register", spec)
 
