@@ -21,6 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "db": ("icefrog_slurm.commands.db", "State store database: icefrog db upgrade"),
     "trace": ("icefrog_slurm.commands.trace", "Sample evaluation workloads from the Philly trace"),
     "launch": ("launcher.cli", "Run a training script under torchrun in a Slurm allocation"),
+    "submit": (
+        "icefrog_slurm.commands.submit",
+        "Write a training job's batch script, submit it held",
+    ),
 }
 
 
