@@ -31,13 +31,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from icefrog_slurm import declaration, security
+from icefrog_slurm.commands.db import DEFAULT_CONFIG
 from icefrog_slurm.errors import IcefrogError, InputError
 from icefrog_slurm.protocol import PROTOCOL_VERSION, Envelope
 from icefrog_slurm.settings import Settings, load_settings
 from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
 from icefrog_slurm.slurm.port import Gres, IcefrogTag, SubmitRequest
 
-DEFAULT_CONFIG = "/etc/icefrog/icefrog.toml"
 SCRIPT_NAME = "job.sbatch"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
