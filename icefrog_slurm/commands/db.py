@@ -42,16 +42,25 @@ def database_url(args: argparse.Namespace) -> str:
     return Settings().store.url
 
 
-def run(args: argparse.Namespace) -> int:
-    from icefrog_slurm.store import migrate
-
-    url = database_url(args)
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a SQLite URL (None for other databases and in-memory SQLite);
+    a malformed URL is an InputError."""
     try:
         parsed = make_url(url)
     except Exception as exc:  # sqlalchemy raises ArgumentError, ValueError...
         raise InputError(f"database URL {url!r}: {exc}") from None
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        return Path(str(parsed.database))
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from icefrog_slurm.store import migrate
+
+    url = database_url(args)
+    path = sqlite_file(url)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
     migrate.upgrade(url, args.revision)
     from icefrog_slurm.store.sql import make_engine
 
@@ -60,6 +69,6 @@ def run(args: argparse.Namespace) -> int:
         revision = migrate.current_revision(engine)
     finally:
         engine.dispose()
-    shown = parsed.render_as_string(hide_password=True)
+    shown = make_url(url).render_as_string(hide_password=True)
     print(f"icefrog db upgrade: {shown} is at revision {revision}")
     return 0

@@ -122,9 +122,17 @@ class SqlStore:
 
     def snapshot(self, *, include_finished: bool = False) -> StoreSnapshot:
         """One consistent read of everything a tick needs."""
+        with self.reading() as session:
+            return StoreTx(session).snapshot(include_finished=include_finished)
+
+    @contextmanager
+    def reading(self) -> Iterator[Session]:
+        """One consistent read-only transaction (reports, snapshots): a plain ``BEGIN`` on
+        SQLite, so it never waits for or blocks the controller's write lock; REPEATABLE
+        READ on Postgres. Callers only read in it."""
         with self._sessions() as session, session.begin():
             self._first_connection(session, write=False, consistent=True)
-            return StoreTx(session).snapshot(include_finished=include_finished)
+            yield session
 
     def _first_connection(self, session: Session, *, write: bool, consistent: bool) -> None:
         """Open the transaction's connection with the right BEGIN / isolation level."""

@@ -1,4 +1,7 @@
-"""Fixtures of the store's contract suite: every test runs on SQLite AND a real Postgres.
+"""Database fixtures for every test that needs a store: SQLite AND a real Postgres.
+
+Registered once for the whole suite (tests/conftest.py), so one Postgres server serves
+every test directory.
 
 Each backend's schema is made once a session by the real migration (``icefrog db
 upgrade``'s code); each test gets a fresh copy (a file copy for SQLite, ``CREATE DATABASE

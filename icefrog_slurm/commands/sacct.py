@@ -1,0 +1,88 @@
+"""``icefrog sacct``: accounting of icefrog jobs, running and finished, like sacct.
+
+Options follow sacct: ``-o/--format`` (comma list of fields, ``%N``/``%-N`` widths),
+``-P/--parsable2``, ``-p/--parsable``, ``-n/--noheader``, ``--json``, ``-S/--starttime``,
+``-E/--endtime`` (formats: ``report/timefmt.parse_time``), ``-u USER[,USER]``, ``-j
+ID[,ID]`` (icefrog id or any Slurm job id of a job's chain), ``-s/--state``,
+``-e/--helpformat``. As in sacct, the window starts at 00:00 today unless ``-S`` or ``-j``
+is given, and ends now unless ``-E`` is; a job is listed when its life overlaps it.
+Every user's jobs are shown (``-a/--allusers`` is accepted and changes nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime
+
+from icefrog_slurm.commands import storeargs
+from icefrog_slurm.commands.storeargs import (
+    add_store_arguments,
+    open_store,
+    print_json,
+    print_lines,
+)
+from icefrog_slurm.report import sacct
+from icefrog_slurm.report.queries import read_accounting
+from icefrog_slurm.report.select import JobFilter, parse_ids, parse_states, parse_users
+from icefrog_slurm.report.table import field_index, parse_format, render_parsable, render_table
+from icefrog_slurm.report.timefmt import parse_time
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_store_arguments(parser)
+    parser.add_argument("-u", "--user", metavar="USER_LIST", help="user names or uids")
+    parser.add_argument("-j", "--jobs", metavar="JOB_ID_LIST", help="icefrog or Slurm job ids")
+    parser.add_argument("-s", "--state", metavar="STATE_LIST", help="job states (default all)")
+    parser.add_argument("-S", "--starttime", metavar="TIME", help="window start (00:00 today)")
+    parser.add_argument("-E", "--endtime", metavar="TIME", help="window end (now)")
+    parser.add_argument(
+        "-o", "--format", default=sacct.DEFAULT_FORMAT, help="comma list of fields, FIELD%%N"
+    )
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument("-P", "--parsable2", action="store_true", help="'|'-separated")
+    out.add_argument("-p", "--parsable", action="store_true", help="'|'-separated, ending '|'")
+    out.add_argument("--json", action="store_true", help="every field of each job as JSON")
+    parser.add_argument("-n", "--noheader", action="store_true", help="no header lines")
+    parser.add_argument("-a", "--allusers", action="store_true", help="(always on)")
+    parser.add_argument("-e", "--helpformat", action="store_true", help="list the fields")
+
+
+def _window(args: argparse.Namespace, t: float) -> tuple[float | None, float]:
+    if args.starttime:
+        start: float | None = parse_time(args.starttime, now=t, option="--starttime")
+    elif args.jobs:
+        start = None
+    else:
+        midnight = datetime.fromtimestamp(t).replace(hour=0, minute=0, second=0, microsecond=0)
+        start = midnight.timestamp()
+    end = parse_time(args.endtime, now=t, option="--endtime") if args.endtime else t
+    return start, end
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.helpformat:
+        print_lines(f"{f.name:<15}{f.help}" for f in sacct.FIELDS)
+        return 0
+    columns = parse_format(args.format, field_index(sacct.FIELDS), option="--format")
+    t = storeargs.now()
+    start, end = _window(args, t)
+    flt = JobFilter(
+        users=parse_users(args.user),
+        ids=parse_ids(args.jobs, option="--jobs"),
+        states=parse_states(args.state, option="--state"),
+        start=start,
+        end=end,
+    )
+    store = open_store(args)
+    try:
+        rows = [sacct.acct_row(f, now=t) for f in read_accounting(store, flt, now=t)]
+    finally:
+        store.close()
+    header = not args.noheader
+    if args.json:
+        print_json({"jobs": [sacct.acct_json(r) for r in rows]})
+    elif args.parsable2 or args.parsable:
+        print_lines(render_parsable(columns, rows, header=header, trailing=args.parsable))
+    else:
+        print_lines(render_table(columns, rows, header=header))
+    return 0

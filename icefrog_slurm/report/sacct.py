@@ -1,0 +1,128 @@
+"""``icefrog sacct``: one accounting row a job, its fields, and its JSON form. Pure.
+
+Times print like sacct (``YYYY-MM-DDTHH:MM:SS``, ``Unknown`` when absent) and durations
+as ``[D-]HH:MM:SS``; JSON carries the raw numbers (seconds since the epoch, seconds) so
+nothing is lost to formatting. How each figure is computed: ``report/jobs.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from icefrog_slurm.report import jobs
+from icefrog_slurm.report.jobs import JobFacts
+from icefrog_slurm.report.table import Field
+from icefrog_slurm.report.timefmt import format_duration, format_time
+
+DEFAULT_FORMAT = (
+    "JobID,JobName,User,State,Submit,Start,End,JCT,TTA,GPUHours,Restarts,Reallocations,"
+    "FinalMetric,Reached"
+)
+
+
+@dataclass(frozen=True)
+class AcctRow:
+    facts: JobFacts
+    elapsed_s: float
+    jct_s: float
+    tta_s: float | None
+    gpu_hours: float
+    restarts: int
+    reallocations: int
+    final_metric: float | None
+    reached: bool
+
+    @property
+    def alloc_gpus(self) -> int:
+        history = self.facts.history
+        return history[-1].allocation.gpus if history else 0
+
+
+def acct_row(facts: JobFacts, *, now: float) -> AcctRow:
+    job = facts.job
+    end = jobs.end_or_now(job, now)
+    restarts, reallocations = jobs.restarts_and_reallocations(facts.history)
+    return AcctRow(
+        facts=facts,
+        elapsed_s=0.0 if job.start_time is None else end - job.start_time,
+        jct_s=end - job.submit_time,
+        tta_s=jobs.tta_seconds(facts),
+        gpu_hours=jobs.gpu_seconds(facts.history, start=job.start_time, end=end) / 3600.0,
+        restarts=restarts,
+        reallocations=reallocations,
+        final_metric=jobs.final_metric(facts),
+        reached=jobs.target_reached(facts),
+    )
+
+
+def number(value: float | None) -> str:
+    """A metric as text: up to 6 significant digits; empty when absent."""
+    return "" if value is None else f"{value:.6g}"
+
+
+def _target(row: AcctRow) -> str:
+    spec = row.facts.job.spec
+    return f"{spec.target_metric}{spec.target_op}{spec.target_value:g}"
+
+
+FIELDS: tuple[Field[AcctRow], ...] = (
+    Field("JobID", 8, lambda r: str(r.facts.job.id), help="icefrog job id"),
+    Field("SlurmJobID", 12, lambda r: r.facts.job.slurm_job_id, help="current Slurm job id"),
+    Field(
+        "SlurmJobIDs",
+        20,
+        lambda r: ",".join(r.facts.job.slurm_job_ids),
+        help="every Slurm job id the job has had, oldest first",
+    ),
+    Field("JobName", 10, lambda r: r.facts.job.name, help="job name"),
+    Field("User", 9, lambda r: r.facts.job.owner_user, help="owner's user name"),
+    Field("UID", 6, lambda r: str(r.facts.job.owner_uid), help="owner's uid"),
+    Field("State", 10, lambda r: jobs.state_name(r.facts.job.state), help="job state"),
+    Field("Submit", 19, lambda r: format_time(r.facts.job.submit_time), help="submitted"),
+    Field("Start", 19, lambda r: format_time(r.facts.job.start_time), help="first ran"),
+    Field("End", 19, lambda r: format_time(r.facts.job.end_time), help="ended"),
+    Field("Elapsed", 10, lambda r: format_duration(r.elapsed_s), help="start to end (or now)"),
+    Field("JCT", 10, lambda r: format_duration(r.jct_s), help="submit to end (or now)"),
+    Field("TTA", 10, lambda r: format_duration(r.tta_s), help="submit to target reached"),
+    Field("GPUHours", 8, lambda r: f"{r.gpu_hours:.2f}", help="decided GPUs integrated"),
+    Field("AllocGPUs", 9, lambda r: str(r.alloc_gpus), help="GPUs of the last decision"),
+    Field("Restarts", 8, lambda r: str(r.restarts), help="restarts from a checkpoint"),
+    Field("Reallocations", 13, lambda r: str(r.reallocations), help="resource changes"),
+    Field("Epoch", 5, lambda r: str(r.facts.job.progress.epoch), help="latest epoch"),
+    Field("Target", 14, _target, help="target metric, operator and value"),
+    Field("FinalMetric", 11, lambda r: number(r.final_metric), help="final or latest value"),
+    Field("Reached", 7, lambda r: "yes" if r.reached else "no", help="target reached"),
+    Field("FinishReason", 14, lambda r: r.facts.job.finish_reason or "", help="why it ended"),
+)
+
+
+def acct_json(row: AcctRow) -> dict[str, Any]:
+    job = row.facts.job
+    return {
+        "job_id": job.id,
+        "slurm_job_ids": list(job.slurm_job_ids),
+        "name": job.name,
+        "user": job.owner_user,
+        "uid": job.owner_uid,
+        "state": jobs.state_name(job.state),
+        "submit_time": job.submit_time,
+        "start_time": job.start_time,
+        "end_time": job.end_time,
+        "elapsed_s": row.elapsed_s,
+        "jct_s": row.jct_s,
+        "tta_s": row.tta_s,
+        "gpu_hours": row.gpu_hours,
+        "alloc_gpus": row.alloc_gpus,
+        "restarts": row.restarts,
+        "reallocations": row.reallocations,
+        "epoch": job.progress.epoch,
+        "target": {
+            "metric": job.spec.target_metric,
+            "op": job.spec.target_op,
+            "value": job.spec.target_value,
+        },
+        "final_metric": row.final_metric,
+        "target_reached": row.reached,
+        "finish_reason": job.finish_reason,
+    }

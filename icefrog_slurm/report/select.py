@@ -1,0 +1,75 @@
+"""Which jobs a report shows: ``-u``, ``-j``, ``-t/-s`` and ``-S/-E`` as sacct and squeue
+read them. Pure: parsing turns bad input into an InputError naming it.
+
+- ``-u USER[,USER]``: user names or numeric uids.
+- ``-j ID[,ID]``: an icefrog job id or any Slurm job id of a job's chain.
+- ``-t/-s STATE[,STATE]``: icefrog (``running``), long (``RUNNING``, ``COMPLETED``) or
+  compact (``R``, ``CD``) names, any case; ``all`` for every state.
+- ``-S/-E``: a job is shown when its life, from submission to its end (or now), overlaps
+  the window [start, end].
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from icefrog_slurm.errors import InputError
+from icefrog_slurm.report.jobs import JOB_STATES_SHOWN, end_or_now, state_aliases
+from icefrog_slurm.store.records import JobRecord
+
+_JOB_ID = re.compile(r"^\d{1,18}(?:_\d{1,9})?$")
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    users: frozenset[str] = frozenset()
+    ids: frozenset[str] = frozenset()
+    states: frozenset[str] | None = None  # None: every state
+    start: float | None = None
+    end: float | None = None
+
+    def matches(self, job: JobRecord, *, now: float) -> bool:
+        if self.users and not ({job.owner_user, str(job.owner_uid)} & self.users):
+            return False
+        if self.ids and not ({str(job.id), *job.slurm_job_ids} & self.ids):
+            return False
+        if self.states is not None and job.state not in self.states:
+            return False
+        if self.end is not None and job.submit_time > self.end:
+            return False
+        return self.start is None or end_or_now(job, now) >= self.start
+
+
+def _items(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def parse_users(text: str | None) -> frozenset[str]:
+    return frozenset(_items(text)) if text else frozenset()
+
+
+def parse_id(text: str, *, option: str) -> str:
+    """One job id (digits, or ``N_M`` for an array task)."""
+    if not _JOB_ID.match(text):
+        raise InputError(f"{option}: {text!r} is not a job id")
+    return text
+
+
+def parse_ids(text: str | None, *, option: str) -> frozenset[str]:
+    return frozenset(parse_id(item, option=option) for item in _items(text or ""))
+
+
+def parse_states(text: str | None, *, option: str) -> frozenset[str] | None:
+    if not text:
+        return None
+    aliases = state_aliases()
+    states: set[str] = set()
+    for item in _items(text):
+        if item.lower() == "all":
+            return None
+        if item.lower() not in aliases:
+            valid = ", ".join(JOB_STATES_SHOWN)
+            raise InputError(f"{option}: unknown job state {item!r}; valid: {valid}, all")
+        states.add(aliases[item.lower()])
+    return frozenset(states)
