@@ -20,6 +20,7 @@ TIMEOUT_S=${DEMO_TIMEOUT_S:-900}
 PERIOD_S=20
 CONTROLLER_PID=
 STARTED_CLUSTER=0
+JOB_NAMES=foreign-blocker,mlp-small,cnn-elastic,mlp-wide,cnn-any
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 
 say() { printf '\n=== %s\n' "$*"; }
@@ -32,6 +33,9 @@ cleanup() {
         kill -TERM "$CONTROLLER_PID" 2>/dev/null || true
         for _ in $(seq 50); do kill -0 "$CONTROLLER_PID" 2>/dev/null || break; sleep 0.2; done
         kill -0 "$CONTROLLER_PID" 2>/dev/null && kill -KILL "$CONTROLLER_PID" 2>/dev/null
+    fi
+    if [[ -n ${SLURM_CONF:-} ]]; then  # what is left of the demo's own jobs, if it stopped early
+        scancel --name="$JOB_NAMES" 2>/dev/null || true
     fi
     if ((STARTED_CLUSTER)) && [[ ${DEMO_KEEP_CLUSTER:-0} != 1 ]]; then
         say "bringing the cluster down"
@@ -83,11 +87,22 @@ EOF
 cat "$CONFIG"
 icefrog db upgrade --config "$CONFIG"
 
-say "starting the controller (log: $DEMO/controller.log)"
-icefrog controller --config "$CONFIG" >"$DEMO/controller.log" 2>&1 &
+# The ICEFROG policy when this tree has it (the solver issue), else the controller's stand-in.
+POLICY=standin
+CONTROLLER_HELP=$(icefrog controller --help 2>/dev/null || true)
+if grep -qE -- '--policy \{[^}]*icefrog' <<<"$CONTROLLER_HELP"; then POLICY=icefrog; fi
+say "starting the controller, policy $POLICY (log: $DEMO/controller.log)"
+icefrog controller --config "$CONFIG" --policy "$POLICY" >"$DEMO/controller.log" 2>&1 &
 CONTROLLER_PID=$!
 sleep 2
 kill -0 "$CONTROLLER_PID" 2>/dev/null || { cat "$DEMO/controller.log"; echo "demo: the controller died" >&2; exit 1; }
+
+# A job that is not icefrog's holds two of the four nodes for the first ${BLOCK_S} s: the
+# controller plans with what is left, and gives the GPUs out again when it ends.
+BLOCK_S=${DEMO_BLOCK_S:-100}
+say "a foreign (non-icefrog) job holds node3 and node4 for ${BLOCK_S} s"
+sbatch --parsable -J foreign-blocker -N2 -w node3,node4 --gres=gpu:4 -o /dev/null \
+    --wrap "sleep $BLOCK_S"
 
 say "submitting four training jobs with icefrog submit"
 submit() {  # name, then icefrog submit options, then -- model
