@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "icefrog_slurm.commands.submit",
         "Write a training job's batch script, submit it held",
     ),
+    "solve": ("icefrog_slurm.commands.solve", "One IceShare round: who waits, runs, shares"),
 }
 
 

@@ -1,0 +1,37 @@
+"""IceShare: the max-min allocation of GPUs to jobs each scheduling round (spec section 10).
+
+:mod:`.problem` (types and semantics), :mod:`.fast` (exact threshold search + DP),
+:mod:`.mip` (the python-mip reference), :mod:`.matching` (shared pairs),
+:mod:`.partition` (large clusters), :mod:`.aging` (starvation), :mod:`.api` (``solve``).
+"""
+
+from icefrog_slurm.core.solver.aging import aged_weight
+from icefrog_slurm.core.solver.api import SolverSettings, picks_of, solve, solve_one
+from icefrog_slurm.core.solver.problem import (
+    WAIT,
+    Allocation,
+    Choice,
+    Cluster,
+    JobRequest,
+    Option,
+    Problem,
+    Solution,
+    check_solution,
+)
+
+__all__ = [
+    "WAIT",
+    "Allocation",
+    "Choice",
+    "Cluster",
+    "JobRequest",
+    "Option",
+    "Problem",
+    "Solution",
+    "SolverSettings",
+    "aged_weight",
+    "check_solution",
+    "picks_of",
+    "solve",
+    "solve_one",
+]

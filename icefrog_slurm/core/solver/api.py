@@ -1,0 +1,92 @@
+"""One entry point for a round's IceShare decision: pick the solver, partition, fall back.
+
+``method``: ``auto`` runs the fast solver (:mod:`.fast`) and, when it cannot prove stages
+2-3 optimal, hands its answer as a warm start to the reference MIP (:mod:`.mip`) and keeps
+the better; ``mip`` runs the reference alone (warm-started from the current allocation);
+``fast`` never calls the MIP. With ``partition_gpus`` > 0 a cluster larger than that is
+split (:mod:`.partition`) and the groups are solved in parallel by ``workers`` processes.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+
+from icefrog_slurm.core.solver.fast import solve_fast
+from icefrog_slurm.core.solver.mip import solve_mip
+from icefrog_slurm.core.solver.partition import merge, split
+from icefrog_slurm.core.solver.problem import SCORE_SCALE, WAIT, Problem, Solution
+from icefrog_slurm.errors import InputError
+
+METHODS = ("auto", "mip", "fast")
+
+
+@dataclass(frozen=True)
+class SolverSettings:
+    """How to solve a round.
+
+    ``method``: auto | mip | fast (module docstring). ``time_limit_s``: the MIP's limit for
+    one (sub)problem. ``partition_gpus``: 0 never splits; otherwise the target GPUs a group.
+    ``workers``: processes solving groups at once (1 = in this process).
+    """
+
+    method: str = "auto"
+    time_limit_s: float = 30.0
+    partition_gpus: int = 0
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise InputError(f"solver: must be one of {', '.join(METHODS)}, got {self.method}")
+        if self.time_limit_s <= 0 or self.partition_gpus < 0 or self.workers < 1:
+            raise InputError("solver: time limit > 0, partition_gpus >= 0, workers >= 1")
+
+
+def picks_of(solution: Solution) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A solution as (choice index per job, shared pairs): the form of a warm start."""
+    picks = {jid: c.index for jid, c in solution.choices.items()}
+    pairs = sorted(
+        {(a, c.partner) for a, c in solution.choices.items() if c.partner and a < c.partner}
+    )
+    return picks, pairs
+
+
+def _rank(s: Solution) -> tuple[float, float, int]:
+    return (s.min_share, s.sum_share, -s.changes)
+
+
+def solve_one(problem: Problem, settings: SolverSettings) -> Solution:
+    """Solve ``problem`` whole (no partitioning) with ``settings.method``."""
+    if settings.method == "mip":
+        return solve_mip(problem, time_limit_s=settings.time_limit_s)
+    fast = solve_fast(problem)
+    if settings.method == "fast" or fast.status == "optimal":
+        return fast
+    exact = solve_mip(
+        problem,
+        time_limit_s=settings.time_limit_s,
+        start=picks_of(fast),
+        threshold=round(fast.min_share * SCORE_SCALE),
+    )
+    best = max((exact, fast), key=_rank)
+    if exact.status == "optimal" and _rank(exact) == _rank(best):
+        return exact
+    return best
+
+
+def solve(problem: Problem, settings: SolverSettings | None = None) -> Solution:
+    """A round's decision: each job exactly one choice (wait, k GPUs or a shared GPU)."""
+    settings = settings or SolverSettings()
+    parts = split(problem, settings.partition_gpus) if settings.partition_gpus else [problem]
+    if len(parts) == 1:
+        return solve_one(problem, settings)
+    if settings.workers == 1:
+        return merge(problem, [solve_one(p, settings) for p in parts])
+    with ProcessPoolExecutor(max_workers=min(settings.workers, len(parts))) as pool:
+        return merge(problem, list(pool.map(partial(solve_one, settings=settings), parts)))
+
+
+def waiting(solution: Solution) -> list[str]:
+    """The ids of the jobs told to wait."""
+    return [jid for jid, c in solution.choices.items() if c.index == WAIT]
