@@ -13,8 +13,10 @@ Submission goes through the Slurm backend (``SlurmCliBackend.submit_held``: ``sb
 with a fresh key, and ``--gres=gpu:<min GPUs>`` on one node): the controller decides the
 real resources and releases it. Then the job's declaration is delivered as the ``register``
 report (seq 0) into the controller's inbox, signed with munge, so the controller knows the
-held job before it ever runs; layer tables and the epoch size are unknown until the
-trainer starts and registers again with them. If registering fails the job is cancelled.
+held job before it ever runs. The model's layers and the epoch size are unknown until the
+trainer starts and registers again with the measured ones; until then the job declares
+:data:`UNKNOWN_LAYERS` (one block of unit cost: nothing can be frozen) and one sample an
+epoch. If registering fails the job is cancelled.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
 from icefrog_slurm.slurm.port import Gres, IcefrogTag, SubmitRequest
 
 SCRIPT_NAME = "job.sbatch"
+UNKNOWN_LAYERS = (1.0,)
+"""Layer FLOPs and parameter bytes a job declares before its trainer has measured them."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -160,9 +164,11 @@ def run(args: argparse.Namespace) -> int:
 def register(
     *, inbox: str, slurm_job_id: str, name: str, declared: declaration.Declaration
 ) -> Path:
-    """Drop the signed ``register`` report (seq 0) of a held job into the inbox. The epoch
-    size is not known before the trainer runs: 1 stands for it until then."""
-    spec = declared.job_spec(samples_per_epoch=1)
+    """Drop the signed ``register`` report (seq 0) of a held job into the inbox, with the
+    placeholders of the module docstring for what only the trainer can measure."""
+    spec = declared.job_spec(
+        samples_per_epoch=1, layer_flops=UNKNOWN_LAYERS, layer_param_bytes=UNKNOWN_LAYERS
+    )
     envelope = Envelope(
         version=PROTOCOL_VERSION,
         kind="register",
