@@ -97,11 +97,12 @@ CONTROLLER_PID=$!
 sleep 2
 kill -0 "$CONTROLLER_PID" 2>/dev/null || { cat "$DEMO/controller.log"; echo "demo: the controller died" >&2; exit 1; }
 
-# A job that is not icefrog's holds two of the four nodes for the first ${BLOCK_S} s: the
-# controller plans with what is left, and gives the GPUs out again when it ends.
-BLOCK_S=${DEMO_BLOCK_S:-100}
-say "a foreign (non-icefrog) job holds node3 and node4 for ${BLOCK_S} s"
-sbatch --parsable -J foreign-blocker -N2 -w node3,node4 --gres=gpu:4 -o /dev/null \
+# A job that is not icefrog's holds three of the four nodes for the first ${BLOCK_S} s: the
+# controller plans with the 4 GPUs left (the four jobs want at least 5), and gives the
+# GPUs out again when it ends.
+BLOCK_S=${DEMO_BLOCK_S:-150}
+say "a foreign (non-icefrog) job holds node2-node4 for ${BLOCK_S} s"
+sbatch --parsable -J foreign-blocker -N3 -w node2,node3,node4 --gres=gpu:4 -o /dev/null \
     --wrap "sleep $BLOCK_S"
 
 say "submitting four training jobs with icefrog submit"
@@ -110,10 +111,10 @@ submit() {  # name, then icefrog submit options, then -- model
     icefrog submit --config "$CONFIG" --job-name "$name" --workdir "$DEMO/jobs/$name" "$@"
 }
 EXAMPLE=$REPO/examples/train_digits.py
-submit mlp-small --gpus 1 --batch 32-128 --target 'val_acc>=0.95' --max-epochs 30 -- "$EXAMPLE" --model mlp
-submit cnn-elastic --gpus 1-2 --batch 32-64 --target 'val_acc>=0.95' --max-epochs 30 -- "$EXAMPLE" --model cnn
-submit mlp-wide --gpus 2-4 --batch 16-64 --target 'val_acc>=0.94' --max-epochs 30 -- "$EXAMPLE" --model mlp
-submit cnn-any --gpus 1-4 --batch 32 --max-frozen 0.5 --target 'val_acc>=0.95' --max-epochs 30 -- "$EXAMPLE" --model cnn
+submit mlp-small --gpus 1 --batch 16-64 --target 'val_acc>=0.96' --max-epochs 80 -- "$EXAMPLE" --model mlp
+submit cnn-elastic --gpus 1-2 --batch 16-32 --target 'val_acc>=0.97' --max-epochs 80 -- "$EXAMPLE" --model cnn
+submit mlp-wide --gpus 2-4 --batch 16-64 --target 'val_acc>=0.96' --max-epochs 80 -- "$EXAMPLE" --model mlp
+submit cnn-any --gpus 1-4 --batch 16 --max-frozen 0.5 --target 'val_acc>=0.97' --max-epochs 80 -- "$EXAMPLE" --model cnn
 
 # Active icefrog jobs in the store (pending or running) and how many registered.
 count_jobs() {
