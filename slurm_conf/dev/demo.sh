@@ -92,7 +92,8 @@ POLICY=standin
 CONTROLLER_HELP=$(icefrog controller --help 2>/dev/null || true)
 if grep -qE -- '--policy \{[^}]*icefrog' <<<"$CONTROLLER_HELP"; then POLICY=icefrog; fi
 say "starting the controller, policy $POLICY (log: $DEMO/controller.log)"
-icefrog controller --config "$CONFIG" --policy "$POLICY" >"$DEMO/controller.log" 2>&1 &
+# (not the icefrog function: $! must be the controller's own pid, not a subshell's)
+"$PY" -m icefrog_slurm controller --config "$CONFIG" --policy "$POLICY" >"$DEMO/controller.log" 2>&1 &
 CONTROLLER_PID=$!
 sleep 2
 kill -0 "$CONTROLLER_PID" 2>/dev/null || { cat "$DEMO/controller.log"; echo "demo: the controller died" >&2; exit 1; }
@@ -116,14 +117,20 @@ submit cnn-elastic --gpus 1-2 --batch 16-32 --target 'val_acc>=0.97' --max-epoch
 submit mlp-wide --gpus 2-4 --batch 16-64 --target 'val_acc>=0.96' --max-epochs 80 -- "$EXAMPLE" --model mlp
 submit cnn-any --gpus 1-4 --batch 16 --max-frozen 0.5 --target 'val_acc>=0.97' --max-epochs 80 -- "$EXAMPLE" --model cnn
 
-# Active icefrog jobs in the store (pending or running) and how many registered.
+# Unsettled icefrog jobs in the store (pending, running, or ended in Slurm while their
+# own `finished` report is still in the inbox) and how many registered.
 count_jobs() {
     "$PY" - "$CONFIG" <<'EOF'
 import sys
 from icefrog_slurm.settings import load_settings
 from icefrog_slurm.store.sql import SqlStore
-jobs = SqlStore.from_settings(load_settings(sys.argv[1])).snapshot(include_finished=True).jobs
-print(sum(v.job.state in ("pending", "running") for v in jobs), len(jobs))
+store = SqlStore.from_settings(load_settings(sys.argv[1]))
+jobs = [v.job for v in store.snapshot(include_finished=True).jobs]
+unsettled = [
+    j for j in jobs
+    if j.state in ("pending", "running") or (j.state == "finished" and j.finish_reason is None)
+]
+print(len(unsettled), len(jobs))
 EOF
 }
 
