@@ -41,6 +41,7 @@ cleanup() {
         say "bringing the cluster down"
         bash slurm_conf/dev/cluster.sh down || true
     fi
+    say "demo.sh ended after $SECONDS s (status $rc)"
     exit "$rc"
 }
 trap cleanup EXIT
