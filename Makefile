@@ -20,6 +20,9 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 	bash slurm_conf/dev/cluster.sh install
+	@# the store tests start a real Postgres server (Debian's binaries)
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("icefrog_slurm.commands.tune", "Layer Tuner what-if: best batch and freeze depth"),
     "db": ("icefrog_slurm.commands.db", "State store database: icefrog db upgrade"),
     "trace": ("icefrog_slurm.commands.trace", "Sample evaluation workloads from the Philly trace"),
+    "controller": ("icefrog_slurm.commands.controller", "The scheduling daemon (one per cluster)"),
     "squeue": ("icefrog_slurm.commands.squeue", "Active jobs and their latest decision"),
     "sacct": ("icefrog_slurm.commands.sacct", "Accounting of running and finished jobs"),
     "show": ("icefrog_slurm.commands.show", "icefrog show job ID: a job's trajectory"),

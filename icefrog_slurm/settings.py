@@ -43,6 +43,14 @@ class ControllerSettings:
     policy charges it to a candidate that differs from the current allocation (spec
     section 13 calibrates it to 60 s)."""
 
+    checkpoint_timeout_s: float = field(default=120.0, metadata=_bounds(minimum=0.0))
+    """Seconds to wait, after asking a running job to checkpoint (USR1), for its checkpoint
+    marker or its exit before it is requeued anyway (losing work since its last checkpoint)."""
+
+    reconcile_poll_s: float = field(default=2.0, metadata=_bounds(exclusive_minimum=0.0))
+    """While a reconcile step waits (a job checkpointing), the loop looks again this often
+    instead of sleeping until the next round."""
+
 
 @dataclass(frozen=True)
 class StateSettings:
@@ -93,6 +101,10 @@ class SlurmSettings:
     gpu_mem_gb: float = field(default=80.0, metadata=_bounds(exclusive_minimum=0.0))
     """Memory of one GPU in GB (A800-80GB: 80); the sharing rule's capacity (spec section 8)."""
 
+    shards_per_gpu: int = field(default=2, metadata=_bounds(minimum=1))
+    """GRES shards a GPU has in gres.conf (``Name=shard Count=`` / GPUs of the node); a
+    shared job asks for ``shards_per_gpu / sharing.max_jobs_per_gpu`` shards."""
+
 
 @dataclass(frozen=True)
 class SharingSettings:
@@ -106,6 +118,46 @@ class SharingSettings:
 
     max_jobs_per_gpu: int = field(default=2, metadata=_bounds(minimum=1))
     """At most this many jobs share one GPU (the paper packs pairs); 1 turns sharing off."""
+
+    unstable_util_std: float = field(default=0.15, metadata=_bounds(exclusive_minimum=0.0))
+    """A packed job whose sampled GPU utilization (0..1) has a standard deviation above this
+    over its last ``util_window`` shared samples is unstable: the later-submitted job of
+    the pair is evicted and returns in a later round (spec section 8)."""
+
+    util_window: int = field(default=5, metadata=_bounds(minimum=2))
+    """Shared profile samples the utilization check looks at."""
+
+
+@dataclass(frozen=True)
+class SolverSettings:
+    """The IceShare solver of the icefrog policy (spec sections 10 and 15)."""
+
+    method: Literal["auto", "mip", "fast"] = "auto"
+    """auto: the exact fast solver, falling back to the MIP when it cannot prove a round
+    optimal; mip: the MIP alone; fast: never the MIP."""
+
+    time_limit_s: float = field(default=30.0, metadata=_bounds(exclusive_minimum=0.0))
+    """The MIP's time limit for one (sub)problem, seconds."""
+
+    partition_gpus: int = field(default=0, metadata=_bounds(minimum=0))
+    """Split a larger cluster into groups of about this many GPUs solved apart (spec
+    section 15); 0 never splits."""
+
+    workers: int = field(default=1, metadata=_bounds(minimum=1))
+    """Processes solving partitions at once."""
+
+    starvation_rounds: float = field(default=4.0, metadata=_bounds(exclusive_minimum=0.0))
+    """A waiting job's weight grows by 1 every this many rounds it has waited beyond the
+    grace below (aging: no job waits forever)."""
+
+    starvation_grace_rounds: int = field(default=12, metadata=_bounds(minimum=0))
+    """Rounds a job may wait before its weight starts to grow. Without a grace, a full
+    cluster of alike jobs swaps its running and waiting jobs every round (each swap a
+    checkpoint-restart); with 12 rounds (an hour) it rotates them at most hourly."""
+
+    max_fits_per_round: int = field(default=8, metadata=_bounds(minimum=1))
+    """Throughput models refitted at most this many a round (oldest jobs first; a fit costs
+    0.1-0.3 s); the others keep their last model until a later round."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +200,9 @@ class Settings:
 
     sharing: SharingSettings = field(default_factory=SharingSettings)
     """GPU sharing."""
+
+    solver: SolverSettings = field(default_factory=SolverSettings)
+    """The IceShare solver."""
 
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     """The Prometheus endpoint."""

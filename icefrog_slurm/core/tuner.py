@@ -18,15 +18,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from icefrog_slurm.core.layers import LayerTable
-from icefrog_slurm.core.throughput import DdpThroughputModel
 from icefrog_slurm.errors import InputError
 
 ThroughputFn = Callable[[int, int], float]
 """(per-GPU batch m, frozen l) -> samples a second at the tuner's GPU count, alone (lambda 1)."""
 
 _TIE = 1e-9
+
+
+class ThroughputModel(Protocol):
+    """A fitted throughput model: the DDP one (``throughput.py``, eq 4-7) or a large-model
+    one (``parallel.py``: SDP eq 9-10, PP/HP eq 11-13), whichever the job declared."""
+
+    def throughput(self, *, gpus: int, batch: int, frozen: int, layers: LayerTable) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -72,11 +79,12 @@ def measured_or_predicted(
     *,
     gpus: int,
     measured: Mapping[tuple[int, int, int], float],
-    model: DdpThroughputModel | None,
+    model: ThroughputModel | None,
     layers: LayerTable,
 ) -> ThroughputFn:
     """T(a, m, l) alone: the measured samples/s of (gpus, m, l) when there is one, else the
-    model's prediction (eq 4-7); 0 (not selectable) when neither exists."""
+    model's prediction (eq 4-7, or 9-13 for a large-model job); 0 (not selectable) when
+    neither exists."""
 
     def throughput(batch: int, frozen: int) -> float:
         value = measured.get((gpus, batch, frozen))

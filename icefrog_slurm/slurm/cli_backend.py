@@ -256,6 +256,15 @@ class SlurmCliBackend:
     def hostnames(self, *, nodelist: str) -> tuple[str, ...]:
         return parse.parse_hostnames(self._run(commands.hostnames(nodelist)))
 
+    def find_successor(self, *, job_id: str) -> str | None:
+        jobs = parse.parse_squeue(self._run(commands.squeue_all())).values()
+        live = [
+            j.job_id
+            for j in jobs
+            if j.tag is not None and j.tag.previous_id == job_id and not j.finished
+        ]
+        return max(live, key=int) if live else None
+
     def resubmit(
         self,
         *,

@@ -297,3 +297,9 @@ class ClusterPort(Protocol):
     def hostnames(self, *, nodelist: str) -> tuple[str, ...]:
         """Expand a Slurm host list (``node[1-3]``)."""
         ...
+
+    def find_successor(self, *, job_id: str) -> str | None:
+        """The live job resubmitted in place of ``job_id`` (its comment says
+        ``prev=<job_id>``), or None: lets a restarted controller finish a resubmission it
+        was killed in the middle of."""
+        ...

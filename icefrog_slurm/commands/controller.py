@@ -1,0 +1,143 @@
+"""``icefrog controller --config FILE [--once] [--dry-run]``: the scheduling daemon.
+
+Runs in the foreground and logs to stdout (under systemd, where ``JOURNAL_STREAM`` is set,
+without timestamps: journald adds its own). Wires the real adapters: ``SqlStore``,
+``SlurmCliBackend``, the system clock, job files on the filesystem, the report inbox and,
+when ``metrics.port`` is set, the Prometheus endpoint. ``--once`` makes one tick;
+``--dry-run`` makes one tick, prints the plan as JSON and enacts nothing (nothing is
+recorded either). ``--policy`` picks the policy: ``icefrog`` (default) or ``standin``.
+
+Testing hook: ``ICEFROG_KILL_AFTER_STEP=K`` makes the process SIGKILL itself right after
+the K-th reconcile step point (a Slurm command done, or its outcome logged), to prove that
+a controller killed anywhere converges after a restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+from icefrog_slurm.controller.daemon import Controller
+from icefrog_slurm.controller.plan import Policy
+from icefrog_slurm.controller.ports import FsJobFiles, SystemClock
+from icefrog_slurm.errors import InputError
+from icefrog_slurm.settings import Settings, load_settings
+from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
+from icefrog_slurm.slurm.port import JobNotFound
+
+DEFAULT_CONFIG = "/etc/icefrog/icefrog.toml"
+POLICIES = ("icefrog", "standin")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=DEFAULT_CONFIG, metavar="FILE", help="settings")
+    parser.add_argument("--once", action="store_true", help="make one tick and exit")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print one tick's plan; enact nothing"
+    )
+    parser.add_argument("--max-ticks", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="icefrog",
+        help="icefrog (default) or standin (first come, first served, no freezing or sharing)",
+    )
+
+
+def make_policy(name: str) -> Policy:
+    if name == "icefrog":
+        from icefrog_slurm.policies.icefrog import IcefrogPolicy
+
+        return IcefrogPolicy()
+    if name == "standin":
+        from icefrog_slurm.policies.standin import StandInPolicy
+
+        return StandInPolicy()
+    raise InputError(f"--policy: unknown policy {name!r}")
+
+
+def setup_logging(settings: Settings, environ: dict[str, str]) -> None:
+    """stdout, at ``logging.level``; no timestamps under systemd (journald adds them)."""
+    fmt = "%(levelname)s %(name)s: %(message)s"
+    if "JOURNAL_STREAM" not in environ:
+        fmt = "%(asctime)s " + fmt
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter(fmt))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(settings.logging.level)
+
+
+def kill_hook(environ: dict[str, str]) -> Callable[[str], None] | None:
+    raw = environ.get("ICEFROG_KILL_AFTER_STEP")
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise InputError("ICEFROG_KILL_AFTER_STEP: must be a positive integer")
+    left = [int(raw)]
+
+    def hook(what: str) -> None:
+        left[0] -= 1
+        if left[0] <= 0:
+            print(f"killing myself after step {raw} ({what})", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+def run(args: argparse.Namespace) -> int:
+    from icefrog_slurm.store.inbox import ReportInbox
+    from icefrog_slurm.store.sql import SqlStore
+
+    settings = load_settings(args.config)
+    environ = dict(os.environ)
+    setup_logging(settings, environ)
+    policy = make_policy(args.policy)
+    store = SqlStore.from_settings(settings)
+    cluster = SlurmCliBackend()
+
+    def owner_of(slurm_job_id: str) -> int | None:
+        try:
+            return cluster.owner_uid(job_id=slurm_job_id)
+        except JobNotFound:
+            return None
+
+    inbox = ReportInbox(
+        store=store,
+        inbox_dir=settings.inbox.dir,
+        archive_dir=settings.inbox.archive_dir,
+        owner_of=owner_of,
+        max_reports=settings.inbox.max_reports_per_drain,
+    )
+    inbox.prepare()
+    on_tick = None
+    if settings.metrics.port is not None and not args.dry_run:
+        from icefrog_slurm.controller.metrics import ControllerMetrics
+
+        metrics = ControllerMetrics()
+        metrics.serve(port=settings.metrics.port, address=settings.metrics.address)
+        on_tick = metrics.observe
+    controller = Controller(
+        settings=settings,
+        policy=policy,
+        cluster=cluster,
+        store=store,
+        clock=SystemClock(),
+        files=FsJobFiles(),
+        drain=inbox.drain,
+        dry_run=args.dry_run,
+        after_step=kill_hook(environ),
+        on_tick=on_tick,
+    )
+    try:
+        if args.dry_run:
+            print(controller.tick_once().plan.to_json())
+            return 0
+        controller.run(max_ticks=1 if args.once else args.max_ticks)
+    finally:
+        store.close()
+    return 0

@@ -1,0 +1,198 @@
+"""``Controller``: the daemon loop (spec section 9, step 5; Airflow-style scheduler loop).
+
+``run(max_ticks=None)``: take the leader lock (one active controller: a Postgres advisory
+lock, or ``flock`` beside SQLite; a second controller waits), then tick until told to
+stop. A tick:
+
+1. drains the report inbox when ``inbox.poll_s`` has passed (``drain``, optional);
+2. in ONE store transaction: reads the snapshot, polls Slurm for the jobs' state and the
+   partition's capacity (one ``squeue`` for all jobs), runs the pure
+   :func:`~icefrog_slurm.controller.tick.tick`, and records the round, the state changes
+   and the intents (nothing at all with ``dry_run``);
+3. advances the open intents on Slurm (:class:`~.reconcile.Reconciler`).
+
+The loop sleeps only when a tick left nothing to do: until the next round or inbox pass;
+while a job is checkpointing it comes back every ``reconcile_poll_s``. When slurmctld is
+down or slow (``SlurmUnavailable``) or the database fails, the tick is abandoned (its
+transaction rolled back: the decision is recorded only together with its intents), the
+error logged, and the loop backs off exponentially up to the round period. It never exits
+on such errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from icefrog_slurm.controller.plan import Plan, Policy
+from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort
+from icefrog_slurm.controller.reconcile import Reconciler, ReconcileResult, StepHook, record
+from icefrog_slurm.controller.snapshot import Snapshot, build_snapshot
+from icefrog_slurm.controller.tick import tick
+from icefrog_slurm.errors import IcefrogError
+from icefrog_slurm.settings import Settings
+from icefrog_slurm.slurm.port import ClusterPort, SlurmUnavailable
+from icefrog_slurm.store.leader import LeaderLock
+from icefrog_slurm.store.records import StoreSnapshot
+
+log = logging.getLogger(__name__)
+
+BACKOFF_FIRST_S = 2.0
+
+
+@dataclass(frozen=True)
+class TickReport:
+    """What one tick did (for logs, metrics and tests)."""
+
+    plan: Plan
+    reconcile: ReconcileResult
+    tick_s: float  # the tick's own work: snapshot, policy, record (Slurm polls included)
+    jobs_by_state: dict[str, int]
+
+
+class Controller:
+    """The daemon: wires the ports, the policy and the settings into the loop."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        policy: Policy,
+        cluster: ClusterPort,
+        store: StorePort,
+        clock: Clock,
+        files: JobFiles,
+        drain: Callable[[], object] | None = None,
+        dry_run: bool = False,
+        after_step: StepHook | None = None,
+        on_tick: Callable[[TickReport], None] | None = None,
+    ) -> None:
+        self.settings, self.policy, self.cluster = settings, policy, cluster
+        self.store, self.clock, self.drain = store, clock, drain
+        self.dry_run, self.on_tick = dry_run, on_tick
+        self.reconciler = Reconciler(
+            cluster=cluster,
+            store=store,
+            clock=clock,
+            files=files,
+            settings=settings,
+            after_step=after_step,
+        )
+        self._last_drain: float | None = None
+        self.last: TickReport | None = None
+
+    def run(self, max_ticks: int | None = None) -> int:
+        """Lead, then tick until ``max_ticks`` ticks were made (forever when None)."""
+        lock = self._lead()
+        ticks, failures = 0, 0
+        try:
+            while max_ticks is None or ticks < max_ticks:
+                try:
+                    report = self.tick_once()
+                    failures = 0
+                except (SlurmUnavailable, IcefrogError, OSError) as exc:
+                    failures += 1
+                    log.error("tick abandoned (%s): %s", type(exc).__name__, exc)
+                    report = None
+                except Exception as exc:  # a bug or a database error: log it, keep running
+                    failures += 1
+                    log.exception("tick failed: %s", exc)
+                    report = None
+                ticks += 1
+                if max_ticks is not None and ticks >= max_ticks:
+                    break
+                self.clock.sleep(self._pause(report, failures))
+        finally:
+            lock.release()
+        return ticks
+
+    def _lead(self) -> LeaderLock:
+        waited = False
+        while True:
+            lock = self.store.try_lead()
+            if lock is not None:
+                if waited:
+                    log.info("now the active controller")
+                return lock
+            if not waited:
+                log.warning("another controller is active; waiting for its lock")
+                waited = True
+            self.clock.sleep(min(self.settings.controller.round_period_s, 10.0))
+
+    def _pause(self, report: TickReport | None, failures: int) -> float:
+        c = self.settings.controller
+        if failures:
+            return float(min(BACKOFF_FIRST_S * 2 ** (failures - 1), c.round_period_s))
+        assert report is not None
+        if report.reconcile.busy and not self.dry_run:
+            return c.reconcile_poll_s
+        now = self.clock.now()
+        due = [self.settings.inbox.poll_s if self.drain else c.round_period_s]
+        last = report.plan.time if report.plan.new_round else None
+        with self.store.transaction() as tx:
+            last_round = tx.round()
+        if last_round is not None:
+            last = last_round.time
+        if last is not None:
+            due.append(last + c.round_period_s - now)
+        return max(min(due), 0.0)
+
+    def tick_once(self) -> TickReport:
+        """One tick (module docstring)."""
+        now = self.clock.now()
+        if (
+            self.drain is not None
+            and not self.dry_run
+            and (self._last_drain is None or now - self._last_drain >= self.settings.inbox.poll_s)
+        ):
+            self.drain()
+            self._last_drain = now
+        started = time.perf_counter()
+        with self.store.transaction(consistent=True) as tx:
+            snapshot = self.snapshot(tx.snapshot(), now)
+            plan = tick(snapshot, self.policy, self.settings)
+            if not self.dry_run:
+                record(plan, tx)
+        tick_s = time.perf_counter() - started
+        result = ReconcileResult() if self.dry_run else self.reconciler.enact(plan)
+        counts: dict[str, int] = {}
+        for j in snapshot.jobs:
+            counts[j.job.state] = counts.get(j.job.state, 0) + 1
+        report = TickReport(plan=plan, reconcile=result, tick_s=tick_s, jobs_by_state=counts)
+        self._log(report, snapshot)
+        self.last = report
+        if self.on_tick is not None:
+            self.on_tick(report)
+        return report
+
+    def snapshot(self, store_snapshot: StoreSnapshot, now: float) -> Snapshot:
+        """Join the store's snapshot with one batched Slurm poll and the capacity."""
+        ids = [v.job.slurm_job_id for v in store_snapshot.jobs]
+        states = self.cluster.poll(job_ids=ids)
+        capacity = self.cluster.partition_capacity(partition=self.settings.slurm.partition)
+        return build_snapshot(store=store_snapshot, states=states, capacity=capacity, now=now)
+
+    def _log(self, report: TickReport, snapshot: Snapshot) -> None:
+        plan, r = report.plan, report.reconcile
+        if plan.new_round:
+            running = sum(1 for j in plan.jobs if j.allocation.gpus > 0)
+            log.info(
+                "round %s (%s): %d jobs, %d given GPUs, capacity %d, %d actions, tick %.3f s",
+                plan.round_no,
+                plan.policy,
+                len(plan.jobs),
+                running,
+                plan.capacity_gpus,
+                len(plan.actions()),
+                report.tick_s,
+            )
+        if r.commands or r.failed:
+            log.info(
+                "reconcile: %d done, %d waiting, %d failed, %d Slurm commands",
+                r.done,
+                r.waiting,
+                r.failed,
+                r.commands,
+            )

@@ -1,0 +1,400 @@
+"""Reconcile: enact a plan on Slurm, idempotently and safely killable at any instant.
+
+``record(plan, tx)`` runs inside the tick's transaction: the round's decision, the jobs'
+new store states, and one *intent* per job action (its target resources), written before
+anything happens on Slurm. An open intent whose target equals the new plan's is kept (its
+progress, e.g. "already asked to checkpoint", lives in the audit log); a different one is
+superseded.
+
+``Reconciler.enact(plan)`` then advances every open intent (also those a killed controller
+left behind) through one state machine that reads the job's real Slurm state before each
+step, so repeating a step never does harm:
+
+- running with the target resources: done;
+- running otherwise: ask it to checkpoint (``scancel --batch --signal=USR1``, logged as
+  ``signal``), then wait (the loop comes back every ``reconcile_poll_s``) for its
+  checkpoint marker, its exit, or ``checkpoint_timeout_s``; then requeue it held;
+- finished while an intent moves it (it checkpointed and exited): requeue it held;
+- cancelled or gone: look for the job resubmitted in its place (a resubmission the
+  controller was killed in) and link it to the icefrog job; with none, the intent fails (a
+  job its owner cancelled is never brought back);
+- pending and held: gpu<->shard needs a resubmission as the job's owner (Slurm 22.05 cannot
+  change a pending job's GRES type), linked into the icefrog job's chain; otherwise update
+  GRES / NumNodes=N-N / ReqNodeList; then release with StartTime=now;
+- pending and told to wait: done (it stays held).
+
+Every Slurm command is logged with its outcome in the audit log (``slurm_actions``). A
+``SlurmUnavailable`` stops the pass and leaves the intents open for the next tick.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from icefrog_slurm.controller.plan import Plan, Target
+from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort
+from icefrog_slurm.controller.tick import matches, run_dir_of
+from icefrog_slurm.errors import IcefrogError
+from icefrog_slurm.protocol import Decision
+from icefrog_slurm.settings import Settings
+from icefrog_slurm.slurm.port import ClusterPort, JobState, SlurmRejected, SlurmUnavailable
+from icefrog_slurm.store.records import ACTIVE_STATES, Intent
+from icefrog_slurm.store.tx import StoreTx
+
+log = logging.getLogger(__name__)
+
+StepHook = Callable[[str], None]
+_ORDER = {"stop": 0, "change": 1, "start": 2}  # free GPUs before taking them
+_SETTLING = frozenset(
+    {
+        "COMPLETING",
+        "CONFIGURING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESIZING",
+    }
+)
+_MAX_PASSES = 8  # state-machine steps per intent per pass (each reads Slurm first)
+
+
+def record(plan: Plan, tx: StoreTx) -> int:
+    """Write the plan's round, state changes and intents (the tick's transaction); returns
+    the number of new intents."""
+    for job_id, state in plan.state_changes:
+        tx.set_state(job_id=job_id, state=state, now=plan.time)
+    if plan.round_no is not None:
+        tx.record_round(
+            round_no=plan.round_no,
+            now=plan.time,
+            policy=plan.policy,
+            capacity_gpus=plan.capacity_gpus,
+            allocations=[j.allocation for j in plan.jobs],
+            solve_s=plan.solve_s,
+            min_share=plan.min_share,
+        )
+    open_by_job = {i.job_id: i for i in tx.open_intents() if i.job_id is not None}
+    added = 0
+    for job in plan.jobs:
+        current = open_by_job.get(job.job_id)
+        target = job.target.params()
+        if job.action == "none":
+            if current is not None and plan.round_no is not None:
+                tx.finish_intent(
+                    intent_id=current.id, status="superseded", now=plan.time, detail="converged"
+                )
+            continue
+        if current is not None and current.params.get("target") == target:
+            continue  # the same goal is already in flight: keep its progress
+        if current is not None:
+            tx.finish_intent(
+                intent_id=current.id, status="superseded", now=plan.time, detail="new target"
+            )
+        tx.add_intent(
+            action=job.action,
+            params={"target": target, "slurm_job_id": job.slurm_job_id, "round": plan.round_no},
+            now=plan.time,
+            job_id=job.job_id,
+            round_no=plan.round_no,
+            supersede=False,  # done above, without one UPDATE a job
+        )
+        added += 1
+    return added
+
+
+@dataclass
+class ReconcileResult:
+    """What one pass did: intents done, still waiting, failed; Slurm commands run."""
+
+    done: int = 0
+    waiting: int = 0
+    failed: int = 0
+    commands: int = 0
+    reallocations: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def busy(self) -> bool:
+        return self.waiting > 0 or self.commands > 0
+
+
+class _Waiting(Exception):
+    """The intent cannot advance now (a job is checkpointing)."""
+
+
+class Reconciler:
+    """Advances open intents on Slurm and writes decision files (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        cluster: ClusterPort,
+        store: StorePort,
+        clock: Clock,
+        files: JobFiles,
+        settings: Settings,
+        after_step: StepHook | None = None,
+    ) -> None:
+        self.cluster, self.store, self.clock = cluster, store, clock
+        self.files, self.settings = files, settings
+        self.after_step = after_step or (lambda _what: None)
+        self._written: dict[int, int] = {}  # job id -> round whose decision file is written
+        self._workdirs: dict[str, str] = {}  # Slurm job id -> WorkDir
+
+    # ----- one pass --------------------------------------------------------------------
+    def enact(self, plan: Plan) -> ReconcileResult:
+        result = ReconcileResult()
+        with self.store.transaction() as tx:
+            intents = sorted(tx.open_intents(), key=lambda i: (_ORDER.get(i.action, 3), i.id))
+        for intent in intents:
+            try:
+                outcome = self._advance(intent, result)
+            except SlurmUnavailable as exc:
+                log.warning("slurm unavailable, reconcile resumes next tick: %s", exc)
+                result.errors.append(str(exc))
+                result.waiting += 1
+                break
+            if outcome == "done":
+                result.done += 1
+                result.reallocations += intent.action == "change"
+            elif outcome == "waiting":
+                result.waiting += 1
+            else:
+                result.failed += 1
+        self._write_decisions(plan)
+        return result
+
+    def _advance(self, intent: Intent, result: ReconcileResult) -> str:
+        target = Target.from_params(intent.params.get("target", {}))
+        with self.store.transaction() as tx:
+            job = tx.job(intent.job_id) if intent.job_id is not None else None
+            if job is None or job.state not in ACTIVE_STATES:
+                self._finish(tx, intent, "done", "the job has ended")
+                return "done"
+            tx.start_intent(intent_id=intent.id, now=self.clock.now())
+        try:
+            detail = self._converge(intent, job.id, job.slurm_job_id, target, result)
+        except _Waiting:
+            return "waiting"
+        except SlurmRejected as exc:
+            log.error("intent %d (job %s, %s) failed: %s", intent.id, job.id, intent.action, exc)
+            with self.store.transaction() as tx:
+                self._finish(tx, intent, "failed", str(exc))
+            return "failed"
+        with self.store.transaction() as tx:
+            self._finish(tx, intent, "done", detail)
+        log.info("job %d: %s done (%s)", job.id, intent.action, detail)
+        return "done"
+
+    def _converge(
+        self, intent: Intent, job_id: int, sid: str, target: Target, result: ReconcileResult
+    ) -> str:
+        """Step the job towards ``target`` until done; raises _Waiting (module docstring)."""
+        for _ in range(_MAX_PASSES):
+            state = self.cluster.poll(job_ids=[sid]).get(sid)
+            if state is None or state.finished:
+                sid = self._after_end(intent, job_id, sid, state, result)
+            elif state.state in _SETTLING:
+                raise _Waiting  # between two states: look again next pass
+            elif state.holds_resources:
+                if target.gres is not None and matches(state, target):
+                    return f"running as {target.gres} on {state.num_nodes} node(s)"
+                self._checkpoint_then_requeue(intent, job_id, sid, result)
+            elif target.gres is None:
+                return "waits (held)" if state.held else "waits"
+            elif state.gres is not None and state.gres.kind != target.gres.kind:
+                if not state.held:
+                    raise SlurmRejected(f"job {sid} is pending, not held: GRES kind cannot change")
+                sid = self._resubmit(intent, job_id, sid, target, result)
+            else:
+                return self._update_and_release(intent, job_id, sid, state, target, result)
+        raise IcefrogError(f"intent {intent.id}: no progress after {_MAX_PASSES} steps")
+
+    # ----- steps -------------------------------------------------------------------------
+    def _after_end(
+        self, intent: Intent, job_id: int, sid: str, state: JobState | None, r: ReconcileResult
+    ) -> str:
+        """The Slurm job ended or is gone: find its successor, or requeue it (it exited
+        after checkpointing); a job that was only to start has simply ended."""
+        if state is None or state.state == "CANCELLED":
+            new = self.cluster.find_successor(job_id=sid)
+            if new is not None:
+                self._link(intent, job_id, new, "resubmitted (recovered)")
+                return new
+        if intent.action == "start" or state is None or state.state == "CANCELLED":
+            # not ours to bring back: it ended on its own, or its owner cancelled it
+            raise SlurmRejected(f"Slurm job {sid} ended ({state.state if state else 'gone'})")
+        self._do(
+            intent, job_id, sid, "requeue_hold", r, lambda: self.cluster.requeue_hold(job_id=sid)
+        )
+        return sid
+
+    def _checkpoint_then_requeue(
+        self, intent: Intent, job_id: int, sid: str, r: ReconcileResult
+    ) -> None:
+        since = self._signalled_at(intent)
+        if since is None:
+            self._do(
+                intent, job_id, sid, "signal", r, lambda: self.cluster.signal_batch(job_id=sid)
+            )
+            raise _Waiting
+        waited = self.clock.now() - since
+        marked = self.files.checkpoint_marked(run_dir=self._run_dir(job_id, sid), since=since)
+        if not marked and waited < self.settings.controller.checkpoint_timeout_s:
+            raise _Waiting
+        if not marked:
+            log.warning("job %d: no checkpoint after %.0f s; requeued anyway", job_id, waited)
+        self._do(
+            intent, job_id, sid, "requeue_hold", r, lambda: self.cluster.requeue_hold(job_id=sid)
+        )
+
+    def _resubmit(
+        self, intent: Intent, job_id: int, sid: str, target: Target, r: ReconcileResult
+    ) -> str:
+        assert target.gres is not None
+        gres, nodes = target.gres, target.nodes or None
+        box: list[str] = []
+
+        def go() -> None:
+            box.append(
+                self.cluster.resubmit(
+                    job_id=sid, gres=gres, num_nodes=target.num_nodes, nodes=nodes
+                )
+            )
+
+        self._do(intent, job_id, sid, "resubmit", r, go)
+        self._link(intent, job_id, box[0], "resubmitted")
+        return box[0]
+
+    def _update_and_release(
+        self,
+        intent: Intent,
+        job_id: int,
+        sid: str,
+        state: JobState,
+        target: Target,
+        r: ReconcileResult,
+    ) -> str:
+        if state.held or not matches(state, target):
+            nodes = target.nodes or None
+            self._do(
+                intent,
+                job_id,
+                sid,
+                "update",
+                r,
+                lambda: self.cluster.update_pending(
+                    job_id=sid, gres=target.gres, num_nodes=target.num_nodes, nodes=nodes
+                ),
+            )
+        if state.held:
+            self._do(
+                intent, job_id, sid, "release", r, lambda: self.cluster.release_now(job_id=sid)
+            )
+        return f"released as {target.gres} on {','.join(target.nodes) or 'any node'}"
+
+    # ----- bookkeeping -------------------------------------------------------------------
+    def _do(
+        self,
+        intent: Intent,
+        job_id: int,
+        sid: str,
+        action: str,
+        r: ReconcileResult,
+        fn: Callable[[], Any],
+    ) -> None:
+        """Run one Slurm command and log it with its outcome (also when it fails)."""
+        start = self.clock.now()
+        outcome, detail = "ok", ""
+        try:
+            fn()
+        except SlurmUnavailable as exc:
+            outcome, detail = "timeout", str(exc)
+            raise
+        except SlurmRejected as exc:
+            outcome, detail = "error", str(exc)
+            raise
+        finally:
+            r.commands += 1
+            self.after_step(f"{action}:done")
+            with self.store.transaction() as tx:
+                tx.log_action(
+                    action=action,
+                    command=(action, sid),
+                    outcome=outcome,
+                    now=start,
+                    duration_s=self.clock.now() - start,
+                    detail=detail,
+                    slurm_job_id=sid,
+                    job_id=job_id,
+                    intent_id=intent.id,
+                )
+            self.after_step(f"{action}:logged")
+
+    def _link(self, intent: Intent, job_id: int, new: str, reason: str) -> None:
+        with self.store.transaction() as tx:
+            if tx.job(job_id).slurm_job_id != new:
+                tx.link_slurm_job(
+                    job_id=job_id, slurm_job_id=new, reason=reason, now=self.clock.now()
+                )
+        self.after_step("link:logged")
+
+    def _signalled_at(self, intent: Intent) -> float | None:
+        with self.store.transaction() as tx:
+            times = [
+                a.time
+                for a in tx.actions(intent_id=intent.id)
+                if a.action == "signal" and a.outcome == "ok"
+            ]
+        return max(times) if times else None
+
+    def _finish(self, tx: StoreTx, intent: Intent, status: str, detail: str) -> None:
+        tx.finish_intent(intent_id=intent.id, status=status, now=self.clock.now(), detail=detail)
+
+    def _run_dir(self, job_id: int, sid: str) -> str:
+        with self.store.transaction() as tx:
+            path = run_dir_of(tx.job(job_id).progress.checkpoint_path)
+        return path or self._workdir(sid)
+
+    def _workdir(self, sid: str) -> str:
+        """The Slurm job's WorkDir (asked once a Slurm job)."""
+        if sid not in self._workdirs:
+            self._workdirs[sid] = self.cluster.job_detail(job_id=sid).work_dir
+        return self._workdirs[sid]
+
+    # ----- decision files ----------------------------------------------------------------
+    def _write_decisions(self, plan: Plan) -> None:
+        """decision.json for every job given GPUs, once per round (retried until written)."""
+        if plan.decided_round is None:
+            return
+        for job in plan.jobs:
+            a = job.allocation
+            if a.gpus <= 0 or a.batch < 1 or self._written.get(job.job_id) == plan.decided_round:
+                continue
+            decision = Decision(
+                round=plan.decided_round,
+                gpus=a.gpus,
+                batch=a.batch,
+                frozen=a.frozen,
+                shared=a.shared,
+                extra={
+                    "nodes": list(a.nodes),
+                    "psi": a.psi,
+                    "predicted_tta_s": a.predicted_tta_s,
+                    "share": a.share,
+                },
+            )
+            try:
+                run_dir = job.run_dir or self._workdir(job.slurm_job_id)
+                self.files.write_decision(
+                    run_dir=run_dir, decision=decision, owner_uid=job.owner_uid
+                )
+            except (OSError, IcefrogError) as exc:
+                log.warning("job %d: decision.json not written yet: %s", job.job_id, exc)
+                continue
+            self._written[job.job_id] = plan.decided_round

@@ -1,0 +1,184 @@
+"""``tick(snapshot, policy, settings) -> Plan``: the pure half of a controller round.
+
+1. Store bookkeeping read off Slurm: a pending job Slurm runs is ``running``, a running job
+   requeued held is ``pending`` again (once no reconcile step moves it); a job Slurm
+   finished (or forgot) with no reconcile step in flight ends ``finished``, ``cancelled``
+   or ``failed``.
+2. When a round is due (``controller.round_period_s`` after the last one, or no round yet):
+   evict the later-submitted job of a shared pair whose sampled GPU utilization is unstable
+   (spec section 8: it waits this round and returns in a later one), ask the policy for
+   every other job, and number the round. Otherwise the last round's decision stands and
+   the plan only keeps converging to it.
+3. Diff each job's decided resources against what Slurm shows into an action: ``start``
+   (pending job: update, release), ``change`` (running job with other resources:
+   checkpoint, requeue, update or resubmit, release), ``stop`` (running job told to wait).
+
+Nothing here reads a clock, the store or Slurm: the same tick runs in the simulator.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+
+from icefrog_slurm.controller.plan import Action, JobPlan, Plan, Policy, PolicyResult, Target
+from icefrog_slurm.controller.snapshot import JobSnapshot, Snapshot
+from icefrog_slurm.settings import Settings
+from icefrog_slurm.slurm.port import Gres, JobState
+from icefrog_slurm.store.records import Allocation
+
+EVICTED = "evicted: unstable GPU utilization while sharing a GPU (spec section 8)"
+
+
+def round_due(snapshot: Snapshot, settings: Settings) -> bool:
+    last = snapshot.last_round
+    return last is None or snapshot.time - last.time >= settings.controller.round_period_s
+
+
+def tick(snapshot: Snapshot, policy: Policy, settings: Settings) -> Plan:
+    """One tick's plan (module docstring)."""
+    changes = state_changes(snapshot)
+    ended = {job_id for job_id, state in changes if state not in ("pending", "running")}
+    live = tuple(j for j in snapshot.jobs if j.id not in ended)
+    if round_due(snapshot, settings):
+        evicted = unstable_packed(live, settings)
+        others = Snapshot(
+            time=snapshot.time,
+            jobs=tuple(j for j in live if j.id not in evicted),
+            capacity=snapshot.capacity,
+            last_round=snapshot.last_round,
+            open_intents=snapshot.open_intents,
+        )
+        result = policy.decide(others, settings=settings) if others.jobs else PolicyResult({})
+        allocations = dict(result.allocations)
+        reasons = dict(result.reasons)
+        for job_id in evicted:
+            allocations[job_id] = Allocation(job_id=job_id, gpus=0, batch=0, frozen=0)
+            reasons[job_id] = EVICTED
+        last = snapshot.last_round
+        round_no: int | None = 1 if last is None else last.round_no + 1
+        name, solve_s, min_share = policy.name, result.solve_s, result.min_share
+    else:
+        assert snapshot.last_round is not None
+        allocations = {a.job_id: a for a in snapshot.last_round.allocations}
+        reasons, round_no = {}, None
+        name, solve_s, min_share = snapshot.last_round.policy, None, None
+    jobs = tuple(
+        _job_plan(j, allocations[j.id], reasons.get(j.id, ""), settings)
+        for j in live
+        if j.id in allocations
+    )
+    return Plan(
+        time=snapshot.time,
+        round_no=round_no,
+        policy=name,
+        capacity_gpus=snapshot.capacity.available_gpus,
+        jobs=jobs,
+        state_changes=changes,
+        solve_s=solve_s,
+        min_share=min_share,
+        decided_round=round_no if round_no is not None else _last_no(snapshot),
+    )
+
+
+def _last_no(snapshot: Snapshot) -> int | None:
+    return None if snapshot.last_round is None else snapshot.last_round.round_no
+
+
+def state_changes(snapshot: Snapshot) -> tuple[tuple[int, str], ...]:
+    """(job id, new store state) for jobs whose Slurm state moved on (module docstring)."""
+    busy = {i.job_id for i in snapshot.open_intents}
+    out: list[tuple[int, str]] = []
+    for j in snapshot.jobs:
+        state, store_state = j.slurm, j.job.state
+        if state is not None and state.holds_resources and store_state == "pending":
+            out.append((j.id, "running"))
+        elif state is not None and state.state == "PENDING" and store_state == "running":
+            if j.id not in busy:
+                out.append((j.id, "pending"))  # stopped (requeued held): it waits again
+        elif j.id not in busy and (state is None or state.finished):
+            out.append((j.id, _end_state(state, store_state)))
+    return tuple(out)
+
+
+def _end_state(state: JobState | None, store_state: str) -> str:
+    if state is None:
+        return "cancelled" if store_state == "pending" else "failed"
+    if state.state == "COMPLETED":
+        return "finished"
+    return "cancelled" if state.state == "CANCELLED" else "failed"
+
+
+def unstable_packed(jobs: tuple[JobSnapshot, ...], settings: Settings) -> frozenset[int]:
+    """Jobs to evict: for each shared job whose last ``util_window`` shared samples have a
+    GPU-utilization standard deviation above ``unstable_util_std``, the later-submitted
+    of it and the jobs sharing a GPU on its node (ties: the larger id)."""
+    window, limit = settings.sharing.util_window, settings.sharing.unstable_util_std
+    shared = [j for j in jobs if j.current.shared]
+    evict: set[int] = set()
+    for j in shared:
+        utils = [s.gpu_util for s in j.view.samples if s.shared and s.gpu_util >= 0][-window:]
+        if len(utils) < window or statistics.pstdev(utils) <= limit:
+            continue
+        pack = [p for p in shared if set(p.current.nodes) & set(j.current.nodes)]
+        if len(pack) < 2:
+            continue  # alone on its GPU: nothing to evict it from
+        evict.add(max(pack, key=lambda p: (p.job.submit_time, p.id)).id)
+    return frozenset(evict)
+
+
+def target_of(allocation: Allocation, settings: Settings) -> Target:
+    """Slurm resources for a decision: ``shard:K`` on one node for a shared GPU (K = shards
+    a GPU / jobs a GPU), ``gpu:gpus/N`` on N nodes otherwise, pinned to the placed nodes."""
+    if allocation.gpus <= 0:
+        return Target(gres=None)
+    if allocation.shared:
+        per_job = max(settings.slurm.shards_per_gpu // settings.sharing.max_jobs_per_gpu, 1)
+        return Target(gres=Gres("shard", per_job), num_nodes=1, nodes=allocation.nodes[:1])
+    num_nodes = max(len(allocation.nodes), 1)
+    per_node = max(allocation.gpus // num_nodes, 1)
+    return Target(gres=Gres("gpu", per_node), num_nodes=num_nodes, nodes=allocation.nodes)
+
+
+def matches(state: JobState, target: Target) -> bool:
+    """Whether a Slurm job already has the target's resources (nodes aside)."""
+    return state.gres == target.gres and state.num_nodes == target.num_nodes
+
+
+def action_for(job: JobSnapshot, target: Target) -> Action:
+    state = job.slurm
+    if state is None or state.finished:
+        return "none"
+    if state.holds_resources:
+        if target.gres is None:
+            return "stop"
+        return "none" if matches(state, target) else "change"
+    if target.gres is None:
+        return "none"
+    if state.state == "PENDING" and (state.held or not matches(state, target)):
+        return "start"
+    return "none"
+
+
+def run_dir_of(checkpoint_path: str) -> str:
+    """``<workdir>/checkpoints/ckpt-N.pt`` -> ``<workdir>`` (the trainer's layout); else ""."""
+    head, sep, _ = checkpoint_path.rpartition("/checkpoints/")
+    return head if sep and head else ""
+
+
+def _job_plan(job: JobSnapshot, alloc: Allocation, reason: str, settings: Settings) -> JobPlan:
+    target = target_of(alloc, settings)
+    return JobPlan(
+        job_id=job.id,
+        slurm_job_id=job.job.slurm_job_id,
+        owner_uid=job.job.owner_uid,
+        allocation=alloc,
+        target=target,
+        action=action_for(job, target),
+        reason=reason,
+        run_dir=run_dir_of(job.job.progress.checkpoint_path),
+    )
+
+
+def allocations_by_job(plan: Plan) -> Mapping[int, Allocation]:
+    return {j.job_id: j.allocation for j in plan.jobs}

@@ -1,0 +1,1 @@
+"""Package data of the core: the shipped layer tables (see ``transformer_tables``)."""

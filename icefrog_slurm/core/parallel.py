@@ -1,0 +1,461 @@
+"""Layer-aware iteration time of large-model jobs: SDP, PP and HP (spec section 7, eq 9-13).
+
+Owns the ``Parallelism`` a job declares (DDP, SDP, PP with p stages, HP with d replicas of
+p stages) with its allocation unit and legal GPU counts, the split of a layer table into
+pipeline stages, and the two model families of section 7:
+
+- :class:`SdpModel`: sharded data parallelism, whose backward overlaps gradient compute
+  with the parameter all-gather (eq 9) and scales each branch with freezing (eq 10);
+- :class:`PipelineModel`: pipeline parallelism, the sum over stages (eq 11) with frozen
+  stages' backward and the gradient transfers into them removed (eq 12); with d > 1
+  pipeline replicas (HP) the per-stage gradient sync (eq 13) overlaps the backward as in
+  eq 5. Pure PP is the case d = 1 (GPUs = stages), where the sync is 0.
+
+Freezing the first l layers is the variable (``frozen``); theta_l and omega_l come from
+:class:`~icefrog_slurm.core.layers.LayerTable`. The freezing branches and the overlap are
+the DDP model's own (``throughput.py``: eq 6's ``backward_time`` for compute, eq 7's
+``sync_time`` for communication, both with beta tied so that l = 0 returns the unfrozen
+profile, and eq 5's ``overlap``); only what the spec adds for SDP/PP/HP lives here. Which
+model a job uses is a plain value (its ``Parallelism``, see ``parallel_fit.fitter_for``),
+so a caller (the simulator's ablation) can hand a LLaMA job the DDP model instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.core.throughput import (
+    FreezeParams,
+    backward_time,
+    overlap,
+    samples_per_second,
+    sync_time,
+)
+from icefrog_slurm.errors import InputError
+from icefrog_slurm.jsonio import expect_object, get_int, get_str, reject_unknown
+
+
+class Kind(StrEnum):
+    """How a job spreads over its GPUs."""
+
+    DDP = "ddp"
+    SDP = "sdp"
+    PP = "pp"
+    HP = "hp"
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """A job's declared parallelism.
+
+    ``stages``: p, the pipeline stages (PP, HP; 1 otherwise). ``unit``: the allocation unit,
+    every GPU count a multiple of it (4 for the paper's LLaMA jobs). For HP the number of
+    replicas is not declared but follows from the allocation: d = a / p.
+    """
+
+    kind: Kind
+    stages: int = 1
+    unit: int = 1
+
+    def __post_init__(self) -> None:
+        if self.unit < 1:
+            raise InputError(f"parallelism.unit: must be >= 1, got {self.unit}")
+        pipelined = self.kind in (Kind.PP, Kind.HP)
+        if pipelined and self.stages < 2:
+            raise InputError(f"parallelism.stages: {self.kind} needs >= 2, got {self.stages}")
+        if not pipelined and self.stages != 1:
+            raise InputError(f"parallelism.stages: {self.kind} has no stages, got {self.stages}")
+        if self.kind is Kind.PP and self.stages % self.unit:
+            raise InputError(
+                f"parallelism: pure PP uses {self.stages} GPUs, not a multiple of the unit "
+                f"{self.unit}"
+            )
+
+    @property
+    def step(self) -> int:
+        """The spacing of legal GPU counts: the unit, or lcm(unit, p) for HP."""
+        return math.lcm(self.unit, self.stages) if self.kind is Kind.HP else self.unit
+
+    def legal_gpu_counts(self, min_gpus: int, max_gpus: int) -> tuple[int, ...]:
+        """The GPU counts a in [min_gpus, max_gpus] this job can run on (0, waiting, excluded).
+
+        DDP, SDP: multiples of the unit; PP: exactly p; HP: multiples of lcm(unit, p).
+        """
+        if min_gpus < 1 or max_gpus < min_gpus:
+            raise InputError(f"gpus: need 1 <= min <= max, got [{min_gpus}, {max_gpus}]")
+        if self.kind is Kind.PP:
+            return (self.stages,) if min_gpus <= self.stages <= max_gpus else ()
+        first = -(-min_gpus // self.step) * self.step
+        return tuple(range(first, max_gpus + 1, self.step))
+
+    def replicas(self, gpus: int) -> int:
+        """Data-parallel replicas on ``gpus``: a (DDP, SDP), 1 (PP), d = a / p (HP)."""
+        if gpus < 1 or gpus % self.step or (self.kind is Kind.PP and gpus != self.stages):
+            raise InputError(f"gpus: {gpus} is not a legal count for {self.describe()}")
+        if self.kind is Kind.PP:
+            return 1
+        return gpus // self.stages
+
+    def global_batch(self, gpus: int, batch: int) -> int:
+        """M(a, m) of eq 4: replicas x m, with m the batch of one replica (GPU or pipeline)."""
+        return self.replicas(gpus) * batch
+
+    def describe(self) -> str:
+        stages = f"(p={self.stages})" if self.stages > 1 else ""
+        return f"{self.kind.value.upper()}{stages} in units of {self.unit} GPUs"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "stages": self.stages, "unit": self.unit}
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str = "parallelism") -> Parallelism:
+        obj = expect_object(doc, where)
+        reject_unknown(obj, ("kind", "stages", "unit"), where)
+        kind = get_str(obj, "kind", where)
+        if kind not in {k.value for k in Kind}:
+            raise InputError(f"{where}.kind: must be one of ddp, sdp, pp, hp; got {kind!r}")
+        return cls(
+            kind=Kind(kind),
+            stages=get_int(obj, "stages", where, default=1, minimum=1),
+            unit=get_int(obj, "unit", where, default=1, minimum=1),
+        )
+
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+class IterationModel(Protocol):
+    """What the Layer Tuner and the solver's options ask of a large-model throughput model."""
+
+    @property
+    def parallelism(self) -> Parallelism: ...
+
+    def iteration_time(self, *, gpus: int, batch: int, frozen: int) -> float: ...
+
+    def iteration_times(self, gpus: IntArray, batch: FloatArray, frozen: IntArray) -> FloatArray:
+        """The same for arrays of configurations (one fit evaluates hundreds at once)."""
+        ...
+
+
+def throughput(
+    model: IterationModel, *, gpus: int, batch: int, frozen: int, lam: float = 1.0
+) -> float:
+    """Samples a second, eq 4: M(a, m) / T_iter(a, m, l) · lambda, M = replicas x m."""
+    t_iter = model.iteration_time(gpus=gpus, batch=batch, frozen=frozen)
+    replicas = model.parallelism.replicas(gpus)
+    return float(samples_per_second(float(replicas), float(batch), t_iter, lam))
+
+
+class _WithTable(IterationModel, Protocol):
+    @property
+    def table(self) -> LayerTable: ...
+
+
+class _ModelBase:
+    """Mixin: the scalar calls of a model that evaluates arrays (``iteration_times``)."""
+
+    def iteration_time(self: _WithTable, *, gpus: int, batch: int, frozen: int) -> float:
+        """One configuration of :meth:`iteration_times`."""
+        _check_run(gpus, batch)
+        out = self.iteration_times(np.array([gpus]), np.array([float(batch)]), np.array([frozen]))
+        return float(out[0])
+
+    def throughput(
+        self: _WithTable,
+        *,
+        gpus: int,
+        batch: int,
+        frozen: int,
+        layers: LayerTable,
+        lam: float = 1.0,
+    ) -> float:
+        """Eq 4 (see :func:`throughput`) as the Layer Tuner calls it (``tuner.ThroughputModel``);
+        ``layers`` must be the model's own table."""
+        if layers is not self.table and layers != self.table:
+            raise InputError("layers: not the layer table this model was built on")
+        return throughput(self, gpus=gpus, batch=batch, frozen=frozen, lam=lam)
+
+
+def _fractions(table: LayerTable) -> tuple[FloatArray, FloatArray]:
+    """(theta_l, omega_l) for l = 0..L as arrays indexed by l."""
+    ls = range(table.num_layers + 1)
+    return np.array([table.theta(k) for k in ls]), np.array([table.omega(k) for k in ls])
+
+
+def _replicas(parallelism: Parallelism, gpus: IntArray) -> FloatArray:
+    """Parallelism.replicas of each GPU count (validated once per distinct count)."""
+    values, inverse = np.unique(gpus, return_inverse=True)
+    per = np.array([parallelism.replicas(int(g)) for g in values], dtype=float)
+    return np.asarray(per[inverse.reshape(-1)])
+
+
+# ----------------------------------------------------------------------------- SDP
+
+
+@dataclass(frozen=True)
+class SdpParams:
+    """Parameters of the SDP model (eq 9, 10), each beside its formula."""
+
+    alpha_fwd: float  # forward compute: T_fwd^comp(m) = alpha_fwd + beta_fwd·m
+    beta_fwd: float
+    alpha_bwd: float  # gradient compute: T_bwd^grad(m, 0) = alpha_bwd + beta_bwd·m
+    beta_bwd: float
+    alpha_ag: float  # parameter all-gather: T_bwd^para(a, 0) = alpha_ag + beta_ag·(a - 1)
+    beta_ag: float
+    alpha_flop: float  # T_grad(m, l) = alpha_flop + (T_grad(m,0) - alpha_flop)·theta_l^gamma_flop
+    gamma_flop: float
+    alpha_para: float  # T_para(a, l) = alpha_para + (T_para(a,0) - alpha_para)·omega_l
+    gamma_lm: float  # overlap of the two branches, >= 1 (eq 9, 10)
+
+    @property
+    def freeze(self) -> FreezeParams:
+        """Eq 10's branches in the DDP model's terms: compute as eq 6, all-gather as eq 7."""
+        return FreezeParams(self.alpha_flop, self.gamma_flop, self.alpha_para, self.gamma_lm)
+
+
+@dataclass(frozen=True)
+class SdpModel(_ModelBase):
+    """Sharded data parallelism on ``table`` (eq 9, 10)."""
+
+    params: SdpParams
+    table: LayerTable
+    parallelism: Parallelism = Parallelism(Kind.SDP, unit=4)
+    _fractions: tuple[FloatArray, FloatArray] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.parallelism.kind is not Kind.SDP:
+            raise InputError(f"parallelism: the SDP model needs SDP, got {self.parallelism.kind}")
+        object.__setattr__(self, "_fractions", _fractions(self.table))
+
+    def gather_time(self, gpus: FloatArray) -> FloatArray:
+        """T_bwd^para(a, 0) = alpha_ag + beta_ag·(a - 1): all-gathering the full parameters."""
+        return self.params.alpha_ag + self.params.beta_ag * (gpus - 1.0)
+
+    def forward_times(self, gpus: FloatArray, batch: FloatArray) -> FloatArray:
+        """T_fwd(a, m) = ((alpha_fwd + beta_fwd·m)^g_lm + T_bwd^para(a,0)^g_lm)^(1/g_lm).
+
+        The forward all-gather overlaps forward compute; freezing barely changes it (only
+        activation allocations, tens of ms), so it does not depend on l (section 7).
+        """
+        p = self.params
+        return overlap(p.alpha_fwd + p.beta_fwd * batch, self.gather_time(gpus), p.gamma_lm)
+
+    def backward_times(self, gpus: FloatArray, batch: FloatArray, frozen: IntArray) -> FloatArray:
+        """Eq 10 (eq 9 at l = 0): T_bwd(a,m,l) = (T_grad(m,l)^g_lm + T_para(a,l)^g_lm)^(1/g_lm).
+
+        T_grad(m, l) = alpha_flop + (T_bwd^grad(m,0) - alpha_flop)·theta_l^gamma_flop (eq 6's
+        form) and T_para(a, l) = alpha_para + (T_bwd^para(a,0) - alpha_para)·omega_l (eq 7's),
+        with T_bwd^grad(m, 0) = alpha_bwd + beta_bwd·m.
+        """
+        p, freeze = self.params, self.params.freeze
+        theta, omega = self._fractions
+        grad = backward_time(freeze, p.alpha_bwd + p.beta_bwd * batch, theta[frozen])
+        para = sync_time(freeze, self.gather_time(gpus), omega[frozen])
+        return overlap(grad, para, p.gamma_lm)
+
+    def iteration_times(self, gpus: IntArray, batch: FloatArray, frozen: IntArray) -> FloatArray:
+        """T_iter(a, m, l) = T_fwd(a, m) + T_bwd(a, m, l) (eq 9, 10)."""
+        _replicas(self.parallelism, gpus)  # legal counts only
+        a = np.asarray(gpus, dtype=float)
+        return self.forward_times(a, batch) + self.backward_times(a, batch, frozen)
+
+
+# ----------------------------------------------------------------------- PP and HP
+
+
+def balanced_stages(table: LayerTable, stages: int) -> tuple[int, ...]:
+    """Layers per stage: the contiguous split into ``stages`` minimising the largest
+    stage's FLOPs (exact dynamic programme, O(p·L²)); ties go to the earliest cut."""
+    n = table.num_layers
+    if not 1 <= stages <= n:
+        raise InputError(f"stages: need 1 <= p <= {n} layers, got {stages}")
+    prefix = [0.0]
+    for f in table.flops:
+        prefix.append(prefix[-1] + f)
+    # best[k][i]: least max-stage FLOPs splitting the first i layers into k stages
+    best = [[math.inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for i in range(k, n - (stages - k) + 1):
+            for j in range(k - 1, i):
+                cost = max(best[k - 1][j], prefix[i] - prefix[j])
+                if cost < best[k][i] - 1e-12 * prefix[n]:
+                    best[k][i], cut[k][i] = cost, j
+    sizes, i = [], n
+    for k in range(stages, 0, -1):
+        sizes.append(i - cut[k][i])
+        i = cut[k][i]
+    return tuple(reversed(sizes))
+
+
+@dataclass(frozen=True)
+class PipelineParams:
+    """Parameters of the PP/HP model (eq 11-13), each beside its formula.
+
+    Phi_j, Psi_j: stage j's share of the model's FLOPs and parameter bytes.
+    """
+
+    alpha_fwd: float  # T_fwd^j(m) = alpha_fwd + beta_fwd·m·Phi_j
+    beta_fwd: float
+    alpha_bwd: float  # T_bwd^j(m, 0) = alpha_bwd + beta_bwd·m·Phi_j
+    beta_bwd: float
+    alpha_p2p: float  # T_act^j(m) = T_grad^j(m) = alpha_p2p + beta_p2p·m (one boundary tensor)
+    beta_p2p: float
+    alpha_flop: float  # eq 12: T_bwd^j(m,l) = alpha_flop + (T_bwd^j(m,0) - alpha_flop)·theta^g
+    gamma_flop: float  #   with theta the unfrozen FLOPs share inside stage j
+    alpha_sync: float = 0.0  # eq 13: T_sync^j(d, F) = alpha_sync + beta_sync·Psi_j·omega_j·(d-1)
+    beta_sync: float = 0.0  #   (0 for d = 1 or a frozen stage; omega_j: unfrozen bytes share)
+    gamma: float = 1.0  # overlap of backward and sync, eq 5 form (HP only)
+
+    @property
+    def freeze(self) -> FreezeParams:
+        """Eq 12's backward as eq 6 and eq 13's sync as eq 7, in the DDP model's terms."""
+        return FreezeParams(self.alpha_flop, self.gamma_flop, self.alpha_sync, self.gamma)
+
+
+@dataclass(frozen=True)
+class StageTerms:
+    """One stage's four terms of eq 11/12 (seconds), for inspection and tests."""
+
+    forward: float  # T_fwd^j
+    activation: float  # T_act^j, 0 for the last stage
+    backward: float  # T_bwd^j(m, l), 0 when the stage is frozen
+    gradient: float  # T_grad^j, sent to stage j-1; 0 for stage 0 or a frozen stage j-1
+    sync: float  # T_sync^j(d, F(l, j)) across replicas (HP), 0 for d = 1
+
+
+@dataclass(frozen=True)
+class PipelineModel(_ModelBase):
+    """PP (d = 1) and HP (d = a/p replicas) on ``table`` split into ``stage_sizes``.
+
+    ``stage_sizes``: layers per stage, contiguous, input side first; empty means
+    :func:`balanced_stages` for ``parallelism.stages``.
+    """
+
+    params: PipelineParams
+    table: LayerTable
+    parallelism: Parallelism
+    stage_sizes: tuple[int, ...] = ()
+    _shares: _StageShares = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        p = self.parallelism.stages
+        if self.parallelism.kind not in (Kind.PP, Kind.HP):
+            raise InputError(
+                f"parallelism: a pipeline model needs PP or HP, got {self.parallelism.kind}"
+            )
+        sizes = self.stage_sizes or balanced_stages(self.table, p)
+        if len(sizes) != p or min(sizes) < 1 or sum(sizes) != self.table.num_layers:
+            raise InputError(
+                f"stage_sizes: need {p} positive sizes summing to {self.table.num_layers}, "
+                f"got {list(sizes)}"
+            )
+        object.__setattr__(self, "stage_sizes", tuple(sizes))
+        object.__setattr__(self, "_shares", _StageShares.of(self.table, tuple(sizes)))
+
+    def frozen_in_stage(self, frozen: int, stage: int) -> int:
+        """F(l, j): how many of the first l frozen layers lie in stage j."""
+        return int(self._shares.frozen_count[frozen, stage])
+
+    def stage_arrays(self, gpus: IntArray, batch: FloatArray, frozen: IntArray) -> StageArrays:
+        """The per-stage terms of eq 11 (l = 0) and eq 12 (l > 0), and eq 13's sync; each
+        array has one row a configuration and one column a stage."""
+        prm, sh, freeze = self.params, self._shares, self.params.freeze
+        p = self.parallelism.stages
+        m = np.asarray(batch, dtype=float)[:, None]
+        replicas = _replicas(self.parallelism, gpus)[:, None]
+        dead = sh.dead[frozen]  # stage j wholly frozen (so are all before it)
+        hop = prm.alpha_p2p + prm.beta_p2p * m
+        not_last = (np.arange(p) < p - 1)[None, :]
+        # stage j sends a gradient to j - 1 unless j = 0 or stage j - 1 is frozen
+        sends_back = np.concatenate([np.zeros_like(dead[:, :1]), ~dead[:, :-1]], axis=1)
+        bwd = backward_time(freeze, prm.alpha_bwd + prm.beta_bwd * m * sh.phi, sh.theta[frozen])
+        # alpha_sync + omega_j·(T_sync^j(d,0) - alpha_sync), T_sync^j(d,0) below
+        t_sync0 = prm.alpha_sync + prm.beta_sync * sh.psi * (replicas - 1.0)
+        sync = sync_time(freeze, t_sync0 + 0.0 * m, sh.omega[frozen])
+        return StageArrays(
+            forward=prm.alpha_fwd + prm.beta_fwd * m * sh.phi,
+            activation=np.where(not_last, hop, 0.0),
+            backward=np.where(dead, 0.0, bwd),
+            gradient=np.where(sends_back, hop, 0.0),
+            sync=np.where(dead | (replicas < 2), 0.0, sync),
+        )
+
+    def stage_terms(self, *, gpus: int, batch: int, frozen: int) -> tuple[StageTerms, ...]:
+        """One configuration's :meth:`stage_arrays` as a tuple of :class:`StageTerms`."""
+        _check_run(gpus, batch)
+        arr = self.stage_arrays(np.array([gpus]), np.array([float(batch)]), np.array([frozen]))
+        return tuple(
+            StageTerms(*(float(getattr(arr, f.name)[0, j]) for f in fields(StageTerms)))
+            for j in range(self.parallelism.stages)
+        )
+
+    def sync_time(self, *, gpus: int, batch: int, frozen: int) -> float:
+        """T_sync(p, d, l) = sum_j T_sync^j(d, F(l, j)) (eq 13)."""
+        return math.fsum(t.sync for t in self.stage_terms(gpus=gpus, batch=batch, frozen=frozen))
+
+    def iteration_times(self, gpus: IntArray, batch: FloatArray, frozen: IntArray) -> FloatArray:
+        """Eq 11-13: T_iter = sum_j (T_fwd^j + T_act^j)
+        + ((sum_j T_bwd^j + T_grad^j)^gamma + T_sync(p, d, l)^gamma)^(1/gamma).
+
+        For pure PP (d = 1) the sync is 0 and this is the plain sum over stages of eq 11/12.
+        """
+        t = self.stage_arrays(gpus, batch, frozen)
+        forward = (t.forward + t.activation).sum(axis=1)
+        backward = (t.backward + t.gradient).sum(axis=1)
+        return np.asarray(forward + overlap(backward, t.sync.sum(axis=1), self.params.gamma))
+
+
+@dataclass(frozen=True)
+class StageArrays:
+    """:class:`StageTerms` for many configurations: arrays (configurations x stages)."""
+
+    forward: FloatArray
+    activation: FloatArray
+    backward: FloatArray
+    gradient: FloatArray
+    sync: FloatArray
+
+
+@dataclass(frozen=True)
+class _StageShares:
+    """What the stage split fixes: Phi_j, Psi_j (stage shares of FLOPs and bytes), and by
+    l (rows) and stage (columns): F(l, j), theta_{l,j}, omega_{l,j}, and "wholly frozen"."""
+
+    phi: FloatArray
+    psi: FloatArray
+    frozen_count: IntArray
+    theta: FloatArray
+    omega: FloatArray
+    dead: npt.NDArray[np.bool_]
+
+    @classmethod
+    def of(cls, table: LayerTable, sizes: tuple[int, ...]) -> _StageShares:
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        ls = np.arange(table.num_layers + 1)[:, None]
+        count = np.clip(ls - starts[None, :-1], 0, np.array(sizes)[None, :])
+        parts = []
+        for values in (table.flops, table.param_bytes):
+            suffix = np.concatenate([np.cumsum(np.array(values)[::-1])[::-1], [0.0]])
+            stage = suffix[starts[:-1]] - suffix[starts[1:]]
+            live = suffix[starts[:-1] + count] - suffix[starts[1:]]
+            inside = np.divide(live, stage, out=np.zeros_like(live), where=stage > 0)
+            parts.append((stage / suffix[0], np.clip(inside, 0.0, 1.0)))
+        (phi, theta), (psi, omega) = parts
+        return cls(phi, psi, count, theta, omega, count == np.array(sizes)[None, :])
+
+
+def _check_run(gpus: int, batch: int) -> None:
+    if gpus < 1:
+        raise InputError(f"gpus: must be >= 1, got {gpus}")
+    if batch < 1:
+        raise InputError(f"batch: must be >= 1, got {batch}")

@@ -1,0 +1,238 @@
+"""Per-job estimates the ICEFROG policy feeds the IceShare solver (spec section 9, steps 2-4).
+
+For each job of a snapshot, from what the job reported:
+
+- its throughput model: a :class:`~icefrog_slurm.core.fit.ProfileHistory` fitted to its
+  unshared profile samples (eq 4-7, 14); a job with no sample yet gets the *prior*: the
+  model fitted to one assumed sample, ``PRIOR_SAMPLES_PER_S`` on 1 GPU at its smallest
+  batch with nothing frozen, so its GPU-count curve is the fit's default shape;
+- psi from its latest per-layer gradient variances (eq 3); with none yet, freezing is not
+  offered (only l = 0, psi = 1): its cost cannot be judged;
+- the sharing predictor (eq 8's regressions) from samples that measured utilization and
+  memory; with none, the job is not offered a shared GPU;
+- for every legal GPU count a (``min_gpus..max_gpus``, at most a node or whole nodes, at
+  most the capacity) the Layer Tuner's best (m, l) (eq 15) and
+  ``T_acc(a) = T_age + P / max E(a, s, m, l)`` (eq 16), plus the same for one shared GPU
+  at lambda = ``sharing.speed_factor``; an option that changes a running job's allocation
+  is charged ``controller.reallocation_overhead_s``.
+
+Models are cached per job and refitted only when a new configuration is measured.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from icefrog_slurm.controller.snapshot import JobSnapshot
+from icefrog_slurm.core.fit import ProfileHistory
+from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.core.penalty import PenaltyTable
+from icefrog_slurm.core.sharing import Load, SharingPredictor, fit_sharing
+from icefrog_slurm.core.throughput import DdpThroughputModel
+from icefrog_slurm.core.tta import time_to_accuracy
+from icefrog_slurm.core.tuner import (
+    TunerChoice,
+    legal_frozen,
+    measured_or_predicted,
+    powers_of_two,
+    tune,
+)
+from icefrog_slurm.errors import IcefrogError
+from icefrog_slurm.protocol import ProfileSample
+from icefrog_slurm.settings import Settings
+
+PRIOR_SAMPLES_PER_S = 100.0
+BYTES_PER_GB = 1e9
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run a job: the tuner's choice at ``gpus`` (shared or not) and its TTA."""
+
+    gpus: int
+    shared: bool
+    choice: TunerChoice
+    tta_s: float
+    load: Load | None = None  # predicted (util, memory bytes) for a shared candidate
+
+
+@dataclass
+class _Cached:
+    samples: int  # how many of the job's samples the history holds
+    history: ProfileHistory
+    sharing: SharingPredictor | None
+    prior: bool  # the history holds only the prior sample
+    model: DdpThroughputModel | None = None  # the last fitted model
+    stale: bool = True  # a configuration arrived since ``model`` was fitted
+    # The tuner's choices by (gpus, shared), valid while ``tuned_for`` is unchanged.
+    tuned: dict[tuple[int, bool], TunerChoice | None] = field(default_factory=dict)
+    tuned_for: tuple[object, ...] = ()
+    version: int = 0  # bumped whenever ``model`` changes
+
+
+class Estimator:
+    """Builds every job's candidates; keeps each job's fitted models between rounds.
+
+    A fit costs 0.1-0.3 s a job (``fit_ddp_model``'s least squares), so a round refits at
+    most ``fit_budget`` models (call :meth:`new_round` first; the policy passes the jobs
+    oldest first). A job left over keeps its last fitted model, or the prior when it has
+    none, until a later round; its measured configurations are used as measured anyway.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[int, _Cached] = {}
+        self._budget = -1  # fits left this round; -1: unlimited
+        self._priors: dict[tuple[object, ...], DdpThroughputModel] = {}
+
+    def new_round(self, *, fit_budget: int | None) -> None:
+        self._budget = -1 if fit_budget is None else fit_budget
+
+    def candidates(
+        self,
+        job: JobSnapshot,
+        *,
+        now: float,
+        gpus_per_node: int,
+        capacity: int,
+        settings: Settings,
+    ) -> tuple[Candidate, ...]:
+        spec = job.job.spec
+        layers = LayerTable(spec.layer_flops, spec.layer_param_bytes, spec.layer_boundaries)
+        cached = self._models(job, layers, gpus_per_node)
+        stats = job.view.grad_stats
+        psi: Callable[[int], float]
+        if stats is not None and len(stats.grad_var) == layers.num_layers:
+            psi = PenaltyTable(stats.grad_var).psi
+            frozen = legal_frozen(layers, layers.max_frozen_from_fraction(spec.max_frozen_fraction))
+            current_frozen: int | None = stats.frozen
+        else:
+            psi, frozen, current_frozen = (lambda _l: 1.0), (0,), None
+        batches = powers_of_two(spec.min_batch, spec.max_batch)
+        model = self._model(job, cached, layers, gpus_per_node)
+        measured = cached.history.measured()
+        remaining = max(
+            0.0, spec.max_epochs * spec.samples_per_epoch - job.job.progress.effective_samples_done
+        )
+        age = max(0.0, now - job.job.submit_time)
+        key = (len(job.view.samples), stats, cached.version, model is cached.model)
+        if cached.tuned_for != key:
+            cached.tuned, cached.tuned_for = {}, key
+        out: list[Candidate] = []
+        for gpus, shared in _configurations(job, gpus_per_node, capacity, settings, cached):
+            if (gpus, shared) not in cached.tuned:
+                cached.tuned[gpus, shared] = tune(
+                    batch_sizes=batches,
+                    frozen_candidates=frozen,
+                    psi=psi,
+                    throughput=measured_or_predicted(
+                        gpus=gpus, measured=measured, model=model, layers=layers
+                    ),
+                    lam=settings.sharing.speed_factor if shared else 1.0,
+                    current_frozen=current_frozen,
+                )
+            best = cached.tuned[gpus, shared]
+            if best is None:
+                continue
+            tta = time_to_accuracy(
+                age_s=age, remaining=remaining, effective_progress=best.effective_progress
+            )
+            cur = job.current
+            if cur.gpus and (cur.gpus, cur.shared) != (gpus, shared):
+                tta += settings.controller.reallocation_overhead_s
+            if not math.isfinite(tta) or tta <= 0:
+                continue
+            load = None
+            if shared and cached.sharing is not None:
+                load = cached.sharing.predict(batch=best.batch, frozen=best.frozen, layers=layers)
+            out.append(Candidate(gpus, shared, best, tta, load))
+        return tuple(out)
+
+    def _model(
+        self, job: JobSnapshot, cached: _Cached, layers: LayerTable, gpus_per_node: int
+    ) -> DdpThroughputModel:
+        """The job's fitted model, refitted when stale and the round's budget allows."""
+        if cached.model is not None and not cached.stale:
+            return cached.model
+        if cached.prior:
+            cached.model, cached.stale = self._prior_model(job, layers, gpus_per_node), False
+            cached.version += 1
+            return cached.model
+        if self._budget != 0:
+            self._budget -= self._budget > 0
+            cached.model, cached.stale = cached.history.model(), False
+            cached.version += 1
+            return cached.model
+        if cached.model is not None:
+            return cached.model  # refitted in a later round
+        return self._prior_model(job, layers, gpus_per_node)
+
+    def _prior_model(
+        self, job: JobSnapshot, layers: LayerTable, gpus_per_node: int
+    ) -> DdpThroughputModel:
+        """The prior's model, fitted once for each (layer table, batch, node size)."""
+        sample = _prior(job)
+        key = (layers, sample.batch, gpus_per_node)
+        if key not in self._priors:
+            history = ProfileHistory(layers, gpus_per_node=gpus_per_node)
+            history.add([sample])
+            self._priors[key] = history.model()
+        return self._priors[key]
+
+    def _models(self, job: JobSnapshot, layers: LayerTable, gpus_per_node: int) -> _Cached:
+        samples = job.view.samples
+        cached = self._cache.get(job.id)
+        measured = any(not s.shared for s in samples)
+        if cached is None or (cached.prior and measured):
+            history = ProfileHistory(layers, gpus_per_node=gpus_per_node)
+            cached = _Cached(0, history, None, prior=not measured)
+            if not measured:
+                history.add([_prior(job)])
+            self._cache[job.id] = cached
+        if cached.samples != len(samples) or cached.samples == 0:
+            cached.stale |= cached.history.add(samples[cached.samples :])
+            cached.sharing = _sharing(samples, layers)
+            cached.samples = len(samples)
+        return cached
+
+    def forget(self, keep: set[int]) -> None:
+        """Drop the models of jobs that are gone."""
+        for job_id in set(self._cache) - keep:
+            del self._cache[job_id]
+
+
+def _prior(job: JobSnapshot) -> ProfileSample:
+    batch = powers_of_two(job.job.spec.min_batch, job.job.spec.max_batch)[0]
+    t_iter = batch / PRIOR_SAMPLES_PER_S
+    return ProfileSample(
+        gpus=1, batch=batch, frozen=0, shared=False, t_fwd_s=0.0, t_bwd_s=0.0,
+        t_sync_s=0.0, t_iter_s=t_iter, samples_per_s=PRIOR_SAMPLES_PER_S,
+    )  # fmt: skip
+
+
+def _sharing(samples: Sequence[ProfileSample], layers: LayerTable) -> SharingPredictor | None:
+    try:
+        return fit_sharing(samples, layers)
+    except IcefrogError:
+        return None
+
+
+def _configurations(
+    job: JobSnapshot, gpn: int, capacity: int, settings: Settings, cached: _Cached
+) -> list[tuple[int, bool]]:
+    spec = job.job.spec
+    out = [
+        (g, False)
+        for g in range(spec.min_gpus, min(spec.max_gpus, capacity) + 1)
+        if g <= gpn or g % gpn == 0
+    ]
+    if (
+        spec.accepts_shared
+        and spec.min_gpus == 1
+        and settings.sharing.max_jobs_per_gpu >= 2
+        and cached.sharing is not None
+        and capacity >= 1
+    ):
+        out.append((1, True))
+    return out

@@ -1,0 +1,176 @@
+"""``IcefrogPolicy``: the ICEFROG round (spec sections 9-10): per-job estimates, the IceShare
+max-min solver, then placement on nodes.
+
+1. Every job's candidates (:mod:`.estimate`): for each legal GPU count and for one shared
+   GPU, the Layer Tuner's best (batch, frozen) and the predicted TTA (eq 15-16); at most
+   ``solver.max_fits_per_round`` throughput models are refitted, oldest jobs first.
+2. The solver problem (eq 17-18): one option per candidate; a job's weight aged by the
+   rounds it has waited beyond ``solver.starvation_grace_rounds`` (one more weight every
+   ``solver.starvation_rounds``; rounds counted by the policy, estimated from submit and
+   start times for a job it has not seen yet); its current allocation as the warm start
+   (stage 3 of the solver keeps running jobs where they are when that costs no share).
+   The cluster is the partition's nodes that foreign jobs leave whole (the solver plans
+   whole, identical nodes; a node a foreign job partly holds is left out this round).
+3. ``solve_and_place``: solve, map counts onto nodes and GPU indices, re-solve without any
+   option that could not be placed.
+
+Every job gets an allocation: its GPUs, nodes, batch, frozen layers, psi, predicted TTA and
+IceShare, or 0 GPUs and the reason it waits.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from icefrog_slurm.controller.plan import PolicyResult
+from icefrog_slurm.controller.snapshot import JobSnapshot, Snapshot
+from icefrog_slurm.core.placement import solve_and_place
+from icefrog_slurm.core.solver import (
+    WAIT,
+    Cluster,
+    JobRequest,
+    Option,
+    Problem,
+    aged_weight,
+    solve,
+)
+from icefrog_slurm.core.solver import Allocation as Held
+from icefrog_slurm.core.solver import SolverSettings as SolveOptions
+from icefrog_slurm.policies.estimate import BYTES_PER_GB, Candidate, Estimator
+from icefrog_slurm.settings import Settings
+from icefrog_slurm.store.records import Allocation
+
+
+class IcefrogPolicy:
+    """The ICEFROG policy (module docstring); keeps its fitted models between rounds."""
+
+    name = "icefrog"
+
+    def __init__(self) -> None:
+        self.estimator = Estimator()
+        self._waited: dict[int, int] = {}  # rounds each job was told to wait, by this policy
+
+    def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
+        cluster = _cluster(snapshot, settings)
+        self.estimator.forget({j.id for j in snapshot.jobs})
+        self.estimator.new_round(fit_budget=settings.solver.max_fits_per_round)
+        requests: list[JobRequest] = []
+        options: dict[str, tuple[Candidate, ...]] = {}
+        allocations: dict[int, Allocation] = {}
+        reasons: dict[int, str] = {}
+        for job in sorted(snapshot.jobs, key=lambda j: (j.job.submit_time, j.id)):
+            cands = self.estimator.candidates(
+                job,
+                now=snapshot.time,
+                gpus_per_node=cluster.gpus_per_node,
+                capacity=cluster.gpus,
+                settings=settings,
+            )
+            if not cands:
+                allocations[job.id] = _wait(job)
+                reasons[job.id] = "waiting: no configuration fits the free nodes or makes progress"
+                continue
+            options[str(job.id)] = cands
+            waited = self._waited.setdefault(job.id, _waited_before(job, snapshot.time, settings))
+            requests.append(_request(job, cands, waited, settings))
+        if not requests:
+            return PolicyResult(allocations=allocations, reasons=reasons)
+        solver = SolveOptions(
+            method=settings.solver.method,
+            time_limit_s=settings.solver.time_limit_s,
+            partition_gpus=settings.solver.partition_gpus,
+            workers=settings.solver.workers,
+        )
+        started = time.perf_counter()
+        solution, placement, _ = solve_and_place(
+            Problem(cluster=cluster, jobs=tuple(requests)), lambda p: solve(p, solver)
+        )
+        solve_s = time.perf_counter() - started
+        for job in snapshot.jobs:
+            key = str(job.id)
+            if key not in options:
+                continue
+            choice = solution.choices[key]
+            if choice.index == WAIT:
+                self._waited[job.id] += 1
+                allocations[job.id] = _wait(job)
+                reasons[job.id] = (
+                    f"waiting: IceShare gives the GPUs to others (min share "
+                    f"{solution.min_share:.3f})"
+                )
+                continue
+            cand = options[key][choice.index]
+            allocations[job.id] = Allocation(
+                job_id=job.id,
+                gpus=choice.gpus,
+                batch=cand.choice.batch,
+                frozen=cand.choice.frozen,
+                shared=choice.shared,
+                nodes=tuple(node for node, _ in placement.gpus.get(key, ())),
+                psi=cand.choice.psi,
+                predicted_tta_s=cand.tta_s,
+                share=choice.share,
+            )
+        return PolicyResult(
+            allocations=allocations,
+            reasons=reasons,
+            solve_s=solve_s,
+            min_share=solution.min_share,
+        )
+
+
+def _cluster(snapshot: Snapshot, settings: Settings) -> Cluster:
+    nodes = snapshot.capacity.nodes
+    gpn = max((n.gpus for n in nodes), default=1) or 1
+    whole = tuple(n.name for n in nodes if n.gpus == gpn and n.foreign_gpus == 0)
+    return Cluster(
+        gpus=len(whole) * gpn,
+        gpus_per_node=gpn,
+        gpu_mem_gb=settings.slurm.gpu_mem_gb,
+        nodes=whole,
+        max_jobs_per_gpu=min(settings.sharing.max_jobs_per_gpu, 2),
+        mem_safety=settings.sharing.memory_safety,
+    )
+
+
+def _waited_before(job: JobSnapshot, now: float, settings: Settings) -> int:
+    """Rounds a job first seen now has waited: from its submission to its start (or now)."""
+    until = job.job.start_time if job.job.start_time is not None else now
+    return max(0, math.floor((until - job.job.submit_time) / settings.controller.round_period_s))
+
+
+def _request(
+    job: JobSnapshot, cands: tuple[Candidate, ...], waited: int, settings: Settings
+) -> JobRequest:
+    opts = tuple(
+        Option(
+            gpus=c.gpus,
+            tta_s=c.tta_s,
+            shared=c.shared,
+            util=c.load.util if c.load else 0.0,
+            mem_gb=c.load.memory / BYTES_PER_GB if c.load else 0.0,
+        )
+        for c in cands
+    )
+    cur = job.current
+    current = None
+    if cur.gpus:
+        per_node = 1 if cur.shared else cur.gpus // max(len(cur.nodes), 1)
+        current = Held(
+            gpus=cur.gpus, shared=cur.shared, nodes=tuple((n, per_node) for n in cur.nodes)
+        )
+    return JobRequest(
+        id=str(job.id),
+        options=opts,
+        weight=aged_weight(
+            1.0,
+            max(0, waited - settings.solver.starvation_grace_rounds),
+            rounds_per_step=settings.solver.starvation_rounds,
+        ),
+        current=current,
+    )
+
+
+def _wait(job: JobSnapshot) -> Allocation:
+    return Allocation(job_id=job.id, gpus=0, batch=0, frozen=0)

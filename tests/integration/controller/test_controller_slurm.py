@@ -1,0 +1,206 @@
+"""The controller against the real local cluster (4 nodes x 4 fake A800) and SQLite.
+
+Each test drives the real tick + reconcile with the real Slurm CLI backend; a
+``FixedPolicy`` says what to decide, and an ``OffsetClock`` makes the next round due.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from icefrog_slurm.controller.tick import EVICTED
+from icefrog_slurm.policies.standin import StandInPolicy
+from icefrog_slurm.protocol import ProfileSample
+from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
+from icefrog_slurm.slurm.parse import expand_hostlist
+from icefrog_slurm.slurm.port import Gres
+from icefrog_slurm.store.sql import SqlStore
+from tests.integration.conftest import wait_for
+from tests.integration.controller.support import (
+    FixedPolicy,
+    OffsetClock,
+    backend,
+    chain,
+    converge,
+    live_tagged,
+    make_controller,
+    make_settings,
+    make_store,
+    running,
+    state_of,
+    submit_job,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def cluster() -> Iterator[SlurmCliBackend]:
+    be = backend()
+    yield be
+    from icefrog_slurm.slurm import commands, parse
+
+    for j in parse.parse_squeue(be._run(commands.squeue_all())).values():
+        if not j.finished and j.tag is not None and j.tag.key.startswith("ctl-"):
+            be.cancel(job_id=j.job_id)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqlStore]:
+    s = make_store(make_settings(tmp_path))
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def base(job_dir: Path) -> Path:
+    return job_dir
+
+
+def _key() -> str:
+    return f"ctl-{uuid.uuid4().hex[:8]}"
+
+
+def test_held_job_is_released_with_the_decided_gpus_and_nodes(
+    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+) -> None:
+    settings = make_settings(tmp_path)
+    job, sid, run_dir = submit_job(store, cluster, base, _key())
+    assert state_of(cluster, sid).held
+    ctl = make_controller(
+        settings, store, FixedPolicy({job: (2, False, ("node3",))}), OffsetClock()
+    )
+    converge(ctl)
+    state = running(cluster, sid)
+    assert state.gres == Gres("gpu", 2) and state.nodelist == "node3"
+    decision = json.loads((run_dir / "decision.json").read_text())
+    assert decision["gpus"] == 2 and decision["batch"] == 32 and decision["round"] == 1
+    ctl.tick_once()  # the next tick sees it running
+    with store.transaction() as tx:
+        actions = [a.action for a in tx.actions(job_id=job)]
+        assert actions == ["update", "release"]
+        assert tx.open_intents() == [] and tx.job(job).state == "running"
+
+
+def test_running_job_is_resized_through_checkpoint_and_requeue(
+    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+) -> None:
+    settings = make_settings(tmp_path)
+    clock = OffsetClock()
+    job, sid, run_dir = submit_job(store, cluster, base, _key())
+    policy = FixedPolicy({job: (1, False, ("node2",))})
+    ctl = make_controller(settings, store, policy, clock)
+    converge(ctl)
+    running(cluster, sid)
+    policy.decisions[job] = (2, False, ("node2",))
+    clock.next_round(settings)
+    converge(ctl)
+    state = running(cluster, sid)
+    assert state.gres == Gres("gpu", 2) and state.nodelist == "node2"
+    assert (run_dir / "checkpointed").exists()  # it was asked to checkpoint, and did
+    assert cluster.job_detail(job_id=sid).restarts == 1
+    wait_for("second start", lambda: len((run_dir / "starts").read_text().splitlines()) == 2)
+    with store.transaction() as tx:
+        assert [a.gpus for _, a in tx.job_allocations(job)] == [1, 2]  # history kept
+        assert tx.job(job).slurm_job_ids == (sid,)
+        steps = [a.action for a in tx.actions(job_id=job)]
+    assert steps[-3:] == ["requeue_hold", "update", "release"] and "signal" in steps
+
+
+def test_two_jobs_share_a_gpu_and_one_moves_back(
+    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+) -> None:
+    settings = make_settings(tmp_path)
+    clock = OffsetClock()
+    a, sid_a, _ = submit_job(store, cluster, base, _key())
+    b, sid_b, _ = submit_job(store, cluster, base, _key())
+    policy = FixedPolicy({a: (1, True, ("node4",)), b: (1, True, ("node4",))})
+    ctl = make_controller(settings, store, policy, clock)
+    converge(ctl)
+    new_a, new_b = chain(store, a)[-1], chain(store, b)[-1]
+    assert new_a != sid_a and new_b != sid_b  # gpu -> shard: resubmitted as the owner
+    for sid in (new_a, new_b):
+        assert running(cluster, sid).gres == Gres("shard", 1)
+    gpus = {
+        (al.nodes, al.indices)
+        for sid in (new_a, new_b)
+        for al in cluster.gres_allocation(job_id=sid)
+        if al.kind == "shard"
+    }
+    assert len(gpus) == 1  # one GPU, same node and index, for both
+    policy.decisions[b] = (1, False, ("node4",))
+    clock.next_round(settings)
+    converge(ctl)
+    back = chain(store, b)
+    assert len(back) == 3 and back[:2] == (sid_b, new_b)
+    state = running(cluster, back[-1])
+    assert state.gres == Gres("gpu", 1) and state.user_id == cluster.owner_uid(job_id=new_a)
+    assert running(cluster, new_a).gres == Gres("shard", 1)  # the other stays shared
+
+
+def test_a_foreign_jobs_gpus_are_left_alone(
+    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+) -> None:
+    settings = make_settings(tmp_path)
+    out = subprocess.run(
+        ["sbatch", "--parsable", "-p", "gpu", "--gres=gpu:4", "-N1", "-o", "/dev/null",
+         "--wrap", "sleep 120"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    try:
+        foreign = running(cluster, out)
+        taken = set(expand_hostlist(foreign.nodelist))
+        jobs = [submit_job(store, cluster, base, _key(), min_gpus=4) for _ in range(3)]
+        ctl = make_controller(settings, store, StandInPolicy(), OffsetClock())
+        report = ctl.tick_once()
+        assert report.plan.capacity_gpus == 12
+        converge(ctl)
+        placed = [running(cluster, sid) for _, sid, _ in jobs]
+        used = {n for s in placed for n in expand_hostlist(s.nodelist)}
+        assert not used & taken and len(used) == 3
+        assert state_of(cluster, out).state == "RUNNING"  # untouched
+        with store.transaction() as tx:
+            assert all(a.slurm_job_id != out for a in tx.actions())
+    finally:
+        cluster.cancel(job_id=out)
+    assert all(len(live_tagged(cluster, j.tag.key)) == 1 for j in placed if j.tag)
+
+
+def test_an_unstable_packed_job_is_evicted_and_returns_a_round_later(
+    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+) -> None:
+    settings = make_settings(tmp_path)
+    clock = OffsetClock()
+    shard = Gres("shard", 1)
+    a, sid_a, _ = submit_job(store, cluster, base, _key(), gres=shard)
+    b, sid_b, _ = submit_job(store, cluster, base, _key(), gres=shard)  # submitted later
+    policy = FixedPolicy({a: (1, True, ("node3",)), b: (1, True, ("node3",))})
+    ctl = make_controller(settings, store, policy, clock)
+    converge(ctl)
+    running(cluster, sid_a), running(cluster, sid_b)
+    with store.transaction() as tx:  # b measures a utilization that swings while packed
+        tx.add_profile_samples(
+            job_id=b,
+            slurm_job_id=sid_b,
+            samples=[
+                ProfileSample(1, 32, 0, True, 0.1, 0.1, 0.0, 0.2, 160.0, 1e9, u)
+                for u in (0.1, 0.9, 0.2, 0.95, 0.1)
+            ],
+            now=time.time(),
+        )
+    clock.next_round(settings)
+    assert ctl.tick_once().plan.jobs[1].reason == EVICTED
+    converge(ctl)
+    assert state_of(cluster, sid_b).held and running(cluster, sid_a).gres == shard
+    clock.next_round(settings)
+    converge(ctl)
+    assert running(cluster, sid_b).gres == shard  # back in a later round
+    with store.transaction() as tx:
+        assert [al.gpus for _, al in tx.job_allocations(b)] == [1, 0, 1]

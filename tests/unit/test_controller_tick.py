@@ -1,0 +1,107 @@
+"""The pure tick: round timing, evictions (spec section 8), targets and actions."""
+
+from __future__ import annotations
+
+from icefrog_slurm.controller.plan import PolicyResult, Target
+from icefrog_slurm.controller.snapshot import Snapshot, build_snapshot
+from icefrog_slurm.controller.tick import EVICTED, run_dir_of, target_of, tick
+from icefrog_slurm.protocol import JobSpec, ProfileSample
+from icefrog_slurm.settings import Settings, settings_from_mapping
+from icefrog_slurm.slurm.port import Gres, JobState, NodeCapacity, PartitionCapacity
+from icefrog_slurm.store.records import Allocation, JobRecord, JobView, Progress, StoreSnapshot
+
+SPEC = JobSpec(1, 2, 32, 64, 0.9, "acc", ">=", 0.9, 10, 1000, (1.0, 1.0), (1.0, 1.0))
+CAP = PartitionCapacity("gpu", (NodeCapacity("node1", 4, 0), NodeCapacity("node2", 4, 1)), ())
+
+
+def _job(i: int, submit: float = 0.0, utils: tuple[float, ...] = ()) -> JobView:
+    rec = JobRecord(
+        i, f"j{i}", 0, "root", "running", submit, None, None, SPEC, (str(i),), Progress()
+    )
+    samples = tuple(ProfileSample(1, 32, 0, True, 0.1, 0.1, 0.0, 0.2, 160.0, 1e9, u) for u in utils)
+    return JobView(job=rec, samples=samples)
+
+
+def _state(
+    i: int, gres: Gres | None, state: str = "RUNNING", node: str = "node1", why: str = "None"
+) -> JobState:
+    return JobState(str(i), state, gres, 1, node, why, 1, 0, "gpu", "", None)
+
+
+class Everyone:
+    """Gives every job 1 exclusive GPU on node1."""
+
+    name = "everyone"
+
+    def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
+        return PolicyResult(
+            {j.id: Allocation(j.id, 1, 32, 0, nodes=("node1",)) for j in snapshot.jobs}
+        )
+
+
+def _snap(views: list[JobView], states: dict[str, JobState], now: float = 1000.0) -> Snapshot:
+    return build_snapshot(
+        store=StoreSnapshot(jobs=tuple(views), last_round=None),
+        states=states,
+        capacity=CAP,
+        now=now,
+    )
+
+
+def test_first_tick_is_a_round_and_diffs_actions() -> None:
+    settings = settings_from_mapping({})
+    views = [_job(1), _job(2)]
+    states = {
+        "1": _state(1, Gres("gpu", 2)),
+        "2": _state(2, Gres("gpu", 1), "PENDING", "", "JobHeldUser"),
+    }
+    plan = tick(_snap(views, states), Everyone(), settings)
+    assert plan.round_no == 1 and plan.capacity_gpus == 7
+    assert {j.job_id: j.action for j in plan.jobs} == {1: "change", 2: "start"}
+    released = {**states, "2": _state(2, Gres("gpu", 1), "PENDING", "", "Resources")}
+    plan = tick(_snap(views, released), Everyone(), settings)
+    assert {j.job_id: j.action for j in plan.jobs} == {1: "change", 2: "none"}
+
+
+def test_unstable_packed_job_submitted_later_is_evicted() -> None:
+    settings = settings_from_mapping({})
+    unstable = (0.1, 0.9, 0.2, 0.95, 0.1)
+    views = [_job(1, submit=10.0, utils=unstable), _job(2, submit=20.0, utils=(0.5,) * 5)]
+    states = {"1": _state(1, Gres("shard", 1)), "2": _state(2, Gres("shard", 1))}
+    plan = tick(_snap(views, states), Everyone(), settings)
+    by_id = {j.job_id: j for j in plan.jobs}
+    assert by_id[2].reason == EVICTED and by_id[2].action == "stop"
+    assert by_id[1].allocation.gpus == 1 and by_id[1].reason == ""
+
+
+def test_stable_pack_is_left_alone() -> None:
+    settings = settings_from_mapping({})
+    views = [_job(1, utils=(0.4, 0.42, 0.41, 0.4, 0.43)), _job(2, submit=5.0)]
+    states = {"1": _state(1, Gres("shard", 1)), "2": _state(2, Gres("shard", 1))}
+    plan = tick(_snap(views, states), Everyone(), settings)
+    assert all(j.reason == "" for j in plan.jobs)
+
+
+def test_targets_for_shared_and_multi_node() -> None:
+    settings = settings_from_mapping({"slurm": {"shards_per_gpu": 4}})
+    shared = target_of(Allocation(1, 1, 32, 0, shared=True, nodes=("node2",)), settings)
+    assert shared == Target(Gres("shard", 2), 1, ("node2",))
+    multi = target_of(Allocation(1, 8, 32, 0, nodes=("node1", "node2")), settings)
+    assert multi == Target(Gres("gpu", 4), 2, ("node1", "node2"))
+    assert target_of(Allocation(1, 0, 0, 0), settings).gres is None
+    assert Target.from_params(multi.params()) == multi
+
+
+def test_finished_jobs_end_in_the_store_unless_an_intent_moves_them() -> None:
+    settings = settings_from_mapping({})
+    states = {"1": _state(1, Gres("gpu", 1), "COMPLETED"), "2": _state(2, None, "CANCELLED")}
+    plan = tick(_snap([_job(1), _job(2)], states), Everyone(), settings)
+    assert dict(plan.state_changes) == {1: "finished", 2: "cancelled"}
+    assert plan.jobs == ()
+    held = {"1": _state(1, Gres("gpu", 1), "PENDING", "", "job requeued in held state")}
+    assert tick(_snap([_job(1)], held), Everyone(), settings).state_changes == ((1, "pending"),)
+
+
+def test_run_dir_from_the_trainers_checkpoint_path() -> None:
+    assert run_dir_of("/shared/jobs/7/checkpoints/ckpt-00000003.pt") == "/shared/jobs/7"
+    assert run_dir_of("") == "" and run_dir_of("/x/ckpt.pt") == ""

@@ -1,0 +1,77 @@
+"""The ICEFROG policy's per-job estimates: priors, measured models, psi, sharing (eq 3-16)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from icefrog_slurm.controller.snapshot import Current, JobSnapshot
+from icefrog_slurm.policies.estimate import Estimator
+from icefrog_slurm.protocol import GradStats, JobSpec, ProfileSample
+from icefrog_slurm.settings import settings_from_mapping
+from icefrog_slurm.store.records import JobRecord, JobView, Progress
+
+SETTINGS = settings_from_mapping({})
+L = 4
+SPEC = JobSpec(1, 8, 32, 64, 0.9, "acc", ">=", 0.9, 10, 10000, (1.0,) * L, (1.0,) * L)
+
+
+def _sample(gpus: int, frozen: int, rate: float, shared: bool = False) -> ProfileSample:
+    return ProfileSample(gpus, 64, frozen, shared, 0.0, 0.0, 0.0, gpus * 64 / rate, rate, 20e9, 0.4)
+
+
+def _job(samples: tuple[ProfileSample, ...] = (), grad: GradStats | None = None) -> JobSnapshot:
+    rec = JobRecord(1, "j", 0, "root", "pending", 0.0, None, None, SPEC, ("7",), Progress())
+    return JobSnapshot(JobView(rec, samples, grad), None, Current())
+
+
+def _cands(job: JobSnapshot, est: Estimator | None = None) -> dict[tuple[int, bool], object]:
+    est = est or Estimator()
+    got = est.candidates(job, now=100.0, gpus_per_node=4, capacity=16, settings=SETTINGS)
+    return {(c.gpus, c.shared): c for c in got}
+
+
+def test_a_job_without_samples_gets_prior_options_without_freezing_or_sharing() -> None:
+    cands = _cands(_job())
+    assert set(cands) == {(1, False), (2, False), (3, False), (4, False), (8, False)}
+    assert all(c.choice.frozen == 0 and c.tta_s > 100.0 for c in cands.values())  # type: ignore[attr-defined]
+
+
+def test_measured_freezing_with_low_penalty_is_chosen_and_sharing_offered() -> None:
+    samples = (_sample(1, 0, 400.0), _sample(1, 2, 700.0), _sample(2, 0, 750.0))
+    grad = GradStats(epoch=3, frozen=0, grad_var=(0.01, 0.01, 5.0, 5.0), grad_sqr=(1.0,) * L)
+    cands = _cands(_job(samples, grad))
+    one = cands[(1, False)]
+    assert one.choice.frozen == 2 and one.choice.psi > 0.99  # type: ignore[attr-defined]
+    shared = cands[(1, True)]
+    assert shared.load is not None and shared.tta_s > one.tta_s  # type: ignore[attr-defined]
+
+
+def test_high_penalty_keeps_layers_trainable() -> None:
+    samples = (_sample(1, 0, 400.0), _sample(1, 2, 440.0))
+    grad = GradStats(epoch=3, frozen=0, grad_var=(5.0, 5.0, 1.0, 1.0), grad_sqr=(1.0,) * L)
+    assert _cands(_job(samples, grad))[(1, False)].choice.frozen == 0  # type: ignore[attr-defined]
+
+
+def test_the_prior_is_dropped_once_the_job_measures_itself() -> None:
+    est = Estimator()
+    prior = _cands(_job(), est)[(1, False)].tta_s  # type: ignore[attr-defined]
+    measured = _cands(_job((_sample(1, 0, 1000.0),)), est)[(1, False)].tta_s  # type: ignore[attr-defined]
+    assert measured - 100.0 < (prior - 100.0) / 5  # 1000 samples/s measured, ~100 assumed
+
+
+def test_a_round_refits_at_most_its_budget_and_the_rest_keep_their_model() -> None:
+    est = Estimator()
+    jobs = [_job((_sample(1, 0, 400.0 + i), _sample(2, 0, 700.0))) for i in range(3)]
+    jobs = [
+        JobSnapshot(replace(j.view, job=replace(j.job, id=i)), None, Current())
+        for i, j in enumerate(jobs)
+    ]
+    est.new_round(fit_budget=1)
+    for j in jobs:
+        est.candidates(j, now=100.0, gpus_per_node=4, capacity=16, settings=SETTINGS)
+    fitted = [est._cache[j.id].model is not None for j in jobs]
+    assert fitted == [True, False, False]  # the first in order got the one fit
+    est.new_round(fit_budget=5)
+    for j in jobs:
+        est.candidates(j, now=100.0, gpus_per_node=4, capacity=16, settings=SETTINGS)
+    assert all(est._cache[j.id].model is not None for j in jobs)

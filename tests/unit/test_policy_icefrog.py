@@ -1,0 +1,127 @@
+"""IcefrogPolicy on small snapshots: one decision a job, capacity kept, shared pairs on one
+node, a reason for each waiting job, foreign-held nodes left out, running jobs kept."""
+
+from __future__ import annotations
+
+from icefrog_slurm.controller.snapshot import Current, JobSnapshot, Snapshot
+from icefrog_slurm.policies.icefrog import IcefrogPolicy
+from icefrog_slurm.protocol import GradStats, JobSpec, ProfileSample
+from icefrog_slurm.settings import settings_from_mapping
+from icefrog_slurm.slurm.port import NodeCapacity, PartitionCapacity
+from icefrog_slurm.store.records import JobRecord, JobView, Progress
+
+SETTINGS = settings_from_mapping({})
+L = 4
+
+
+def _spec(min_gpus: int = 1, max_gpus: int = 4) -> JobSpec:
+    return JobSpec(
+        min_gpus, max_gpus, 32, 64, 0.9, "acc", ">=", 0.9, 5, 20000, (1.0,) * L, (1.0,) * L
+    )
+
+
+def _small(i: int, util: float = 0.3) -> tuple[ProfileSample, ...]:
+    return tuple(
+        ProfileSample(g, 64, 0, False, 0.0, 0.0, 0.0, g * 64 / r, r, 10e9, util)
+        for g, r in ((1, 500.0 + i), (2, 560.0), (4, 600.0))
+    )
+
+
+def _job(
+    i: int, spec: JobSpec, samples: tuple[ProfileSample, ...] = (), cur: Current | None = None
+) -> JobSnapshot:
+    cur = cur or Current()
+    rec = JobRecord(
+        i,
+        f"j{i}",
+        0,
+        "root",
+        "running" if cur.gpus else "pending",
+        float(i),
+        None,
+        None,
+        spec,
+        (str(i),),
+        Progress(),
+    )
+    grad = GradStats(1, 0, (1.0,) * L, (1.0,) * L)
+    return JobSnapshot(JobView(rec, samples, grad), None, cur)
+
+
+def _snap(jobs: list[JobSnapshot], foreign: int = 0) -> Snapshot:
+    nodes = (NodeCapacity("node1", 4, foreign), NodeCapacity("node2", 4, 0))
+    return Snapshot(
+        time=1000.0, jobs=tuple(jobs), capacity=PartitionCapacity("gpu", nodes, ()), last_round=None
+    )
+
+
+def _check(snapshot: Snapshot) -> dict[int, object]:
+    result = IcefrogPolicy().decide(snapshot, settings=SETTINGS)
+    assert set(result.allocations) == {j.id for j in snapshot.jobs}
+    used: dict[str, float] = {}
+    for a in result.allocations.values():
+        if a.gpus:
+            assert a.nodes and a.batch in (32, 64)
+            for n in a.nodes:
+                used[n] = used.get(n, 0) + (0.5 if a.shared else a.gpus / len(a.nodes))
+        else:
+            assert a.job_id in result.reasons
+    assert all(v <= 4 for v in used.values())
+    return dict(result.allocations)
+
+
+def test_every_job_decided_within_capacity() -> None:
+    jobs = [_job(i, _spec(), _small(i)) for i in range(1, 7)]
+    allocs = _check(_snap(jobs))
+    assert sum(a.gpus for a in allocs.values() if not a.shared) <= 8  # type: ignore[attr-defined]
+
+
+def test_a_node_partly_held_by_a_foreign_job_is_not_planned() -> None:
+    jobs = [_job(i, _spec(), _small(i)) for i in range(1, 4)]
+    allocs = _check(_snap(jobs, foreign=1))
+    assert all("node1" not in a.nodes for a in allocs.values())  # type: ignore[attr-defined]
+
+
+def test_overload_packs_small_jobs_onto_shared_gpus_on_one_node() -> None:
+    jobs = [_job(i, _spec(1, 1), _small(i, util=0.3)) for i in range(1, 13)]
+    allocs = _check(_snap(jobs))
+    shared = [a for a in allocs.values() if a.shared]  # type: ignore[attr-defined]
+    assert shared and all(len(a.nodes) == 1 for a in shared)  # type: ignore[attr-defined]
+
+
+def test_a_job_without_samples_gets_the_prior_and_runs() -> None:
+    allocs = _check(_snap([_job(1, _spec(2, 4))]))
+    assert allocs[1].gpus >= 2  # type: ignore[attr-defined]
+
+
+def _rounds(
+    policy: IcefrogPolicy, jobs: list[JobSnapshot], settings: object, n: int
+) -> list[set[int]]:
+    """Run n rounds 300 s apart; each round the jobs hold what the last one gave them."""
+    ran = []
+    for r in range(n):
+        snap = _snap(jobs)
+        snap = Snapshot(snap.time + 300 * r, snap.jobs, snap.capacity, None)
+        allocs = policy.decide(snap, settings=settings).allocations  # type: ignore[arg-type]
+        jobs = [
+            _job(j.id, j.job.spec, j.view.samples, Current(1, False, allocs[j.id].nodes))
+            if allocs[j.id].gpus else _job(j.id, j.job.spec, j.view.samples)
+            for j in jobs
+        ]  # fmt: skip
+        ran.append({i for i, a in allocs.items() if a.gpus})
+    return ran
+
+
+def test_a_full_cluster_keeps_its_running_jobs_round_after_round() -> None:
+    jobs = [_job(i, _spec(1, 1), _small(0, util=0.9)) for i in range(1, 13)]
+    ran = _rounds(IcefrogPolicy(), jobs, SETTINGS, 3)
+    assert len(ran[0]) == 8 and ran[0] == ran[1] == ran[2]
+
+
+def test_aging_lets_a_waiting_job_in_eventually() -> None:
+    eager = settings_from_mapping(
+        {"solver": {"starvation_grace_rounds": 0, "starvation_rounds": 1}}
+    )
+    jobs = [_job(i, _spec(1, 1), _small(0, util=0.9)) for i in range(1, 13)]
+    ran = _rounds(IcefrogPolicy(), jobs, eager, 3)
+    assert len(ran[0]) == 8 and ran[1] != ran[0]  # the waiting ones rotate in
