@@ -25,6 +25,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sacct": ("icefrog_slurm.commands.sacct", "Accounting of running and finished jobs"),
     "show": ("icefrog_slurm.commands.show", "icefrog show job ID: a job's trajectory"),
     "launch": ("launcher.cli", "Run a training script under torchrun in a Slurm allocation"),
+    "submit": (
+        "icefrog_slurm.commands.submit",
+        "Write a training job's batch script, submit it held",
+    ),
     "solve": ("icefrog_slurm.commands.solve", "One IceShare round: who waits, runs, shares"),
 }
 

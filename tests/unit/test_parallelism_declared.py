@@ -101,3 +101,27 @@ def test_launch_passes_the_parallelism_to_the_trainer(
     assert config.parallelism == Parallelism(Kind.HP, stages=4, unit=4)
     assert not config.accepts_shared  # only DDP in units of 1 may share a GPU
     assert JobConfig(gpus=(1, 4)).accepts_shared
+
+
+@pytest.mark.parametrize(
+    ("gpus", "parallelism", "unit"),
+    [("1-4", "ddp", "1"), ("4-16", "sdp", "4"), ("4-8", "pp:4", "4"), ("4-16", "hp:2x4", "4")],
+)
+def test_declaration_round_trips_through_launch_options(
+    gpus: str, parallelism: str, unit: str
+) -> None:
+    """`icefrog submit` writes launch options into the batch script; `icefrog launch` must
+    read back the same declaration, parallelism included."""
+    import argparse
+
+    from icefrog_slurm import declaration
+
+    parser = argparse.ArgumentParser()
+    declaration.add_arguments(parser)
+    first = declaration.from_args(
+        parser.parse_args(["--gpus", gpus, "--parallelism", parallelism, "--gpu-unit", unit])
+    )
+    again = declaration.from_args(parser.parse_args(first.launch_options()))
+    assert again == first
+    assert first.accepts_shared == (parallelism == "ddp")
+    assert first.job_spec(samples_per_epoch=1).parallelism == first.parallelism
