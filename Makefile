@@ -40,9 +40,9 @@ pytest: setup
 # The README's test command.
 test: setup lint typecheck importlint pytest
 
+# The README's main job: a local cluster, the controller, four real training jobs.
 demo: setup
-	@echo "The main job (a local cluster, the controller and real training jobs) arrives with"
-	@echo "the launcher issue; until then see README.md."; exit 1
+	PY=$(abspath $(PY)) bash slurm_conf/dev/demo.sh
 
 cluster-up: setup
 	bash slurm_conf/dev/cluster.sh up

@@ -20,13 +20,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("icefrog_slurm.commands.tune", "Layer Tuner what-if: best batch and freeze depth"),
     "db": ("icefrog_slurm.commands.db", "State store database: icefrog db upgrade"),
     "trace": ("icefrog_slurm.commands.trace", "Sample evaluation workloads from the Philly trace"),
+    "controller": ("icefrog_slurm.commands.controller", "The scheduling daemon (one per cluster)"),
     "squeue": ("icefrog_slurm.commands.squeue", "Active jobs and their latest decision"),
     "sacct": ("icefrog_slurm.commands.sacct", "Accounting of running and finished jobs"),
     "show": ("icefrog_slurm.commands.show", "icefrog show job ID: a job's trajectory"),
     "launch": ("launcher.cli", "Run a training script under torchrun in a Slurm allocation"),
-    "controller": ("icefrog_slurm.commands.controller", "The scheduling daemon (one per cluster)"),
-    "simulate": ("icefrog_slurm.commands.simulate", "Trace-driven simulation of the policies"),
+    "submit": (
+        "icefrog_slurm.commands.submit",
+        "Write a training job's batch script, submit it held",
+    ),
     "solve": ("icefrog_slurm.commands.solve", "One IceShare round: who waits, runs, shares"),
+    "simulate": ("icefrog_slurm.commands.simulate", "Trace-driven simulation of the policies"),
 }
 
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from icefrog_slurm.core.parallelism import DDP, Parallelism
 from icefrog_slurm.errors import InputError
 
 PROTOCOL_VERSION = 1
@@ -60,6 +61,8 @@ class JobSpec:
     layer_param_bytes: tuple[float, ...]
     layer_boundaries: tuple[int, ...] = ()  # legal frozen counts; () = every layer end
     accepts_shared: bool = True  # may run on a shared GPU (only jobs that accept 1 GPU)
+    # DDP, SDP, PP(p) or HP(p) and the allocation unit (core/parallelism.py); default DDP, 1
+    parallelism: Parallelism = DDP
 
 
 @dataclass(frozen=True)
@@ -312,6 +315,9 @@ def _parse_spec(p: Mapping[str, Any], where: str) -> JobSpec:
             for i, b in enumerate(_list(p.get("layer_boundaries", []), f"{where}.layer_boundaries"))
         ),
         accepts_shared=bool(p.get("accepts_shared", True)),
+        parallelism=Parallelism.from_json(
+            p.get("parallelism", {"kind": "ddp"}), f"{where}.parallelism"
+        ),
     )
     if spec.max_gpus < spec.min_gpus:
         raise InputError(f"{where}.max_gpus: smaller than min_gpus")
@@ -319,6 +325,11 @@ def _parse_spec(p: Mapping[str, Any], where: str) -> JobSpec:
         raise InputError(f"{where}.max_batch: smaller than min_batch")
     if len(spec.layer_flops) != len(spec.layer_param_bytes):
         raise InputError(f"{where}.layer_param_bytes: length differs from layer_flops")
+    if not spec.parallelism.legal_gpu_counts(spec.min_gpus, spec.max_gpus):
+        raise InputError(
+            f"{where}.parallelism: no GPU count in [{spec.min_gpus}, {spec.max_gpus}] is legal "
+            f"for {spec.parallelism.describe()}"
+        )
     return spec
 
 

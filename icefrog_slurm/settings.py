@@ -161,6 +161,16 @@ class SolverSettings:
 
 
 @dataclass(frozen=True)
+class PolicySettings:
+    """How the icefrog policy estimates jobs."""
+
+    large_model_models: bool = True
+    """Estimate each job with the throughput model of its declared parallelism (SDP eq 9-10,
+    PP/HP eq 11-13; spec section 7). false: the DDP model (eq 4-7) for every job, the
+    paper's ablation; the allocation unit still holds."""
+
+
+@dataclass(frozen=True)
 class MetricsSettings:
     """The Prometheus metrics endpoint."""
 
@@ -203,6 +213,9 @@ class Settings:
 
     solver: SolverSettings = field(default_factory=SolverSettings)
     """The IceShare solver."""
+
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    """The icefrog policy's estimates."""
 
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     """The Prometheus endpoint."""

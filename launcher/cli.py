@@ -12,7 +12,8 @@ import shlex
 import socket
 import sys
 
-from launcher.config import JobConfig, parse_range, parse_target
+from icefrog_slurm import declaration
+from launcher.config import JobConfig
 from launcher.launch import (
     DEFAULT_PORT,
     REQUEUE_EXIT_CODE,
@@ -31,13 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"Exit status: 0 finished, {REQUEUE_EXIT_CODE} checkpointed and asks to be requeued, "
         "other: the training failed."
     )
-    parser.add_argument("--gpus", default="1", help="GPU count range, N or LO-HI (default 1)")
-    parser.add_argument("--batch", default="32", help="per-GPU batch range, N or LO-HI")
-    parser.add_argument(
-        "--max-frozen", type=float, default=0.9, help="largest frozen fraction of layers"
-    )
-    parser.add_argument("--target", default="", help="validation target, e.g. 'val_acc>=0.94'")
-    parser.add_argument("--max-epochs", type=int, default=100, help="epochs before giving up")
+    declaration.add_arguments(parser)
     parser.add_argument("--workdir", default=".", help="shared folder for checkpoints")
     parser.add_argument("--inbox", default="", help="controller's report inbox folder")
     parser.add_argument("--decision", default="", help="decision.json (default in workdir)")
@@ -64,12 +59,14 @@ def run(args: argparse.Namespace) -> int:
     script = list(args.script)
     if script and script[0] == "--":
         script = script[1:]
+    declared = declaration.from_args(args)
     config = JobConfig(
-        gpus=parse_range(args.gpus, "gpus"),
-        batch=parse_range(args.batch, "batch"),
-        max_frozen=args.max_frozen,
-        target=parse_target(args.target) if args.target else None,
-        max_epochs=args.max_epochs,
+        gpus=declared.gpus,
+        batch=declared.batch,
+        max_frozen=declared.max_frozen,
+        target=declared.target,
+        max_epochs=declared.max_epochs,
+        parallelism=declared.parallelism,
         workdir=os.path.abspath(args.workdir),
         inbox=os.path.abspath(args.inbox) if args.inbox else "",
         decision=os.path.abspath(args.decision) if args.decision else "",

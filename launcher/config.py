@@ -1,72 +1,24 @@
 """The job's declared limits and paths, and how they travel from ``icefrog launch`` to the
 trainer processes (environment variables set by the launcher, read once by the trainer).
 
-Pure: no torch, no subprocess. Owns the target-expression parser (``val_acc>=0.94``) and the
-range parser (``1-8``), both raising :class:`InputError` naming the problem.
+Pure: no torch, no subprocess. The declared limits (ranges, target) and their parsers are
+icefrog_slurm.declaration's, shared with ``icefrog submit``.
 """
 
 from __future__ import annotations
 
-import math
-import re
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
 
+from icefrog_slurm.core.parallelism import DDP, Parallelism
+from icefrog_slurm.declaration import Declaration, Target, parse_range, parse_target
 from icefrog_slurm.errors import InputError
 
-_TARGET = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(>=|<=)\s*(\S+)\s*$")
+__all__ = ["ENV_PREFIX", "JobConfig", "Target", "parse_range", "parse_target"]
 
 # Environment variables the launcher sets for the trainer (one place, documented in docs/).
 ENV_PREFIX = "ICEFROG_"
-
-
-@dataclass(frozen=True)
-class Target:
-    """A validation target: the job is done when ``metric op value`` holds."""
-
-    metric: str
-    op: Literal[">=", "<="]
-    value: float
-
-    def reached(self, value: float) -> bool:
-        return value >= self.value if self.op == ">=" else value <= self.value
-
-    def __str__(self) -> str:
-        return f"{self.metric}{self.op}{self.value:g}"
-
-
-def parse_target(text: str) -> Target:
-    """Parse ``NAME>=NUMBER`` or ``NAME<=NUMBER`` (e.g. ``val_acc>=0.94``, ``val_loss<=0.1``)."""
-    match = _TARGET.match(text)
-    if match is None:
-        if any(op in text for op in ("==", ">", "<", "=")):
-            raise InputError(
-                f"--target: {text!r}: the operator must be >= or <= "
-                "(e.g. 'val_acc>=0.94' or 'val_loss<=0.1')"
-            )
-        raise InputError(f"--target: {text!r}: expected NAME>=NUMBER or NAME<=NUMBER")
-    name, op, raw = match.groups()
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InputError(f"--target: {text!r}: {raw!r} is not a number") from None
-    if not math.isfinite(value):
-        raise InputError(f"--target: {text!r}: the value must be finite")
-    return Target(metric=name, op=">=" if op == ">=" else "<=", value=value)
-
-
-def parse_range(text: str, name: str, minimum: int = 1) -> tuple[int, int]:
-    """Parse ``N`` or ``LO-HI`` into ``(lo, hi)`` with ``minimum <= lo <= hi``."""
-    parts = text.strip().split("-")
-    if not 1 <= len(parts) <= 2 or not all(p.strip().isdigit() for p in parts):
-        raise InputError(f"--{name}: {text!r}: expected N or LO-HI (e.g. 1-8)")
-    lo, hi = int(parts[0]), int(parts[-1])
-    if lo < minimum:
-        raise InputError(f"--{name}: {text!r}: must be >= {minimum}")
-    if hi < lo:
-        raise InputError(f"--{name}: {text!r}: {hi} is smaller than {lo}")
-    return lo, hi
 
 
 @dataclass(frozen=True)
@@ -84,6 +36,7 @@ class JobConfig:
     job_name: str = "job"
     slurm_job_id: str = "0"
     seed: int = 0
+    parallelism: Parallelism = DDP  # --parallelism and --gpu-unit (spec section 7)
 
     @property
     def decision_path(self) -> str:
@@ -105,6 +58,7 @@ class JobConfig:
             "DECISION": self.decision,
             "JOB_NAME": self.job_name,
             "SEED": str(self.seed),
+            "PARALLELISM": json.dumps(self.parallelism.to_json()),
         }
         if self.target is not None:
             env["TARGET"] = str(self.target)
@@ -136,16 +90,39 @@ class JobConfig:
             "job_name": get("JOB_NAME", "job"),
             "slurm_job_id": env.get("SLURM_JOB_ID", "0"),
             "seed": seed,
+            "parallelism": _env_parallelism(get("PARALLELISM", "")),
         }
         values.update(overrides)
         config = cls(**values)  # type: ignore[arg-type]
         config.validate()
         return config
 
+    @property
+    def declaration(self) -> Declaration:
+        return Declaration(
+            gpus=self.gpus,
+            batch=self.batch,
+            max_frozen=self.max_frozen,
+            target=self.target,
+            max_epochs=self.max_epochs,
+            parallelism=self.parallelism,
+        )
+
+    @property
+    def accepts_shared(self) -> bool:
+        return self.declaration.accepts_shared
+
     def validate(self) -> None:
-        if not 0.0 <= self.max_frozen <= 1.0:
-            raise InputError(f"--max-frozen: must be within [0, 1], got {self.max_frozen}")
-        if self.max_epochs < 1:
-            raise InputError(f"--max-epochs: must be >= 1, got {self.max_epochs}")
+        self.declaration.validate()
         if not self.slurm_job_id.isdigit():
             raise InputError(f"SLURM_JOB_ID: must be a number, got {self.slurm_job_id!r}")
+
+
+def _env_parallelism(text: str) -> Parallelism:
+    if not text:
+        return DDP
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise InputError(f"{ENV_PREFIX}PARALLELISM: not JSON: {text!r}") from None
+    return Parallelism.from_json(doc, f"{ENV_PREFIX}PARALLELISM")

@@ -2,6 +2,12 @@
 ``<inbox>/<slurm_job_id>/<seq>-<kind>.json`` (temp file + fsync + rename, so the
 controller never reads half a report). Only rank 0 reports.
 
+Sequence numbers: the controller moves every report it reads out of the folder and refuses
+a (Slurm job, seq) it has seen with other content, so a number must never come back, not
+after a requeue (same Slurm job id, an empty folder) and not after ``icefrog submit``'s
+``register`` (seq 0). A report's seq is therefore the larger of the previous one + 1 and the
+time in microseconds: increasing within a process and across restarts.
+
 Credential: when the ``munge`` program exists, ``munge -s <body_digest>`` encodes the
 digest of the report body (icefrog_slurm.protocol.body_digest) with the sender's uid;
 otherwise the credential is empty and the controller will reject the report.
@@ -61,16 +67,17 @@ class Reporter:
         self.folder = Path(inbox) / slurm_job_id if inbox else Path()
         self.slurm_job_id = slurm_job_id
         self.job_name = job_name
-        self.seq = 0
+        self.seq = 1
         if self.enabled:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            # continue numbering after a requeue: never reuse a sequence number
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # reports still waiting in the folder (the controller is slow or down)
             existing = [int(p.name.split("-")[0]) for p in self.folder.glob("*-*.json")]
-            self.seq = max(existing, default=-1) + 1
+            self.seq = max(existing, default=0) + 1
 
     def send(self, kind: str, payload: Mapping[str, Any] | Any) -> Path | None:
         if not self.enabled:
             return None
+        self.seq = max(self.seq, time.time_ns() // 1000)
         if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
             payload = dataclasses.asdict(payload)
         envelope = Envelope(
@@ -85,7 +92,7 @@ class Reporter:
         envelope = dataclasses.replace(
             envelope, credential=munge_credential(body_digest(envelope.body()))
         )
-        path = self.folder / f"{self.seq:08d}-{kind}.json"
+        path = self.folder / f"{self.seq:016d}-{kind}.json"
         write_atomic(path, envelope.to_json().encode())
         self.seq += 1
         return path

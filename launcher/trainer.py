@@ -46,7 +46,6 @@ from icefrog_slurm.protocol import (
     Decision,
     FinishedReport,
     GradStats,
-    JobSpec,
     MetricReport,
     ProfileSample,
     ProgressReport,
@@ -347,21 +346,10 @@ class Trainer:
         self.reporter.send("profile", {"samples": [dataclasses.asdict(sample)]})
 
     def _register(self) -> None:
-        target = self.config.target
-        spec = JobSpec(
-            min_gpus=self.config.gpus[0],
-            max_gpus=self.config.gpus[1],
-            min_batch=self.config.batch[0],
-            max_batch=self.config.batch[1],
-            max_frozen_fraction=self.config.max_frozen,
-            target_metric=target.metric if target else "none",
-            target_op=target.op if target else ">=",
-            target_value=target.value if target else sys.float_info.max,
-            max_epochs=self.config.max_epochs,
+        spec = self.config.declaration.job_spec(
             samples_per_epoch=self.loader.size,
             layer_flops=self.table.flops,
             layer_param_bytes=self.table.param_bytes,
-            accepts_shared=self.config.gpus[0] == 1,
         )
         self.reporter.send("register", spec)
 

@@ -37,6 +37,7 @@ from icefrog_slurm.core.throughput import (
     nodes_for,
     sync_time,
 )
+from icefrog_slurm.core.tuner import ThroughputModel
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.protocol import ProfileSample
 
@@ -323,6 +324,9 @@ class ProfileHistory:
     A configuration is (gpus, batch, frozen, shared). Repeated samples of a configuration
     are averaged; the model is refitted only when a configuration not seen before arrives,
     so it grows accurate as the job visits more GPU counts and freezing depths.
+
+    ``fitter``: the fit of the job's model (``parallel_fit.fitter_for`` picks it by the
+    job's parallelism); by default the DDP model's (:func:`fit_ddp_model`).
     """
 
     def __init__(
@@ -331,12 +335,16 @@ class ProfileHistory:
         *,
         gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
         prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+        fitter: Callable[[Sequence[ProfileSample]], ThroughputModel] | None = None,
     ) -> None:
         self._layers = layers
-        self._gpus_per_node = gpus_per_node
-        self._prior_weight = prior_weight
+        self._fit = fitter or (
+            lambda samples: fit_ddp_model(
+                samples, layers, gpus_per_node=gpus_per_node, prior_weight=prior_weight
+            )
+        )
         self._samples: dict[tuple[int, int, int, bool], tuple[ProfileSample, int]] = {}
-        self._model: DdpThroughputModel | None = None
+        self._model: ThroughputModel | None = None
         self._stale = True
 
     def add(self, samples: Sequence[ProfileSample]) -> bool:
@@ -364,15 +372,10 @@ class ProfileHistory:
             (g, m, k): _rate(s) for (g, m, k, sh), (s, _) in self._samples.items() if sh == shared
         }
 
-    def model(self) -> DdpThroughputModel:
+    def model(self) -> ThroughputModel:
         """The model fitted to every configuration seen so far (refitted when stale)."""
         if self._model is None or self._stale:
-            self._model = fit_ddp_model(
-                self.samples,
-                self._layers,
-                gpus_per_node=self._gpus_per_node,
-                prior_weight=self._prior_weight,
-            )
+            self._model = self._fit(self.samples)
             self._stale = False
         return self._model
 

@@ -1,8 +1,7 @@
 """Layer-aware iteration time of large-model jobs: SDP, PP and HP (spec section 7, eq 9-13).
 
-Owns the ``Parallelism`` a job declares (DDP, SDP, PP with p stages, HP with d replicas of
-p stages) with its allocation unit and legal GPU counts, the split of a layer table into
-pipeline stages, and the two model families of section 7:
+Owns the split of a layer table into pipeline stages and the two model families of
+section 7:
 
 - :class:`SdpModel`: sharded data parallelism, whose backward overlaps gradient compute
   with the parameter all-gather (eq 9) and scales each branch with freezing (eq 10);
@@ -10,6 +9,9 @@ pipeline stages, and the two model families of section 7:
   stages' backward and the gradient transfers into them removed (eq 12); with d > 1
   pipeline replicas (HP) the per-stage gradient sync (eq 13) overlaps the backward as in
   eq 5. Pure PP is the case d = 1 (GPUs = stages), where the sync is 0.
+
+The declaration itself, ``Parallelism`` (kind, stages, unit, legal GPU counts), lives in
+``parallelism.py`` (the wire protocol carries it) and is re-exported here.
 
 Freezing the first l layers is the variable (``frozen``); theta_l and omega_l come from
 :class:`~icefrog_slurm.core.layers.LayerTable`. The freezing branches and the overlap are
@@ -24,13 +26,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from enum import StrEnum
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.core.parallelism import Kind as Kind
+from icefrog_slurm.core.parallelism import Parallelism as Parallelism
 from icefrog_slurm.core.throughput import (
     FreezeParams,
     backward_time,
@@ -39,94 +42,6 @@ from icefrog_slurm.core.throughput import (
     sync_time,
 )
 from icefrog_slurm.errors import InputError
-from icefrog_slurm.jsonio import expect_object, get_int, get_str, reject_unknown
-
-
-class Kind(StrEnum):
-    """How a job spreads over its GPUs."""
-
-    DDP = "ddp"
-    SDP = "sdp"
-    PP = "pp"
-    HP = "hp"
-
-
-@dataclass(frozen=True)
-class Parallelism:
-    """A job's declared parallelism.
-
-    ``stages``: p, the pipeline stages (PP, HP; 1 otherwise). ``unit``: the allocation unit,
-    every GPU count a multiple of it (4 for the paper's LLaMA jobs). For HP the number of
-    replicas is not declared but follows from the allocation: d = a / p.
-    """
-
-    kind: Kind
-    stages: int = 1
-    unit: int = 1
-
-    def __post_init__(self) -> None:
-        if self.unit < 1:
-            raise InputError(f"parallelism.unit: must be >= 1, got {self.unit}")
-        pipelined = self.kind in (Kind.PP, Kind.HP)
-        if pipelined and self.stages < 2:
-            raise InputError(f"parallelism.stages: {self.kind} needs >= 2, got {self.stages}")
-        if not pipelined and self.stages != 1:
-            raise InputError(f"parallelism.stages: {self.kind} has no stages, got {self.stages}")
-        if self.kind is Kind.PP and self.stages % self.unit:
-            raise InputError(
-                f"parallelism: pure PP uses {self.stages} GPUs, not a multiple of the unit "
-                f"{self.unit}"
-            )
-
-    @property
-    def step(self) -> int:
-        """The spacing of legal GPU counts: the unit, or lcm(unit, p) for HP."""
-        return math.lcm(self.unit, self.stages) if self.kind is Kind.HP else self.unit
-
-    def legal_gpu_counts(self, min_gpus: int, max_gpus: int) -> tuple[int, ...]:
-        """The GPU counts a in [min_gpus, max_gpus] this job can run on (0, waiting, excluded).
-
-        DDP, SDP: multiples of the unit; PP: exactly p; HP: multiples of lcm(unit, p).
-        """
-        if min_gpus < 1 or max_gpus < min_gpus:
-            raise InputError(f"gpus: need 1 <= min <= max, got [{min_gpus}, {max_gpus}]")
-        if self.kind is Kind.PP:
-            return (self.stages,) if min_gpus <= self.stages <= max_gpus else ()
-        first = -(-min_gpus // self.step) * self.step
-        return tuple(range(first, max_gpus + 1, self.step))
-
-    def replicas(self, gpus: int) -> int:
-        """Data-parallel replicas on ``gpus``: a (DDP, SDP), 1 (PP), d = a / p (HP)."""
-        if gpus < 1 or gpus % self.step or (self.kind is Kind.PP and gpus != self.stages):
-            raise InputError(f"gpus: {gpus} is not a legal count for {self.describe()}")
-        if self.kind is Kind.PP:
-            return 1
-        return gpus // self.stages
-
-    def global_batch(self, gpus: int, batch: int) -> int:
-        """M(a, m) of eq 4: replicas x m, with m the batch of one replica (GPU or pipeline)."""
-        return self.replicas(gpus) * batch
-
-    def describe(self) -> str:
-        stages = f"(p={self.stages})" if self.stages > 1 else ""
-        return f"{self.kind.value.upper()}{stages} in units of {self.unit} GPUs"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "stages": self.stages, "unit": self.unit}
-
-    @classmethod
-    def from_json(cls, doc: Any, where: str = "parallelism") -> Parallelism:
-        obj = expect_object(doc, where)
-        reject_unknown(obj, ("kind", "stages", "unit"), where)
-        kind = get_str(obj, "kind", where)
-        if kind not in {k.value for k in Kind}:
-            raise InputError(f"{where}.kind: must be one of ddp, sdp, pp, hp; got {kind!r}")
-        return cls(
-            kind=Kind(kind),
-            stages=get_int(obj, "stages", where, default=1, minimum=1),
-            unit=get_int(obj, "unit", where, default=1, minimum=1),
-        )
-
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -227,7 +142,7 @@ class SdpModel(_ModelBase):
 
     params: SdpParams
     table: LayerTable
-    parallelism: Parallelism = Parallelism(Kind.SDP, unit=4)
+    parallelism: Parallelism = Parallelism(Kind.SDP, unit=4)  # noqa: RUF009 (frozen value)
     _fractions: tuple[FloatArray, FloatArray] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

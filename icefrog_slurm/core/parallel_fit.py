@@ -27,7 +27,7 @@ from icefrog_slurm.core.parallel import (
     SdpModel,
     SdpParams,
 )
-from icefrog_slurm.core.throughput import DdpThroughputModel
+from icefrog_slurm.core.throughput import DEFAULT_GPUS_PER_NODE, DdpThroughputModel
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.protocol import ProfileSample
 
@@ -99,15 +99,21 @@ def fit_large_model(
     prior_weight: float = DEFAULT_PRIOR_WEIGHT,
     starts: int = 4,
     seed: int = 0,
+    min_samples: int | None = None,
 ) -> M:
     """``template`` (its table, parallelism and stages) with parameters fitted to the
     unshared ``samples`` by bounded least squares on log(T_pred / T_iter) plus the prior of
     ``fit.fit_params``; ``starts - 1`` extra starts drawn log-uniformly around the defaults
-    from a seeded generator guard against a poor local minimum."""
+    from a seeded generator guard against a poor local minimum.
+
+    ``min_samples``: fewer unshared samples are refused (default: one a parameter). The
+    scheduler passes 1: its job's model starts from one assumed sample and the prior holds
+    what the samples cannot yet inform, as the DDP fit does."""
     used = [s for s in samples if not s.shared]
-    if len(used) < len(fields(template.params)):
+    need = len(fields(template.params)) if min_samples is None else max(1, min_samples)
+    if len(used) < need:
         raise InputError(
-            f"samples: need >= {len(fields(template.params))} unshared samples to fit "
+            f"samples: need >= {need} unshared samples to fit "
             f"{template.parallelism.describe()}, got {len(used)}"
         )
     measured = np.array([iteration_seconds(template, s) for s in used])
@@ -139,17 +145,26 @@ def fitter_for(
     *,
     stage_sizes: tuple[int, ...] = (),
     prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+    min_samples: int | None = None,
 ) -> Fitter:
     """The fit of the model matching a job's declared parallelism: eq 4-7 (DDP), eq 9-10
     (SDP), eq 11-13 (PP, HP). Handing a LLaMA job ``Parallelism(Kind.DDP, unit=4)`` instead
-    of its own is the paper's ablation (section 7: DDP model for SDP/HP jobs)."""
+    of its own is the paper's ablation (section 7: DDP model for SDP/HP jobs).
+    ``gpus_per_node``: the DDP model's node size; ``min_samples``: see :func:`fit_large_model`."""
     if parallelism.kind is Kind.DDP:
-        return lambda samples: fit_ddp_model(samples, table, prior_weight=prior_weight)
+        return lambda samples: fit_ddp_model(
+            samples, table, prior_weight=prior_weight, gpus_per_node=gpus_per_node
+        )
     if parallelism.kind is Kind.SDP:
         sdp = SdpModel(SdpParams(*([1.0] * len(fields(SdpParams)))), table, parallelism)
-        return lambda samples: fit_large_model(sdp, samples, prior_weight=prior_weight)
+        return lambda samples: fit_large_model(
+            sdp, samples, prior_weight=prior_weight, min_samples=min_samples
+        )
     pipe = PipelineModel(PipelineParams(*([1.0] * 8)), table, parallelism, stage_sizes)
-    return lambda samples: fit_large_model(pipe, samples, prior_weight=prior_weight)
+    return lambda samples: fit_large_model(
+        pipe, samples, prior_weight=prior_weight, min_samples=min_samples
+    )
 
 
 def synthetic_samples(

@@ -3,18 +3,23 @@
 For each job of a snapshot, from what the job reported:
 
 - its throughput model: a :class:`~icefrog_slurm.core.fit.ProfileHistory` fitted to its
-  unshared profile samples (eq 4-7, 14); a job with no sample yet gets the *prior*: the
-  model fitted to one assumed sample, ``PRIOR_SAMPLES_PER_S`` on 1 GPU at its smallest
-  batch with nothing frozen, so its GPU-count curve is the fit's default shape;
+  unshared profile samples (eq 4-7, 14) with the model of its declared parallelism
+  (``parallel_fit.fitter_for``: DDP eq 4-7, SDP eq 9-10, PP/HP eq 11-13; with
+  ``policy.large_model_models = false`` every job gets the DDP model, the paper's
+  ablation); a job with no sample yet gets the *prior*: the model fitted to one assumed
+  sample, one replica at ``PRIOR_SAMPLES_PER_S`` on its smallest legal GPU count at its
+  smallest batch with nothing frozen, so its GPU-count curve is the fit's default shape;
 - psi from its latest per-layer gradient variances (eq 3); with none yet, freezing is not
   offered (only l = 0, psi = 1): its cost cannot be judged;
 - the sharing predictor (eq 8's regressions) from samples that measured utilization and
   memory; with none, the job is not offered a shared GPU;
-- for every legal GPU count a (``min_gpus..max_gpus``, at most a node or whole nodes, at
-  most the capacity) the Layer Tuner's best (m, l) (eq 15) and
+- for every legal GPU count a (``min_gpus..max_gpus``, a multiple of the job's allocation
+  unit and a legal count of its parallelism, at most a node or whole nodes, at most the
+  capacity) the Layer Tuner's best (m, l) (eq 15) and
   ``T_acc(a) = T_age + P / max E(a, s, m, l)`` (eq 16), plus the same for one shared GPU
-  at lambda = ``sharing.speed_factor``; an option that changes a running job's allocation
-  is charged ``controller.reallocation_overhead_s``.
+  at lambda = ``sharing.speed_factor`` for a DDP job in units of one GPU (large models
+  keep their GPUs busy and are not packed, spec section 7); an option that changes a
+  running job's allocation is charged ``controller.reallocation_overhead_s``.
 
 Models are cached per job and refitted only when a new configuration is measured.
 """
@@ -28,11 +33,13 @@ from dataclasses import dataclass, field
 from icefrog_slurm.controller.snapshot import JobSnapshot
 from icefrog_slurm.core.fit import ProfileHistory
 from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.core.parallel_fit import fitter_for
+from icefrog_slurm.core.parallelism import DDP, Kind, Parallelism
 from icefrog_slurm.core.penalty import PenaltyTable
 from icefrog_slurm.core.sharing import Load, SharingPredictor, fit_sharing
-from icefrog_slurm.core.throughput import DdpThroughputModel
 from icefrog_slurm.core.tta import time_to_accuracy
 from icefrog_slurm.core.tuner import (
+    ThroughputModel,
     TunerChoice,
     legal_frozen,
     measured_or_predicted,
@@ -40,7 +47,7 @@ from icefrog_slurm.core.tuner import (
     tune,
 )
 from icefrog_slurm.errors import IcefrogError
-from icefrog_slurm.protocol import ProfileSample
+from icefrog_slurm.protocol import JobSpec, ProfileSample
 from icefrog_slurm.settings import Settings
 
 PRIOR_SAMPLES_PER_S = 100.0
@@ -64,7 +71,8 @@ class _Cached:
     history: ProfileHistory
     sharing: SharingPredictor | None
     prior: bool  # the history holds only the prior sample
-    model: DdpThroughputModel | None = None  # the last fitted model
+    modelled: Parallelism  # the parallelism whose model the history fits
+    model: ThroughputModel | None = None  # the last fitted model
     stale: bool = True  # a configuration arrived since ``model`` was fitted
     # The tuner's choices by (gpus, shared), valid while ``tuned_for`` is unchanged.
     tuned: dict[tuple[int, bool], TunerChoice | None] = field(default_factory=dict)
@@ -84,7 +92,7 @@ class Estimator:
     def __init__(self) -> None:
         self._cache: dict[int, _Cached] = {}
         self._budget = -1  # fits left this round; -1: unlimited
-        self._priors: dict[tuple[object, ...], DdpThroughputModel] = {}
+        self._priors: dict[tuple[object, ...], ThroughputModel] = {}
 
     def new_round(self, *, fit_budget: int | None) -> None:
         self._budget = -1 if fit_budget is None else fit_budget
@@ -100,7 +108,7 @@ class Estimator:
     ) -> tuple[Candidate, ...]:
         spec = job.job.spec
         layers = LayerTable(spec.layer_flops, spec.layer_param_bytes, spec.layer_boundaries)
-        cached = self._models(job, layers, gpus_per_node)
+        cached = self._models(job, layers, gpus_per_node, modelled_parallelism(spec, settings))
         stats = job.view.grad_stats
         psi: Callable[[int], float]
         if stats is not None and len(stats.grad_var) == layers.num_layers:
@@ -151,12 +159,13 @@ class Estimator:
 
     def _model(
         self, job: JobSnapshot, cached: _Cached, layers: LayerTable, gpus_per_node: int
-    ) -> DdpThroughputModel:
+    ) -> ThroughputModel:
         """The job's fitted model, refitted when stale and the round's budget allows."""
         if cached.model is not None and not cached.stale:
             return cached.model
         if cached.prior:
-            cached.model, cached.stale = self._prior_model(job, layers, gpus_per_node), False
+            cached.model = self._prior_model(job, layers, gpus_per_node, cached.modelled)
+            cached.stale = False
             cached.version += 1
             return cached.model
         if self._budget != 0:
@@ -166,29 +175,31 @@ class Estimator:
             return cached.model
         if cached.model is not None:
             return cached.model  # refitted in a later round
-        return self._prior_model(job, layers, gpus_per_node)
+        return self._prior_model(job, layers, gpus_per_node, cached.modelled)
 
     def _prior_model(
-        self, job: JobSnapshot, layers: LayerTable, gpus_per_node: int
-    ) -> DdpThroughputModel:
-        """The prior's model, fitted once for each (layer table, batch, node size)."""
-        sample = _prior(job)
-        key = (layers, sample.batch, gpus_per_node)
+        self, job: JobSnapshot, layers: LayerTable, gpus_per_node: int, modelled: Parallelism
+    ) -> ThroughputModel:
+        """The prior's model, fitted once for each (layer table, sample, node size, model)."""
+        sample = _prior(job, modelled)
+        key = (layers, sample, gpus_per_node, modelled)
         if key not in self._priors:
-            history = ProfileHistory(layers, gpus_per_node=gpus_per_node)
+            history = _history(layers, gpus_per_node, modelled)
             history.add([sample])
             self._priors[key] = history.model()
         return self._priors[key]
 
-    def _models(self, job: JobSnapshot, layers: LayerTable, gpus_per_node: int) -> _Cached:
+    def _models(
+        self, job: JobSnapshot, layers: LayerTable, gpus_per_node: int, modelled: Parallelism
+    ) -> _Cached:
         samples = job.view.samples
         cached = self._cache.get(job.id)
         measured = any(not s.shared for s in samples)
-        if cached is None or (cached.prior and measured):
-            history = ProfileHistory(layers, gpus_per_node=gpus_per_node)
-            cached = _Cached(0, history, None, prior=not measured)
+        if cached is None or (cached.prior and measured) or cached.modelled != modelled:
+            history = _history(layers, gpus_per_node, modelled)
+            cached = _Cached(0, history, None, prior=not measured, modelled=modelled)
             if not measured:
-                history.add([_prior(job)])
+                history.add([_prior(job, modelled)])
             self._cache[job.id] = cached
         if cached.samples != len(samples) or cached.samples == 0:
             cached.stale |= cached.history.add(samples[cached.samples :])
@@ -202,12 +213,31 @@ class Estimator:
             del self._cache[job_id]
 
 
-def _prior(job: JobSnapshot) -> ProfileSample:
-    batch = powers_of_two(job.job.spec.min_batch, job.job.spec.max_batch)[0]
+def modelled_parallelism(spec: JobSpec, settings: Settings) -> Parallelism:
+    """The parallelism whose model estimates the job: its own, or with
+    ``policy.large_model_models = false`` DDP for every job (the paper's ablation)."""
+    if settings.policy.large_model_models:
+        return spec.parallelism
+    return Parallelism(Kind.DDP, unit=spec.parallelism.unit)
+
+
+def _history(layers: LayerTable, gpus_per_node: int, modelled: Parallelism) -> ProfileHistory:
+    """A history fitting ``modelled``'s model; a large model's fit starts from one sample
+    (the prior holds what the samples cannot inform yet), as the DDP fit does."""
+    fitter = fitter_for(modelled, layers, gpus_per_node=gpus_per_node, min_samples=1)
+    return ProfileHistory(layers, gpus_per_node=gpus_per_node, fitter=fitter)
+
+
+def _prior(job: JobSnapshot, modelled: Parallelism) -> ProfileSample:
+    """One assumed sample: one replica at PRIOR_SAMPLES_PER_S on the smallest legal count."""
+    spec = job.job.spec
+    batch = powers_of_two(spec.min_batch, spec.max_batch)[0]
+    gpus = spec.parallelism.legal_gpu_counts(spec.min_gpus, spec.max_gpus)[0]
     t_iter = batch / PRIOR_SAMPLES_PER_S
     return ProfileSample(
-        gpus=1, batch=batch, frozen=0, shared=False, t_fwd_s=0.0, t_bwd_s=0.0,
-        t_sync_s=0.0, t_iter_s=t_iter, samples_per_s=PRIOR_SAMPLES_PER_S,
+        gpus=gpus, batch=batch, frozen=0, shared=False, t_fwd_s=0.0, t_bwd_s=0.0,
+        t_sync_s=0.0, t_iter_s=t_iter,
+        samples_per_s=modelled.global_batch(gpus, batch) / t_iter,
     )  # fmt: skip
 
 
@@ -222,13 +252,12 @@ def _configurations(
     job: JobSnapshot, gpn: int, capacity: int, settings: Settings, cached: _Cached
 ) -> list[tuple[int, bool]]:
     spec = job.job.spec
-    out = [
-        (g, False)
-        for g in range(spec.min_gpus, min(spec.max_gpus, capacity) + 1)
-        if g <= gpn or g % gpn == 0
-    ]
+    top = min(spec.max_gpus, capacity)
+    counts = spec.parallelism.legal_gpu_counts(spec.min_gpus, top) if top >= spec.min_gpus else ()
+    out = [(g, False) for g in counts if g <= gpn or g % gpn == 0]
     if (
         spec.accepts_shared
+        and spec.parallelism == DDP
         and spec.min_gpus == 1
         and settings.sharing.max_jobs_per_gpu >= 2
         and cached.sharing is not None

@@ -32,6 +32,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -42,6 +43,9 @@ NAMING = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+
+DDP_JSON = '{"kind": "ddp", "stages": 1, "unit": 1}'
+"""A job's parallelism before it was stored (migration 0002): plain DDP in units of 1."""
 
 
 class Base(DeclarativeBase):
@@ -86,6 +90,8 @@ class Job(Base):
     layer_param_bytes: Mapped[list[float]]
     layer_boundaries: Mapped[list[int]]
     accepts_shared: Mapped[bool] = mapped_column(Boolean)
+    # Parallelism.to_json() (core/parallelism.py); rows from before 0002 read as plain DDP.
+    parallelism: Mapped[dict[str, Any]] = mapped_column(server_default=text(f"'{DDP_JSON}'"))
     # Latest progress (protocol.ProgressReport) and the end.
     epoch: Mapped[int] = mapped_column(default=0)
     samples_done: Mapped[int] = mapped_column(BigInteger, default=0)

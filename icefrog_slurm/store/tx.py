@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 
+from icefrog_slurm.core.parallelism import Parallelism
 from icefrog_slurm.protocol import (
     FinishedReport,
     GradStats,
@@ -266,6 +267,7 @@ def _speccolumns(spec: JobSpec) -> dict[str, Any]:
     values = asdict(spec)
     for name in ("layer_flops", "layer_param_bytes", "layer_boundaries"):
         values[name] = list(values[name])
+    values["parallelism"] = spec.parallelism.to_json()
     return values
 
 
@@ -280,7 +282,7 @@ def _job_record(row: Any, chain: Sequence[str]) -> JobRecord:
     return record(
         JobRecord,
         row,
-        spec=record(JobSpec, row, **layers),
+        spec=record(JobSpec, row, parallelism=Parallelism.from_json(row.parallelism), **layers),
         slurm_job_ids=tuple(chain),
         progress=record(Progress, row, time=row.progress_time),
     )

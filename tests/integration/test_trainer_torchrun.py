@@ -21,6 +21,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from icefrog_slurm.core.parallelism import Kind, Parallelism
 from icefrog_slurm.protocol import parse_envelope, parse_payload
 from launcher.launch import REQUEUE_EXIT_CODE
 
@@ -60,7 +61,9 @@ def _reports(workdir: Path, kind: str) -> list[Any]:
 
 
 def test_freeze_then_unfreeze(tmp_path: Path) -> None:
-    done = _torchrun(2, _env(tmp_path, PROBE_MODE="freeze", ICEFROG_MAX_EPOCHS="3"))
+    sdp = '{"kind": "sdp", "stages": 1, "unit": 1}'  # the declaration travels (not used here)
+    env = _env(tmp_path, PROBE_MODE="freeze", ICEFROG_MAX_EPOCHS="3", ICEFROG_PARALLELISM=sdp)
+    done = _torchrun(2, env)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads((tmp_path / "out.json").read_text())
     e0, e1, e2 = out["epochs"]
@@ -92,6 +95,8 @@ def test_freeze_then_unfreeze(tmp_path: Path) -> None:
     assert [p.frozen for p in profiles] == [0, 3, 0] and all(p.t_iter_s > 0 for p in profiles)
     finished = _reports(tmp_path, "finished")
     assert [f.reason for f in finished] == ["max_epochs"]
+    (spec,) = _reports(tmp_path, "register")
+    assert spec.parallelism == Parallelism(Kind.SDP) and not spec.accepts_shared
 
 
 def test_resize_two_to_one_matches_uninterrupted(tmp_path: Path) -> None:

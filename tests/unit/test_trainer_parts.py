@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -54,16 +55,23 @@ def test_torn_or_corrupt_checkpoint_is_never_loaded(
 
 def test_reports_parse_back(tmp_path: Path) -> None:
     reporter = Reporter(inbox=str(tmp_path), slurm_job_id="17", job_name="mlp")
+    before = time.time_ns() // 1000
     path = reporter.send("metric", {"epoch": 3, "name": "val_acc", "value": 0.5})
-    assert path is not None and path.name == "00000000-metric.json"
+    assert path is not None and path.name == f"{reporter.seq - 1:016d}-metric.json"
     envelope = parse_envelope(path.read_bytes())
-    assert (envelope.kind, envelope.seq, envelope.slurm_job_id) == ("metric", 0, "17")
+    assert (envelope.kind, envelope.slurm_job_id) == ("metric", "17")
+    assert envelope.seq >= before  # microseconds: never reused after the folder is emptied
     assert parse_payload("metric", envelope.payload).value == 0.5
     if shutil.which("munge"):
         assert envelope.credential.startswith("MUNGE:")
-    # a restarted job continues the numbering instead of overwriting
+    # a restarted job continues after reports still waiting in the folder
     again = Reporter(inbox=str(tmp_path), slurm_job_id="17", job_name="mlp")
-    assert again.seq == 1
+    assert again.seq == envelope.seq + 1
+    # and after the controller has archived them (empty folder), numbers still grow
+    path.unlink()
+    later = Reporter(inbox=str(tmp_path), slurm_job_id="17", job_name="mlp")
+    second = later.send("metric", {"epoch": 4, "name": "val_acc", "value": 0.6})
+    assert second is not None and parse_envelope(second.read_bytes()).seq > envelope.seq
     assert (
         Reporter(inbox=str(tmp_path), slurm_job_id="17", job_name="m", enabled=False).send(
             "metric", {}

@@ -7,6 +7,7 @@ nothing. Runs on SQLite and Postgres.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -107,7 +108,7 @@ def _register(site: Site, user: str = ALICE, job: str = ALICE_JOB, name: str = "
 
 
 def _spec_payload() -> dict[str, Any]:
-    return json.loads(json.dumps(spec().__dict__))
+    return json.loads(json.dumps(dataclasses.asdict(spec())))
 
 
 METRIC = {"epoch": 1, "name": "val_acc", "value": 0.5}
