@@ -4,8 +4,9 @@ The job side (the launcher, ``icefrog submit``) signs a report with :func:`sign`
 <digest of the report body>``) and writes it with :func:`drop_report`; the controller
 decodes the credential with :func:`decode` (``unmunge``), which yields the uid of the
 process that made it (munged learns it over a Unix socket: it cannot be claimed) and the
-signed payload. The store's inbox decides what a decoded credential proves. Stdlib only,
-so the job side can import it.
+signed payload. The store's inbox decides what a decoded credential proves. Also the one
+atomic file write (:func:`write_atomic`) the job side uses for reports, checkpoints and
+markers. Stdlib only, so the job side can import it.
 """
 
 from __future__ import annotations
@@ -88,8 +89,8 @@ def drop_report(inbox_dir: str | Path, envelope: Envelope) -> Path:
     """Write a signed report to ``<inbox>/<slurm_job_id>/<seq>-<kind>.json``, atomically.
 
     The job's folder is created mode 0700 (refused if someone else owns it); the file is
-    written under a dot name, mode 0600, then renamed, so the controller never reads half
-    of it."""
+    written under a dot name, mode 0600, fsynced, then renamed (:func:`write_atomic`), so the
+    controller never reads half of it."""
     folder = Path(inbox_dir) / envelope.slurm_job_id
     try:
         folder.mkdir(mode=0o700)
@@ -98,12 +99,27 @@ def drop_report(inbox_dir: str | Path, envelope: Envelope) -> Path:
         if owner != os.geteuid() or folder.is_symlink():
             raise IcefrogError(f"{folder}: owned by uid {owner}, not by this user") from None
     name = f"{envelope.seq}-{envelope.kind}.json"
-    tmp = folder / f".{name}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(envelope.to_json())
-    os.replace(tmp, folder / name)
+    write_atomic(folder / name, envelope.to_json().encode())
     return folder / name
+
+
+def write_atomic(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` atomically: a dot-named temp file (created exclusively, no
+    symlink followed), fsync, rename, fsync the folder; a reader sees the old file or the
+    whole new one, also after a crash."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)  # left by a crashed process with the same pid
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def _meta_line(line: str) -> tuple[str, str]:

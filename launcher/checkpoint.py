@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from launcher.reports import write_atomic
+from icefrog_slurm.security import write_atomic
 
 _PREFIX = "ckpt-"
 

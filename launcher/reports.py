@@ -1,6 +1,6 @@
 """Reports from the job to the controller: protocol Envelopes written as JSON files into
-``<inbox>/<slurm_job_id>/<seq>-<kind>.json`` (temp file + fsync + rename, so the
-controller never reads half a report). Only rank 0 reports.
+``<inbox>/<slurm_job_id>/<seq>-<kind>.json`` by icefrog_slurm.security.drop_report (temp
+file + fsync + rename, so the controller never reads half a report). Only rank 0 reports.
 
 Sequence numbers: the controller moves every report it reads out of the folder and refuses
 a (Slurm job, seq) it has seen with other content, so a number must never come back, not
@@ -8,53 +8,23 @@ after a requeue (same Slurm job id, an empty folder) and not after ``icefrog sub
 ``register`` (seq 0). A report's seq is therefore the larger of the previous one + 1 and the
 time in microseconds: increasing within a process and across restarts.
 
-Credential: when the ``munge`` program exists, ``munge -s <body_digest>`` encodes the
-digest of the report body (icefrog_slurm.protocol.body_digest) with the sender's uid;
-otherwise the credential is empty and the controller will reject the report.
+Credential: icefrog_slurm.security.sign (``munge -s <body_digest>``, the digest of the
+report body, encoded with the sender's uid); when munge is missing or fails the credential
+stays empty and the controller will reject the report.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-import os
-import shutil
-import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from icefrog_slurm.protocol import PROTOCOL_VERSION, Envelope, body_digest
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: temp file, fsync, rename, fsync the folder."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def munge_credential(digest: str, munge: str | None = None) -> str:
-    """``munge -s DIGEST`` output, or "" when munge is missing or fails."""
-    exe = munge or shutil.which("munge")
-    if exe is None:
-        return ""
-    try:
-        done = subprocess.run(
-            [exe, "-s", digest], capture_output=True, text=True, timeout=10, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout.strip() if done.returncode == 0 else ""
+from icefrog_slurm import security
+from icefrog_slurm.protocol import PROTOCOL_VERSION, Envelope
 
 
 class Reporter:
@@ -89,10 +59,8 @@ class Reporter:
             time=time.time(),
             payload=json.loads(json.dumps(payload)),  # tuples -> lists, as parsed back
         )
-        envelope = dataclasses.replace(
-            envelope, credential=munge_credential(body_digest(envelope.body()))
-        )
-        path = self.folder / f"{self.seq:016d}-{kind}.json"
-        write_atomic(path, envelope.to_json().encode())
+        with contextlib.suppress(security.MungeError):  # unsigned: the controller rejects it
+            envelope = security.sign(envelope)
+        path = security.drop_report(self.folder.parent, envelope)
         self.seq += 1
         return path

@@ -50,6 +50,7 @@ from icefrog_slurm.protocol import (
     ProfileSample,
     ProgressReport,
 )
+from icefrog_slurm.security import write_atomic
 from launcher import checkpoint
 from launcher.config import JobConfig
 from launcher.data import ElasticDataLoader
@@ -63,7 +64,7 @@ from launcher.profiler import (
     param_bytes,
     peak_memory_bytes,
 )
-from launcher.reports import Reporter, write_atomic
+from launcher.reports import Reporter
 from launcher.stats import GradStatsCollector
 
 

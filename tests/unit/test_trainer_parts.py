@@ -57,7 +57,7 @@ def test_reports_parse_back(tmp_path: Path) -> None:
     reporter = Reporter(inbox=str(tmp_path), slurm_job_id="17", job_name="mlp")
     before = time.time_ns() // 1000
     path = reporter.send("metric", {"epoch": 3, "name": "val_acc", "value": 0.5})
-    assert path is not None and path.name == f"{reporter.seq - 1:016d}-metric.json"
+    assert path is not None and path.name == f"{reporter.seq - 1}-metric.json"
     envelope = parse_envelope(path.read_bytes())
     assert (envelope.kind, envelope.slurm_job_id) == ("metric", "17")
     assert envelope.seq >= before  # microseconds: never reused after the folder is emptied
@@ -78,6 +78,22 @@ def test_reports_parse_back(tmp_path: Path) -> None:
         )
         is None
     )
+
+
+def test_report_without_munge_is_written_unsigned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No munge program: the report is still written (by security.drop_report: mode 0600, the
+    inbox's ``<seq>-<kind>.json`` name) with an empty credential, as before the move."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    reporter = Reporter(inbox=str(tmp_path / "inbox"), slurm_job_id="18", job_name="m")
+    path = reporter.send("metric", {"epoch": 1, "name": "loss", "value": 2.0})
+    assert path is not None
+    envelope = parse_envelope(path.read_bytes())
+    assert envelope.credential == ""
+    assert path.name == f"{envelope.seq}-metric.json"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left
 
 
 def test_decision_parsing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
