@@ -5,8 +5,10 @@
 # Usage: cluster.sh install|up|down|status|conf
 #   install  the Debian packages slurmctld slurmd slurm-client munge, when missing
 #   up       install what is missing, write the config, start what is not running, wait
-#            until the nodes are idle (resuming them if needed). Safe to run twice.
-#   down     cancel every job, wait for them to end, then stop slurmd x4 and slurmctld
+#            until the nodes are idle (resuming them if needed). Safe to run twice. Fails
+#            (exit 1) when the slurmctld port is answered by another folder's cluster.
+#   down     cancel every job (only when the slurmctld answering is this folder's), wait
+#            for them to end, then stop slurmd x4 and slurmctld
 #            (munge is a host service other tools share: it is left running)
 #   status   print a summary; exit 1 when the cluster is not up
 #   conf     print the path of the generated slurm.conf (for `export SLURM_CONF=...`)
@@ -131,6 +133,30 @@ alive() {
 
 ctld_answers() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
 
+# One setting of the slurmctld answering on $CTLD_PORT (`scontrol show config`).
+ctld_setting() { scontrol show config 2>/dev/null | sed -n "s/^$1 *= *//p"; }
+
+# The slurmctld answering on $CTLD_PORT is this folder's: its StateSaveLocation and
+# SlurmctldPidFile are ours, and the pid in our pid file is alive. Another cluster (another
+# folder, e.g. another session's worktree) on the same port must never be used: our `down`
+# would cancel its jobs.
+ctld_is_ours() {
+    [[ $(ctld_setting StateSaveLocation) == "$DIR/state" ]] &&
+        [[ $(ctld_setting SlurmctldPidFile) == "$DIR/run/slurmctld.pid" ]] &&
+        [[ -n $(alive "$DIR/run/slurmctld.pid") ]]
+}
+
+# Exit 1 with a clear message when the port is answered by another cluster's slurmctld.
+refuse_foreign_ctld() {
+    ctld_answers || return 0
+    [[ $(ctld_setting StateSaveLocation) == "$DIR/state" ]] && return 0
+    log "port $CTLD_PORT is owned by another cluster's slurmctld" \
+        "(StateSaveLocation=$(ctld_setting StateSaveLocation), not $DIR/state);" \
+        "stop that cluster or choose free ports with" \
+        "ICEFROG_CLUSTER_CTLD_PORT and ICEFROG_CLUSTER_NODE_PORT"
+    exit 1
+}
+
 wait_idle() {
     local states deadline=$((SECONDS + 90))
     while ((SECONDS < deadline)); do
@@ -151,6 +177,7 @@ up() {
     install
     start_munge
     write_conf
+    refuse_foreign_ctld
     if [[ -z $(alive "$DIR/run/slurmctld.pid") ]]; then
         slurmctld -f "$CONF" -i
     elif ((CONF_CHANGED)); then
@@ -158,6 +185,8 @@ up() {
     fi
     for _ in $(seq 100); do ctld_answers && break; sleep 0.2; done
     ctld_answers || { log "slurmctld does not answer; see $DIR/log/slurmctld.log"; exit 1; }
+    refuse_foreign_ctld
+    ctld_is_ours || { log "slurmctld on port $CTLD_PORT is not this folder's; see $DIR/log/slurmctld.log"; exit 1; }
     for n in "${NODES[@]}"; do
         [[ -n $(alive "$DIR/run/slurmd-$n.pid") ]] || slurmd -f "$CONF" -N "$n"
     done
@@ -166,7 +195,7 @@ up() {
 }
 
 down() {
-    if [[ -n $(alive "$DIR/run/slurmctld.pid") ]] && ctld_answers; then
+    if ctld_answers && ctld_is_ours; then
         local ids deadline=$((SECONDS + 60))
         ids=$(squeue -h -o %i 2>/dev/null || true)
         if [[ -n $ids ]]; then
@@ -192,7 +221,7 @@ status() {
     echo "SLURM_CONF: $CONF"
     [[ -f $CONF ]] && echo "version:    Slurm $(slurm_version)"
     munge_ok && echo "munged:     up" || { echo "munged:     DOWN"; rc=1; }
-    if pid=$(alive "$DIR/run/slurmctld.pid") && ctld_answers; then
+    if pid=$(alive "$DIR/run/slurmctld.pid") && ctld_answers && ctld_is_ours; then
         echo "slurmctld:  up (pid $pid)"
     else
         echo "slurmctld:  DOWN"; rc=1

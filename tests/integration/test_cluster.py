@@ -63,3 +63,29 @@ def test_generated_config_matches_the_installed_version() -> None:
     version = subprocess.run(["slurmctld", "-V"], capture_output=True, text=True).stdout
     assert ("TaskPlugin=task/none" in conf) == (" 22.05." in version)
     assert "GresTypes=gpu,shard" in conf and "Gres=gpu:a800:4,shard:8" in conf
+
+
+def test_up_refuses_a_port_owned_by_another_cluster(tmp_path: Path) -> None:
+    """A second cluster folder on the same ports: `up` fails naming the owner, and neither
+    its `up` nor its `down` touches the running cluster (same daemons, its job survives)."""
+    conf = Path(cluster_sh("conf").stdout.strip())
+    pids = sorted((conf.parent.parent / "run").glob("*.pid"))
+    before = {p.name: p.read_text() for p in pids}
+    job = subprocess.run(
+        ["sbatch", "--parsable", "--wrap", "sleep 60"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    try:
+        other = {**os.environ, "ICEFROG_CLUSTER_DIR": str(tmp_path / "other")}
+        other.pop("SLURM_CONF", None)
+        up = cluster_sh("up", env=other)
+        assert up.returncode == 1
+        assert "is owned by another cluster's slurmctld" in up.stderr
+        assert f"StateSaveLocation={conf.parent.parent / 'state'}" in up.stderr
+        assert not (tmp_path / "other" / "run" / "slurmctld.pid").exists()
+        assert cluster_sh("status", env=other).returncode == 1
+        assert cluster_sh("down", env=other).returncode == 0
+        assert {p.name: p.read_text() for p in pids} == before
+        queued = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], capture_output=True)
+        assert queued.stdout.decode().strip() == job
+    finally:
+        subprocess.run(["scancel", job], check=False)
