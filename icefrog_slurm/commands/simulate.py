@@ -1,14 +1,16 @@
 """``icefrog simulate``: run a workload through the production controller, simulated.
 
     icefrog simulate --workload w.csv --gpus 48 --gpus-per-node 4 --policy all --seed 1 \\
-        --out results/ [--no-freeze] [--no-share]
+        --out results/ [--no-freeze] [--no-share] [--no-large-models]
 
 Each policy runs the same workload on the same hidden truth (seeded by ``--seed``) with the
 engine of ``icefrog_slurm/sim/engine.py``; writes ``summary.json`` (one policy's document,
 or ``{"policies": {...}}`` for several) and, with matplotlib installed (extra ``sim``), the
 plots ``jct_cdf.png``, ``gpus_in_use.png`` and ``frozen_layers.png``. A progress line on
 stderr while it runs. Settings (round period, reallocation overhead, sharing) come from
-``--config`` when given, else the defaults. ``--batch paper`` (default): as in the paper's
+``--config`` when given, else the defaults; ``--no-large-models`` sets
+``[policy] large_model_models = false`` on top (the DDP model for every job, the paper's
+ablation; the LLaMA jobs keep their allocation unit). ``--batch paper`` (default): as in the paper's
 evaluation (spec section 12) jobs keep the workload's global batch under every policy but
 Pollux+, which adapts it (its point); ``fixed`` / ``tuned`` apply one rule to all. Bad
 arguments exit with code 2.
@@ -51,6 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-freeze", action="store_true", help="no job freezes layers")
     parser.add_argument("--no-share", action="store_true", help="no job shares a GPU")
     parser.add_argument(
+        "--no-large-models",
+        action="store_true",
+        help="estimate every job with the DDP model ([policy] large_model_models = false: "
+        "the paper's ablation)",
+    )
+    parser.add_argument(
         "--batch",
         choices=("paper", "fixed", "tuned"),
         default="paper",
@@ -81,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.workload.is_file():
         raise InputError(f"--workload: no file {args.workload}")
     settings = load_settings(args.config) if args.config else Settings()
+    if args.no_large_models:
+        settings = replace(settings, policy=replace(settings.policy, large_model_models=False))
     policies = _policies(args.policy)
     catalog = shipped_catalog()
     workload = read_workload(args.workload, catalog)

@@ -26,6 +26,7 @@ from importlib import resources
 from typing import Any, Literal
 
 from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.core.parallelism import DDP, Parallelism
 from icefrog_slurm.core.tuner import powers_of_two
 from icefrog_slurm.errors import IcefrogError, InputError
 from icefrog_slurm.jsonio import (
@@ -44,7 +45,7 @@ SIZE_CLASSES = ("small", "medium", "large", "xlarge")
 DEFAULT_MAX_FROZEN_FRACTION = 0.9  # spec section 12: at most 90 % of the layers frozen
 
 _TASK_FIELDS = (
-    "name", "model", "dataset", "layers", "gpus", "gpu_unit", "batch", "default_batch", "target",
+    "name", "model", "dataset", "layers", "gpus", "batch", "default_batch", "target",
     "max_epochs", "samples_per_epoch", "size_class", "calibration", "suite", "parallelism",
     "aliases",
 )  # fmt: skip
@@ -64,7 +65,8 @@ class Target:
 
 @dataclass(frozen=True)
 class Task:
-    """One catalog task. Batch sizes are per GPU; GPU counts are multiples of ``gpu_unit``."""
+    """One catalog task. Batch sizes are per GPU; GPU counts are the legal counts of its
+    declared ``parallelism`` (multiples of its allocation unit, :attr:`gpu_unit`)."""
 
     name: str
     model: str
@@ -72,7 +74,6 @@ class Task:
     layers_ref: str
     min_gpus: int
     max_gpus: int
-    gpu_unit: int
     min_batch: int
     max_batch: int
     default_batch: int
@@ -83,7 +84,7 @@ class Task:
     pollux_app: str | None  # calibrated from Pollux's measured traces/<app>/
     scale_from: str | None  # else scaled from this task by FLOPs and parameter bytes
     suite: str  # "icefrog": the paper's tasks (what traces map to); "pollux": Pollux-only apps
-    parallelism: str
+    parallelism: Parallelism  # what its simulated job declares (LLaMA: SDP / HP, unit 4)
     aliases: tuple[str, ...] = field(default=())
     v100_step_s: tuple[tuple[int, float], ...] = ()  # measured (per-GPU batch, s) on 1 GPU
 
@@ -91,9 +92,14 @@ class Task:
         """The per-GPU batches the tuner may pick: powers of two in the range."""
         return powers_of_two(self.min_batch, self.max_batch)
 
+    @property
+    def gpu_unit(self) -> int:
+        """The spacing of legal GPU counts (the unit; lcm(unit, p) for HP)."""
+        return self.parallelism.step
+
     def gpu_counts(self) -> tuple[int, ...]:
-        """Legal GPU counts: multiples of gpu_unit within [min_gpus, max_gpus]."""
-        return tuple(range(self.min_gpus, self.max_gpus + 1, self.gpu_unit))
+        """Legal GPU counts within [min_gpus, max_gpus] for the declared parallelism."""
+        return self.parallelism.legal_gpu_counts(self.min_gpus, self.max_gpus)
 
     @property
     def base_samples(self) -> int:
@@ -109,7 +115,8 @@ class Task:
             target_value=self.target.value, max_epochs=self.max_epochs,
             samples_per_epoch=self.samples_per_epoch, layer_flops=layers.flops,
             layer_param_bytes=layers.param_bytes, layer_boundaries=layers.boundaries,
-            accepts_shared=self.min_gpus == 1,
+            accepts_shared=self.min_gpus == 1 and self.parallelism == DDP,
+            parallelism=self.parallelism,
         )  # fmt: skip
 
 
@@ -209,7 +216,7 @@ def _parse_task(obj: Mapping[str, Any], where: str) -> Task:
     task = Task(
         name=get_str(obj, "name", where), model=get_str(obj, "model", where),
         dataset=get_str(obj, "dataset", where), layers_ref=get_str(obj, "layers", where),
-        min_gpus=gpus[0], max_gpus=gpus[1], gpu_unit=get_int(obj, "gpu_unit", where, minimum=1),
+        min_gpus=gpus[0], max_gpus=gpus[1],
         min_batch=batch[0], max_batch=batch[1],
         default_batch=get_int(obj, "default_batch", where, minimum=batch[0], maximum=batch[1]),
         target=Target(get_str(target, "metric", f"{where}.target"), op,  # type: ignore[arg-type]
@@ -217,7 +224,8 @@ def _parse_task(obj: Mapping[str, Any], where: str) -> Task:
         max_epochs=get_int(obj, "max_epochs", where, minimum=1),
         samples_per_epoch=get_int(obj, "samples_per_epoch", where, minimum=1), size_class=size,
         pollux_app=calibration.get("pollux"), scale_from=calibration.get("scale_from"),
-        suite=get_str(obj, "suite", where), parallelism=get_str(obj, "parallelism", where),
+        suite=get_str(obj, "suite", where),
+        parallelism=Parallelism.from_json(obj.get("parallelism"), f"{where}.parallelism"),
         aliases=_strings(get_list(obj, "aliases", where), f"{where}.aliases"),
         v100_step_s=_steps(steps, f"{where}.calibration.v100_step_s"),
     )  # fmt: skip
@@ -225,8 +233,12 @@ def _parse_task(obj: Mapping[str, Any], where: str) -> Task:
         raise InputError(f"{where}.suite: must be icefrog or pollux")
     if task.default_batch not in task.batch_sizes():
         raise InputError(f"{where}.default_batch: {task.default_batch} is not a power of two")
-    if task.min_gpus % task.gpu_unit or task.max_gpus % task.gpu_unit:
-        raise InputError(f"{where}.gpus: bounds must be multiples of gpu_unit {task.gpu_unit}")
+    counts = task.gpu_counts()
+    if not counts or counts[0] != task.min_gpus or counts[-1] != task.max_gpus:
+        raise InputError(
+            f"{where}.gpus: bounds must be legal GPU counts for "
+            f"{task.parallelism.describe()} (parallelism)"
+        )
     return task
 
 

@@ -77,10 +77,10 @@ def test_llama_tables_are_referenced_not_copied() -> None:
 
 def _doc(**changes: object) -> str:
     task = {"name": "t", "model": "m", "dataset": "d", "layers": "resnet18-cifar10",
-            "gpus": [1, 4], "gpu_unit": 1, "batch": [32, 256], "default_batch": 64,
+            "gpus": [1, 4], "batch": [32, 256], "default_batch": 64,
             "target": {"metric": "top1", "op": ">=", "value": 0.9}, "max_epochs": 10,
             "samples_per_epoch": 100, "size_class": "small",
-            "calibration": {"scale_from": "t"}, "suite": "icefrog", "parallelism": "ddp",
+            "calibration": {"scale_from": "t"}, "suite": "icefrog", "parallelism": {"kind": "ddp"},
             "aliases": []}  # fmt: skip
     task.update(changes)
     return json.dumps({"tasks": [task]})
@@ -99,7 +99,10 @@ def test_a_valid_document_loads() -> None:
         ({"default_batch": 96}, "power of two"),
         ({"default_batch": 512}, "default_batch"),
         ({"gpus": [4, 1]}, "gpus"),
-        ({"gpus": [1, 6], "gpu_unit": 4}, "gpu_unit"),
+        ({"gpus": [1, 6], "parallelism": {"kind": "ddp", "unit": 4}}, "gpus: bounds must be"),
+        ({"gpus": [4, 8], "parallelism": {"kind": "hp", "stages": 3, "unit": 4}}, "HP"),
+        ({"parallelism": "hp"}, r"parallelism: must be an object"),
+        ({"parallelism": {"kind": "hp"}}, r"parallelism.stages: hp needs >= 2"),
         ({"target": {"metric": "a", "op": "=", "value": 1}}, "target.op"),
         ({"calibration": {}}, "exactly one"),
         ({"calibration": {"scale_from": "nope"}}, "no task 'nope'"),
