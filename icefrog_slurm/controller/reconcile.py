@@ -4,7 +4,10 @@
 new store states, and one *intent* per job action (its target resources), written before
 anything happens on Slurm. An open intent whose target equals the new plan's is kept (its
 progress, e.g. "already asked to checkpoint", lives in the audit log); a different one is
-superseded.
+superseded. A move whose job was already asked to checkpoint is never superseded as
+"converged": the job is exiting (or has exited, status 75) to be requeued, so a new round
+turns it into a move to the new target that inherits the signal time (no second signal),
+and the job is requeued and restarted, never recorded as failed.
 
 ``Reconciler.enact(plan)`` then advances every open intent (also those a killed controller
 left behind) through one state machine that reads the job's real Slurm state before each
@@ -83,7 +86,14 @@ def record(plan: Plan, tx: StoreTx) -> int:
     for job in plan.jobs:
         current = open_by_job.get(job.job_id)
         target = job.target.params()
-        if job.action == "none":
+        signalled = None if current is None else signalled_at(tx, current)
+        action: str = job.action
+        if action == "none" and signalled is not None:
+            # Asked to checkpoint, it is exiting (or has exited) to be requeued: the move
+            # must go on to the new target, never end as "converged" (the job would then
+            # be recorded as failed once it exits).
+            action = "stop" if job.target.gres is None else "change"
+        if action == "none":
             if current is not None and plan.round_no is not None:
                 tx.finish_intent(
                     intent_id=current.id, status="superseded", now=plan.time, detail="converged"
@@ -95,9 +105,16 @@ def record(plan: Plan, tx: StoreTx) -> int:
             tx.finish_intent(
                 intent_id=current.id, status="superseded", now=plan.time, detail="new target"
             )
+        params: dict[str, Any] = {
+            "target": target,
+            "slurm_job_id": job.slurm_job_id,
+            "round": plan.round_no,
+        }
+        if signalled is not None:
+            params["signalled_at"] = signalled  # not signalled twice: wait for that one
         tx.add_intent(
-            action=job.action,
-            params={"target": target, "slurm_job_id": job.slurm_job_id, "round": plan.round_no},
+            action=action,
+            params=params,
             now=plan.time,
             job_id=job.job_id,
             round_no=plan.round_no,
@@ -105,6 +122,22 @@ def record(plan: Plan, tx: StoreTx) -> int:
         )
         added += 1
     return added
+
+
+def signalled_at(tx: StoreTx, intent: Intent) -> float | None:
+    """When the job was asked to checkpoint for this move (its own ``signal`` action, or
+    the one inherited from the intent it superseded); None when it was not."""
+    if intent.action not in ("change", "stop"):
+        return None
+    times = [
+        a.time
+        for a in tx.actions(intent_id=intent.id)
+        if a.action == "signal" and a.outcome == "ok"
+    ]
+    inherited = intent.params.get("signalled_at")
+    if isinstance(inherited, (int, float)):
+        times.append(float(inherited))
+    return max(times) if times else None
 
 
 @dataclass
@@ -202,8 +235,13 @@ class Reconciler:
             elif state.state in _SETTLING:
                 raise _Waiting  # between two states: look again next pass
             elif state.holds_resources:
-                if target.gres is not None and matches(state, target):
+                if (
+                    target.gres is not None
+                    and matches(state, target)
+                    and self._signalled_at(intent) is None
+                ):
                     return f"running as {target.gres} on {state.num_nodes} node(s)"
+                # (a signalled job is checkpointing to exit: see it through the requeue)
                 self._checkpoint_then_requeue(intent, job_id, sid, result)
             elif target.gres is None:
                 return "waits (held)" if state.held else "waits"
@@ -346,12 +384,7 @@ class Reconciler:
 
     def _signalled_at(self, intent: Intent) -> float | None:
         with self.store.transaction() as tx:
-            times = [
-                a.time
-                for a in tx.actions(intent_id=intent.id)
-                if a.action == "signal" and a.outcome == "ok"
-            ]
-        return max(times) if times else None
+            return signalled_at(tx, intent)
 
     def _finish(self, tx: StoreTx, intent: Intent, status: str, detail: str) -> None:
         tx.finish_intent(intent_id=intent.id, status=status, now=self.clock.now(), detail=detail)

@@ -204,3 +204,44 @@ def test_an_unstable_packed_job_is_evicted_and_returns_a_round_later(
     assert running(cluster, sid_b).gres == shard  # back in a later round
     with store.transaction() as tx:
         assert [al.gpus for _, al in tx.job_allocations(b)] == [1, 0, 1]
+
+
+EXIT_75 = """#!/bin/bash
+# USR1 = checkpoint, then exit 75 (checkpointed, requeue me) as the launcher does.
+trap 'touch "$PWD/checkpointed"; exit 75' USR1
+echo "start $SLURM_JOB_ID restarts=${SLURM_RESTART_COUNT:-0}" >> "$PWD/starts"
+sleep 600 &
+wait
+"""
+
+
+def test_a_round_due_while_a_checkpointed_job_exits_requeues_it_not_fails_it(
+    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+) -> None:
+    """The race seen with 2 s rounds, driven step by step: a resize signals the job, the
+    job checkpoints and exits 75, and only then a new round (back to what it had) comes
+    due. The move goes on (requeue, release), the job runs again, and is never failed."""
+    settings = make_settings(tmp_path)
+    clock = OffsetClock()
+    job, sid, run_dir = submit_job(store, cluster, base, _key())
+    (run_dir / "job.sh").write_text(EXIT_75)
+    policy = FixedPolicy({job: (1, False, ("node2",))})
+    ctl = make_controller(settings, store, policy, clock)
+    converge(ctl)
+    running(cluster, sid)
+    wait_for("first start", lambda: (run_dir / "starts").exists())
+    policy.decisions[job] = (2, False, ("node2",))
+    clock.next_round(settings)
+    assert ctl.tick_once().reconcile.waiting == 1  # signalled, waiting for the checkpoint
+    wait_for("the job to exit 75", lambda: state_of(cluster, sid).finished, timeout=30)
+    policy.decisions[job] = (1, False, ("node2",))  # the next round wants what it had
+    clock.next_round(settings)
+    converge(ctl)
+    state = running(cluster, sid)
+    assert state.gres == Gres("gpu", 1) and state.nodelist == "node2"
+    wait_for("second start", lambda: len((run_dir / "starts").read_text().splitlines()) == 2)
+    ctl.tick_once()
+    with store.transaction() as tx:
+        assert tx.job(job).state == "running"
+        steps = [a.action for a in tx.actions(job_id=job)]
+    assert steps.count("signal") == 1 and steps[-3:] == ["requeue_hold", "update", "release"]
