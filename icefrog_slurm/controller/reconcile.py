@@ -21,6 +21,9 @@ step, so repeating a step never does harm:
 - cancelled or gone: look for the job resubmitted in its place (a resubmission the
   controller was killed in) and link it to the icefrog job; with none, the intent fails (a
   job its owner cancelled is never brought back);
+- pending and held after slurmd refused its launch ("Job credential revoked": requeued
+  and released at once on the same node), or ended so: requeued held if it ended, and
+  released again only ``launch_retry_s`` after the refused release; never failed;
 - pending and held: gpu<->shard needs a resubmission as the job's owner (Slurm 22.05 cannot
   change a pending job's GRES type), linked into the icefrog job's chain; otherwise update
   GRES / NumNodes=N-N / ReqNodeList; then release with StartTime=now;
@@ -39,7 +42,7 @@ from typing import Any
 
 from icefrog_slurm.controller.plan import Plan, Target
 from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort
-from icefrog_slurm.controller.tick import matches, run_dir_of
+from icefrog_slurm.controller.tick import launch_refused, matches, run_dir_of
 from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.protocol import Decision
 from icefrog_slurm.settings import Settings
@@ -264,7 +267,10 @@ class Reconciler:
             if new is not None:
                 self._link(intent, job_id, new, "resubmitted (recovered)")
                 return new
-        if intent.action == "start" or state is None or state.state == "CANCELLED":
+        refused = launch_refused(state)  # slurmd refused its launch: restart it later
+        if not refused and (
+            intent.action == "start" or state is None or state.state == "CANCELLED"
+        ):
             # not ours to bring back: it ended on its own, or its owner cancelled it
             raise SlurmRejected(f"Slurm job {sid} ended ({state.state if state else 'gone'})")
         self._do(
@@ -331,10 +337,33 @@ class Reconciler:
                 ),
             )
         if state.held:
+            self._retry_later(job_id, state)
             self._do(
                 intent, job_id, sid, "release", r, lambda: self.cluster.release_now(job_id=sid)
             )
         return f"released as {target.gres} on {','.join(target.nodes) or 'any node'}"
+
+    def _retry_later(self, job_id: int, state: JobState) -> None:
+        """Raise _Waiting while a job whose launch slurmd refused is inside
+        ``launch_retry_s`` of its refused release (the credential is still revoked)."""
+        if not launch_refused(state):
+            return
+        with self.store.transaction() as tx:
+            releases = [
+                a.time
+                for a in tx.actions(job_id=job_id)
+                if a.action == "release" and a.outcome == "ok"
+            ]
+        wait = retry_wait_s(
+            last_release=max(releases, default=None),
+            now=self.clock.now(),
+            retry_s=self.settings.controller.launch_retry_s,
+        )
+        if wait > 0:
+            log.info(
+                "job %d: launch refused (%s); released again in %.0f s", job_id, state.reason, wait
+            )
+            raise _Waiting
 
     # ----- bookkeeping -------------------------------------------------------------------
     def _do(
@@ -431,3 +460,11 @@ class Reconciler:
                 log.warning("job %d: decision.json not written yet: %s", job.job_id, exc)
                 continue
             self._written[job.job_id] = plan.decided_round
+
+
+def retry_wait_s(*, last_release: float | None, now: float, retry_s: float) -> float:
+    """Seconds left before a job whose launch was refused may be released again:
+    ``retry_s`` after its last release (0 when it was never released or that has passed)."""
+    if last_release is None:
+        return 0.0
+    return max(0.0, last_release + retry_s - now)
