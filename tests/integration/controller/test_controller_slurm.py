@@ -245,3 +245,34 @@ def test_a_round_due_while_a_checkpointed_job_exits_requeues_it_not_fails_it(
         assert tx.job(job).state == "running"
         steps = [a.action for a in tx.actions(job_id=job)]
     assert steps.count("signal") == 1 and steps[-3:] == ["requeue_hold", "update", "release"]
+
+
+def test_a_round_due_while_a_signalled_job_still_checkpoints_sees_the_restart_through(
+    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+) -> None:
+    """The other side of the race: the new round (back to what the job has) comes while
+    the signalled job is still running (checkpoint written, exit 75 a few seconds later).
+    The move is not "converged": the job is requeued and restarted once, never failed."""
+    settings = make_settings(tmp_path)
+    clock = OffsetClock()
+    job, sid, run_dir = submit_job(store, cluster, base, _key())
+    (run_dir / "job.sh").write_text(EXIT_75.replace("exit 75", "sleep 4; exit 75"))
+    policy = FixedPolicy({job: (1, False, ("node2",))})
+    ctl = make_controller(settings, store, policy, clock)
+    converge(ctl)
+    running(cluster, sid)
+    wait_for("first start", lambda: (run_dir / "starts").exists())
+    policy.decisions[job] = (2, False, ("node2",))
+    clock.next_round(settings)
+    assert ctl.tick_once().reconcile.waiting == 1
+    wait_for("the checkpoint marker", lambda: (run_dir / "checkpointed").exists(), timeout=30)
+    policy.decisions[job] = (1, False, ("node2",))
+    clock.next_round(settings)
+    converge(ctl)
+    wait_for("the restart", lambda: cluster.job_detail(job_id=sid).restarts == 1, timeout=30)
+    state = running(cluster, sid)
+    assert state.gres == Gres("gpu", 1) and state.nodelist == "node2"
+    ctl.tick_once()
+    with store.transaction() as tx:
+        assert tx.job(job).state == "running"
+        assert [a.action for a in tx.actions(job_id=job)].count("signal") == 1
