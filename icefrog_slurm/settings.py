@@ -47,6 +47,11 @@ class ControllerSettings:
     """Seconds to wait, after asking a running job to checkpoint (USR1), for its checkpoint
     marker or its exit before it is requeued anyway (losing work since its last checkpoint)."""
 
+    launch_retry_s: float = field(default=130.0, metadata=_bounds(minimum=0.0))
+    """After slurmd refused to launch a restarted job ("Job credential revoked": a job
+    requeued and released at once on the same node; the credential stays revoked ~120 s),
+    wait this long after the refused release before releasing the job again."""
+
     reconcile_poll_s: float = field(default=2.0, metadata=_bounds(exclusive_minimum=0.0))
     """While a reconcile step waits (a job checkpointing), the loop looks again this often
     instead of sleeping until the next round."""

@@ -4,7 +4,10 @@
 new store states, and one *intent* per job action (its target resources), written before
 anything happens on Slurm. An open intent whose target equals the new plan's is kept (its
 progress, e.g. "already asked to checkpoint", lives in the audit log); a different one is
-superseded.
+superseded. A move whose job was already asked to checkpoint is never superseded as
+"converged": the job is exiting (or has exited, status 75) to be requeued, so a new round
+turns it into a move to the new target that inherits the signal time (no second signal),
+and the job is requeued and restarted, never recorded as failed.
 
 ``Reconciler.enact(plan)`` then advances every open intent (also those a killed controller
 left behind) through one state machine that reads the job's real Slurm state before each
@@ -18,6 +21,9 @@ step, so repeating a step never does harm:
 - cancelled or gone: look for the job resubmitted in its place (a resubmission the
   controller was killed in) and link it to the icefrog job; with none, the intent fails (a
   job its owner cancelled is never brought back);
+- pending and held after slurmd refused its launch ("Job credential revoked": requeued
+  and released at once on the same node), or ended so: requeued held if it ended, and
+  released again only ``launch_retry_s`` after the refused release; never failed;
 - pending and held: gpu<->shard needs a resubmission as the job's owner (Slurm 22.05 cannot
   change a pending job's GRES type), linked into the icefrog job's chain; otherwise update
   GRES / NumNodes=N-N / ReqNodeList; then release with StartTime=now;
@@ -36,7 +42,7 @@ from typing import Any
 
 from icefrog_slurm.controller.plan import Plan, Target
 from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort
-from icefrog_slurm.controller.tick import matches, run_dir_of
+from icefrog_slurm.controller.tick import launch_refused, matches, run_dir_of
 from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.protocol import Decision
 from icefrog_slurm.settings import Settings
@@ -83,7 +89,14 @@ def record(plan: Plan, tx: StoreTx) -> int:
     for job in plan.jobs:
         current = open_by_job.get(job.job_id)
         target = job.target.params()
-        if job.action == "none":
+        signalled = None if current is None else signalled_at(tx, current)
+        action: str = job.action
+        if action == "none" and signalled is not None:
+            # Asked to checkpoint, it is exiting (or has exited) to be requeued: the move
+            # must go on to the new target, never end as "converged" (the job would then
+            # be recorded as failed once it exits).
+            action = "stop" if job.target.gres is None else "change"
+        if action == "none":
             if current is not None and plan.round_no is not None:
                 tx.finish_intent(
                     intent_id=current.id, status="superseded", now=plan.time, detail="converged"
@@ -95,9 +108,16 @@ def record(plan: Plan, tx: StoreTx) -> int:
             tx.finish_intent(
                 intent_id=current.id, status="superseded", now=plan.time, detail="new target"
             )
+        params: dict[str, Any] = {
+            "target": target,
+            "slurm_job_id": job.slurm_job_id,
+            "round": plan.round_no,
+        }
+        if signalled is not None:
+            params["signalled_at"] = signalled  # not signalled twice: wait for that one
         tx.add_intent(
-            action=job.action,
-            params={"target": target, "slurm_job_id": job.slurm_job_id, "round": plan.round_no},
+            action=action,
+            params=params,
             now=plan.time,
             job_id=job.job_id,
             round_no=plan.round_no,
@@ -105,6 +125,22 @@ def record(plan: Plan, tx: StoreTx) -> int:
         )
         added += 1
     return added
+
+
+def signalled_at(tx: StoreTx, intent: Intent) -> float | None:
+    """When the job was asked to checkpoint for this move (its own ``signal`` action, or
+    the one inherited from the intent it superseded); None when it was not."""
+    if intent.action not in ("change", "stop"):
+        return None
+    times = [
+        a.time
+        for a in tx.actions(intent_id=intent.id)
+        if a.action == "signal" and a.outcome == "ok"
+    ]
+    inherited = intent.params.get("signalled_at")
+    if isinstance(inherited, (int, float)):
+        times.append(float(inherited))
+    return max(times) if times else None
 
 
 @dataclass
@@ -202,8 +238,13 @@ class Reconciler:
             elif state.state in _SETTLING:
                 raise _Waiting  # between two states: look again next pass
             elif state.holds_resources:
-                if target.gres is not None and matches(state, target):
+                if (
+                    target.gres is not None
+                    and matches(state, target)
+                    and self._signalled_at(intent) is None
+                ):
                     return f"running as {target.gres} on {state.num_nodes} node(s)"
+                # (a signalled job is checkpointing to exit: see it through the requeue)
                 self._checkpoint_then_requeue(intent, job_id, sid, result)
             elif target.gres is None:
                 return "waits (held)" if state.held else "waits"
@@ -226,7 +267,10 @@ class Reconciler:
             if new is not None:
                 self._link(intent, job_id, new, "resubmitted (recovered)")
                 return new
-        if intent.action == "start" or state is None or state.state == "CANCELLED":
+        refused = launch_refused(state)  # slurmd refused its launch: restart it later
+        if not refused and (
+            intent.action == "start" or state is None or state.state == "CANCELLED"
+        ):
             # not ours to bring back: it ended on its own, or its owner cancelled it
             raise SlurmRejected(f"Slurm job {sid} ended ({state.state if state else 'gone'})")
         self._do(
@@ -293,10 +337,33 @@ class Reconciler:
                 ),
             )
         if state.held:
+            self._retry_later(job_id, state)
             self._do(
                 intent, job_id, sid, "release", r, lambda: self.cluster.release_now(job_id=sid)
             )
         return f"released as {target.gres} on {','.join(target.nodes) or 'any node'}"
+
+    def _retry_later(self, job_id: int, state: JobState) -> None:
+        """Raise _Waiting while a job whose launch slurmd refused is inside
+        ``launch_retry_s`` of its refused release (the credential is still revoked)."""
+        if not launch_refused(state):
+            return
+        with self.store.transaction() as tx:
+            releases = [
+                a.time
+                for a in tx.actions(job_id=job_id)
+                if a.action == "release" and a.outcome == "ok"
+            ]
+        wait = retry_wait_s(
+            last_release=max(releases, default=None),
+            now=self.clock.now(),
+            retry_s=self.settings.controller.launch_retry_s,
+        )
+        if wait > 0:
+            log.info(
+                "job %d: launch refused (%s); released again in %.0f s", job_id, state.reason, wait
+            )
+            raise _Waiting
 
     # ----- bookkeeping -------------------------------------------------------------------
     def _do(
@@ -346,12 +413,7 @@ class Reconciler:
 
     def _signalled_at(self, intent: Intent) -> float | None:
         with self.store.transaction() as tx:
-            times = [
-                a.time
-                for a in tx.actions(intent_id=intent.id)
-                if a.action == "signal" and a.outcome == "ok"
-            ]
-        return max(times) if times else None
+            return signalled_at(tx, intent)
 
     def _finish(self, tx: StoreTx, intent: Intent, status: str, detail: str) -> None:
         tx.finish_intent(intent_id=intent.id, status=status, now=self.clock.now(), detail=detail)
@@ -398,3 +460,11 @@ class Reconciler:
                 log.warning("job %d: decision.json not written yet: %s", job.job_id, exc)
                 continue
             self._written[job.job_id] = plan.decided_round
+
+
+def retry_wait_s(*, last_release: float | None, now: float, retry_s: float) -> float:
+    """Seconds left before a job whose launch was refused may be released again:
+    ``retry_s`` after its last release (0 when it was never released or that has passed)."""
+    if last_release is None:
+        return 0.0
+    return max(0.0, last_release + retry_s - now)

@@ -3,7 +3,8 @@
 1. Store bookkeeping read off Slurm: a pending job Slurm runs is ``running``, a running job
    requeued held is ``pending`` again (once no reconcile step moves it); a job Slurm
    finished (or forgot) with no reconcile step in flight ends ``finished``, ``cancelled``
-   or ``failed``.
+   or ``failed`` -- except a job whose launch slurmd refused (:func:`launch_refused`),
+   which is ``pending`` again and restarted (requeued held, released later).
 2. When a round is due (``controller.round_period_s`` after the last one, or no round yet):
    evict the later-submitted job of a shared pair whose sampled GPU utilization is unstable
    (spec section 8: it waits this round and returns in a later one), ask the policy for
@@ -96,9 +97,26 @@ def state_changes(snapshot: Snapshot) -> tuple[tuple[int, str], ...]:
         elif state is not None and state.state == "PENDING" and store_state == "running":
             if j.id not in busy:
                 out.append((j.id, "pending"))  # stopped (requeued held): it waits again
+        elif j.id not in busy and launch_refused(state):
+            if store_state == "running":
+                out.append((j.id, "pending"))  # its restart was refused: it waits again
         elif j.id not in busy and (state is None or state.finished):
             out.append((j.id, _end_state(state, store_state)))
     return tuple(out)
+
+
+_REFUSED = ("credential revoked", "launch fail", "joblaunchfailure")
+
+
+def launch_refused(state: JobState | None) -> bool:
+    """Whether slurmd refused to launch the job (e.g. "Job credential revoked" when it was
+    requeued and released at once on the same node): Slurm shows it back pending held
+    ("launch failed requeued held") or ended with a launch-failure reason. Such a job is
+    restarted later, never counted as failed."""
+    if state is None or not (state.finished or state.held):
+        return False
+    reason = state.reason.lower()
+    return any(r in reason for r in _REFUSED)
 
 
 def _end_state(state: JobState | None, store_state: str) -> str:
@@ -147,6 +165,8 @@ def matches(state: JobState, target: Target) -> bool:
 
 def action_for(job: JobSnapshot, target: Target) -> Action:
     state = job.slurm
+    if state is not None and state.finished and launch_refused(state):
+        return "stop" if target.gres is None else "change"  # requeue held, then restart
     if state is None or state.finished:
         return "none"
     if state.holds_resources:

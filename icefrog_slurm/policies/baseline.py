@@ -44,7 +44,7 @@ def job_options(
     estimator.new_round(fit_budget=settings.solver.max_fits_per_round)  # as IcefrogPolicy
     out = []
     for job in snapshot.jobs:
-        cands = estimator.candidates(
+        cands, _failed = estimator.candidates_or_reason(  # a failed job just waits
             job,
             now=snapshot.time,
             gpus_per_node=per_node,

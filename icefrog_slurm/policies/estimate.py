@@ -26,6 +26,7 @@ Models are cached per job and refitted only when a new configuration is measured
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ from icefrog_slurm.core.tuner import (
 from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.protocol import JobSpec, ProfileSample
 from icefrog_slurm.settings import Settings
+
+log = logging.getLogger(__name__)
 
 PRIOR_SAMPLES_PER_S = 100.0
 BYTES_PER_GB = 1e9
@@ -96,6 +99,30 @@ class Estimator:
 
     def new_round(self, *, fit_budget: int | None) -> None:
         self._budget = -1 if fit_budget is None else fit_budget
+
+    def candidates_or_reason(
+        self,
+        job: JobSnapshot,
+        *,
+        now: float,
+        gpus_per_node: int,
+        capacity: int,
+        settings: Settings,
+    ) -> tuple[tuple[Candidate, ...], str]:
+        """:meth:`candidates`, isolated: when estimating this one job raises (an empty or
+        invalid layer table, a fit that fails), its cached model is dropped, the error is
+        logged and ``((), "EstimateFailed: ...")`` comes back, so the job waits with that
+        reason while the round goes on for every other job."""
+        try:
+            cands = self.candidates(
+                job, now=now, gpus_per_node=gpus_per_node, capacity=capacity, settings=settings
+            )
+        except Exception as exc:  # one job's bad input must not abandon the round
+            self._cache.pop(job.id, None)
+            reason = f"EstimateFailed: {type(exc).__name__}: {exc}"
+            log.warning("job %d (%s): %s", job.id, job.job.name, reason)
+            return (), reason
+        return cands, ""
 
     def candidates(
         self,

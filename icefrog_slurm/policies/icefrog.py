@@ -60,7 +60,7 @@ class IcefrogPolicy:
         allocations: dict[int, Allocation] = {}
         reasons: dict[int, str] = {}
         for job in sorted(snapshot.jobs, key=lambda j: (j.job.submit_time, j.id)):
-            cands = self.estimator.candidates(
+            cands, failed = self.estimator.candidates_or_reason(
                 job,
                 now=snapshot.time,
                 gpus_per_node=cluster.gpus_per_node,
@@ -69,7 +69,9 @@ class IcefrogPolicy:
             )
             if not cands:
                 allocations[job.id] = _wait(job)
-                reasons[job.id] = "waiting: no configuration fits the free nodes or makes progress"
+                reasons[job.id] = failed or (
+                    "waiting: no configuration fits the free nodes or makes progress"
+                )
                 continue
             options[str(job.id)] = cands
             waited = self._waited.setdefault(job.id, _waited_before(job, snapshot.time, settings))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from icefrog_slurm.controller.plan import PolicyResult, Target
+from icefrog_slurm.controller.reconcile import retry_wait_s
 from icefrog_slurm.controller.snapshot import Snapshot, build_snapshot
-from icefrog_slurm.controller.tick import EVICTED, run_dir_of, target_of, tick
+from icefrog_slurm.controller.tick import EVICTED, launch_refused, run_dir_of, target_of, tick
 from icefrog_slurm.protocol import JobSpec, ProfileSample
 from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.slurm.port import Gres, JobState, NodeCapacity, PartitionCapacity
@@ -105,3 +106,27 @@ def test_finished_jobs_end_in_the_store_unless_an_intent_moves_them() -> None:
 def test_run_dir_from_the_trainers_checkpoint_path() -> None:
     assert run_dir_of("/shared/jobs/7/checkpoints/ckpt-00000003.pt") == "/shared/jobs/7"
     assert run_dir_of("") == "" and run_dir_of("/x/ckpt.pt") == ""
+
+
+def test_a_refused_launch_is_restarted_later_never_failed() -> None:
+    """slurmd refused the restart ("Job credential revoked"): whether Slurm shows the job
+    pending held or ended with a launch failure, it is pending again and restarted (a
+    finished one requeued held first); a real failure still ends ``failed``."""
+    settings = settings_from_mapping({})
+    views = [_job(1), _job(2), _job(3)]
+    states = {
+        "1": _state(1, Gres("gpu", 1), "PENDING", "", "launch failed requeued held"),
+        "2": _state(2, Gres("gpu", 1), "FAILED", "node1", "JobLaunchFailure"),
+        "3": _state(3, Gres("gpu", 1), "FAILED", "node1", "NonZeroExitCode"),
+    }
+    assert [launch_refused(states[k]) for k in "123"] == [True, True, False]
+    assert not launch_refused(_state(4, Gres("gpu", 1), "RUNNING", why="credential revoked"))
+    plan = tick(_snap(views, states), Everyone(), settings)
+    assert dict(plan.state_changes) == {1: "pending", 2: "pending", 3: "failed"}
+    assert {j.job_id: j.action for j in plan.jobs} == {1: "start", 2: "change"}
+
+
+def test_a_refused_job_is_released_again_only_after_the_retry_delay() -> None:
+    assert retry_wait_s(last_release=None, now=100.0, retry_s=130.0) == 0.0
+    assert retry_wait_s(last_release=90.0, now=100.0, retry_s=130.0) == 120.0
+    assert retry_wait_s(last_release=90.0, now=220.0, retry_s=130.0) == 0.0

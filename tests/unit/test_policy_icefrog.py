@@ -3,6 +3,8 @@ node, a reason for each waiting job, foreign-held nodes left out, running jobs k
 
 from __future__ import annotations
 
+import pytest
+
 from icefrog_slurm.controller.snapshot import Current, JobSnapshot, Snapshot
 from icefrog_slurm.policies.icefrog import IcefrogPolicy
 from icefrog_slurm.protocol import GradStats, JobSpec, ProfileSample
@@ -125,3 +127,45 @@ def test_aging_lets_a_waiting_job_in_eventually() -> None:
     jobs = [_job(i, _spec(1, 1), _small(0, util=0.9)) for i in range(1, 13)]
     ran = _rounds(IcefrogPolicy(), jobs, eager, 3)
     assert len(ran[0]) == 8 and ran[1] != ran[0]  # the waiting ones rotate in
+
+
+def test_one_poisoned_job_waits_with_its_reason_and_the_others_are_decided() -> None:
+    """An empty layer table and an invalid one each make only that job wait
+    ("EstimateFailed: ..."); the round goes on for the good jobs."""
+    empty = JobSpec(1, 4, 32, 64, 0.9, "acc", ">=", 0.9, 5, 20000, (), ())
+    invalid = JobSpec(1, 4, 32, 64, 0.9, "acc", ">=", 0.9, 5, 20000, (1.0, -1.0), (1.0, 1.0))
+    good = [_job(i, _spec(), _small(i)) for i in (1, 2, 3)]
+    bad = [_job(4, empty), _job(5, invalid)]
+    policy = IcefrogPolicy()
+    result = policy.decide(_snap(good + bad), settings=SETTINGS)
+    assert set(result.allocations) == {j.id for j in good + bad}
+    for j in bad:
+        assert result.allocations[j.id].gpus == 0
+        assert result.reasons[j.id].startswith("EstimateFailed: "), result.reasons[j.id]
+    assert "InputError" in result.reasons[4] and "InputError" in result.reasons[5]
+    assert sum(result.allocations[j.id].gpus for j in good) > 0
+    assert all(result.allocations[j.id].gpus > 0 for j in good)
+    # the failed jobs' models are not cached: a fixed job is estimated afresh next round
+    assert 4 not in policy.estimator._cache and 5 not in policy.estimator._cache
+
+
+def test_a_fit_that_raises_fails_only_its_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    from icefrog_slurm.core.fit import ProfileHistory
+
+    real = ProfileHistory.model
+
+    def model(self: ProfileHistory) -> object:
+        if any(s.samples_per_s == 777.0 for s in self.samples):
+            raise FloatingPointError("fit diverged")
+        return real(self)
+
+    monkeypatch.setattr(ProfileHistory, "model", model)
+    poisoned = tuple(
+        ProfileSample(g, 64, 0, False, 0.0, 0.0, 0.0, g * 64 / 777.0, 777.0, 10e9, 0.3)
+        for g in (1, 2, 4)
+    )
+    good = [_job(i, _spec(), _small(i)) for i in (1, 2)]
+    result = IcefrogPolicy().decide(_snap([*good, _job(3, _spec(), poisoned)]), settings=SETTINGS)
+    assert result.reasons[3] == "EstimateFailed: FloatingPointError: fit diverged"
+    assert result.allocations[3].gpus == 0
+    assert all(result.allocations[j.id].gpus > 0 for j in good)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from icefrog_slurm.controller.daemon import Controller
 from icefrog_slurm.controller.tick import EVICTED
 from icefrog_slurm.policies.standin import StandInPolicy
 from icefrog_slurm.protocol import ProfileSample
@@ -204,3 +205,72 @@ def test_an_unstable_packed_job_is_evicted_and_returns_a_round_later(
     assert running(cluster, sid_b).gres == shard  # back in a later round
     with store.transaction() as tx:
         assert [al.gpus for _, al in tx.job_allocations(b)] == [1, 0, 1]
+
+
+EXIT_75 = """#!/bin/bash
+# USR1 = checkpoint, then exit 75 (checkpointed, requeue me) as the launcher does.
+trap 'touch "$PWD/checkpointed"; exit 75' USR1
+echo "start $SLURM_JOB_ID restarts=${SLURM_RESTART_COUNT:-0}" >> "$PWD/starts"
+sleep 600 &
+wait
+"""
+
+
+def _signal_for_a_resize(
+    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path, script: str
+) -> tuple[Controller, OffsetClock, FixedPolicy, int, str, Path]:
+    """A job running 1 GPU on node2, then a round resizing it to 2: one tick signals it.
+    The next round (made due) wants 1 GPU on node2 again, what the job has."""
+    settings = make_settings(tmp_path)
+    clock = OffsetClock()
+    job, sid, run_dir = submit_job(store, cluster, base, _key())
+    (run_dir / "job.sh").write_text(script)
+    policy = FixedPolicy({job: (1, False, ("node2",))})
+    ctl = make_controller(settings, store, policy, clock)
+    converge(ctl)
+    running(cluster, sid)
+    wait_for("first start", lambda: (run_dir / "starts").exists())
+    policy.decisions[job] = (2, False, ("node2",))
+    clock.next_round(settings)
+    assert ctl.tick_once().reconcile.waiting == 1  # signalled, waiting for the checkpoint
+    policy.decisions[job] = (1, False, ("node2",))
+    clock.next_round(settings)
+    return ctl, clock, policy, job, sid, run_dir
+
+
+def test_a_round_due_while_a_checkpointed_job_exits_requeues_it_not_fails_it(
+    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+) -> None:
+    """The race seen with 2 s rounds, driven step by step: a resize signals the job, the
+    job checkpoints and exits 75, and only then a new round (back to what it had) comes
+    due. The move goes on (requeue, release), the job runs again, and is never failed."""
+    ctl, _, _, job, sid, run_dir = _signal_for_a_resize(tmp_path, store, cluster, base, EXIT_75)
+    wait_for("the job to exit 75", lambda: state_of(cluster, sid).finished, timeout=30)
+    converge(ctl)  # the round, due since the job was signalled, comes only now
+    state = running(cluster, sid)
+    assert state.gres == Gres("gpu", 1) and state.nodelist == "node2"
+    wait_for("second start", lambda: len((run_dir / "starts").read_text().splitlines()) == 2)
+    ctl.tick_once()
+    with store.transaction() as tx:
+        assert tx.job(job).state == "running"
+        steps = [a.action for a in tx.actions(job_id=job)]
+    assert steps.count("signal") == 1 and steps[-3:] == ["requeue_hold", "update", "release"]
+
+
+def test_a_round_due_while_a_signalled_job_still_checkpoints_sees_the_restart_through(
+    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+) -> None:
+    """The other side of the race: the new round (back to what the job has) comes while
+    the signalled job is still running (checkpoint written, exit 75 a few seconds later).
+    The move is not "converged": the job is requeued and restarted once, never failed."""
+    script = EXIT_75.replace("exit 75", "sleep 4; exit 75")
+    ctl, _, _, job, sid, run_dir = _signal_for_a_resize(tmp_path, store, cluster, base, script)
+    wait_for("the checkpoint marker", lambda: (run_dir / "checkpointed").exists(), timeout=30)
+    converge(ctl)  # the round comes while the job still runs
+    wait_for("the restart", lambda: cluster.job_detail(job_id=sid).restarts == 1, timeout=30)
+    state = running(cluster, sid)
+    assert state.gres == Gres("gpu", 1) and state.nodelist == "node2"
+    ctl.tick_once()
+    with store.transaction() as tx:
+        assert tx.job(job).state == "running"
+        assert [a.action for a in tx.actions(job_id=job)].count("signal") == 1
