@@ -3,10 +3,11 @@
 pyslurm is imported lazily, only when the backend is built; where it is absent
 ``PyslurmMissing`` names the problem. Operations done through pyslurm's API:
 submission (``JobSubmitDescription(priority=0, is_requeueable=True).submit()``), release
-(``Job.release``), updates of a pending job (``Job.modify``; ``begin_time="now"`` for
-``release_now``), signalling only the batch shell (``Job.send_signal(steps="batch")``),
-requeue-hold (``Job.requeue(hold=True)``), cancel (``Job.cancel``), polls and job records
-(``Jobs.load`` / ``Job.load``) and ``find_successor``.
+(``Job.release``), GRES and node-list updates of a pending job (``Job.modify``; a
+``begin_time`` of now for ``release_now``), signalling only the batch shell
+(``Job.send_signal(steps="batch")``), requeue-hold (``Job.requeue(hold=True)``), cancel
+(``Job.cancel``), polls and job records (``Jobs.load`` / ``Job.load``) and
+``find_successor``.
 
 Reused from ``SlurmCliBackend`` by composition, and why:
 
@@ -16,7 +17,10 @@ Reused from ``SlurmCliBackend`` by composition, and why:
   (``GRES=gpu:2(IDX:0-1)``) come from ``scontrol -d show job``; pyslurm 25.11's
   ``Job.get_resource_layout_per_node`` is marked "subject to change", so the tested
   parser of the CLI output is reused;
-- ``hostnames``: ``scontrol show hostnames``; pyslurm offers no stable public expander.
+- ``hostnames``: ``scontrol show hostnames``; pyslurm offers no stable public expander;
+- ``update_pending`` with a new node count: pyslurm's ``JobSubmitDescription`` ignores
+  ``nodes`` in an update (its ``_set_nodes`` returns at once when ``is_update``), so a
+  change of the node count goes, with the other fields, through ``scontrol update``.
 
 Errors: ``pyslurm.RPCError`` is mapped by its ``errno`` (and message as a fallback):
 communication errors -> ``SlurmUnavailable`` (retried with the CLI settings' bounded
@@ -200,7 +204,7 @@ class SlurmPyslurmBackend:
             gres_per_node=str(request.gres),
             nodes=f"{n}-{n}",
             required_nodes=",".join(request.nodes) or None,
-            partition=request.partition,
+            partitions=request.partition,
             standard_output=request.output,
             working_directory=request.workdir,
             time_limit=request.time_limit,
@@ -225,9 +229,10 @@ class SlurmPyslurmBackend:
         num_nodes: int | None = None,
         nodes: tuple[str, ...] | None = None,
     ) -> None:
+        if num_nodes is not None:  # pyslurm's modify ignores a node count: see the docstring
+            self._cli.update_pending(job_id=job_id, gres=gres, num_nodes=num_nodes, nodes=nodes)
+            return
         changes: dict[str, object] = {}
-        if num_nodes is not None:
-            changes["nodes"] = f"{num_nodes}-{num_nodes}"
         if gres is not None:
             changes["gres_per_node"] = str(gres)
         if nodes is not None:
@@ -245,7 +250,7 @@ class SlurmPyslurmBackend:
 
     def release_now(self, *, job_id: str) -> None:
         self.release(job_id=job_id)
-        self._modify(job_id, "modify begin_time", begin_time="now")
+        self._modify(job_id, "modify begin_time", begin_time=int(time.time()))
 
     def cancel(self, *, job_id: str) -> None:
         try:

@@ -18,6 +18,7 @@ this folder on ``sys.path`` only when the real pyslurm is not importable.
 
 from __future__ import annotations
 
+import datetime
 import re
 import subprocess
 from typing import Any
@@ -97,6 +98,13 @@ def _minutes(limit: str) -> int | None:
     return (int(days or 0) * 24 + h) * 60 + m + (1 if s else 0)
 
 
+def _when(stamp: int | str | None) -> str | None:
+    """pyslurm's begin_time (epoch seconds) -> the ISO time sbatch/scontrol take."""
+    if stamp is None:
+        return None
+    return datetime.datetime.fromtimestamp(int(stamp)).isoformat(timespec="seconds")
+
+
 class JobSubmitDescription:
     """The subset of pyslurm's ``JobSubmitDescription`` the adapter sets."""
 
@@ -109,7 +117,7 @@ class JobSubmitDescription:
         "gres_per_node",
         "nodes",
         "required_nodes",
-        "partition",
+        "partitions",
         "standard_output",
         "working_directory",
         "time_limit",
@@ -136,21 +144,21 @@ class JobSubmitDescription:
             "gres": self.gres_per_node,
             "nodes": self.nodes,
             "nodelist": self.required_nodes,
-            "partition": self.partition,
+            "partition": self.partitions,
             "output": self.standard_output,
             "chdir": self.working_directory,
             "time": self.time_limit,
-            "begin": self.begin_time,
+            "begin": _when(self.begin_time),
         }
         argv += [f"--{k}={v}" for k, v in opts.items() if v is not None]
         return int(_run(argv, stdin=self.script).strip().split(";")[0])
 
     def _update_args(self) -> list[str]:
+        # as pyslurm: ``nodes`` is ignored in an update (its _set_nodes returns when is_update)
         updates = {
-            "NumNodes": self.nodes,
             "Gres": self.gres_per_node,
             "ReqNodeList": self.required_nodes,
-            "StartTime": self.begin_time,
+            "StartTime": _when(self.begin_time),
             "TimeLimit": self.time_limit,
             "Comment": self.comment,
             "Priority": self.priority,
