@@ -24,6 +24,7 @@ from icefrog_slurm import jsonio
 from icefrog_slurm.errors import InputError
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+SlurmBackendName = Literal["cli", "pyslurm"]
 
 
 def _bounds(**kw: float) -> dict[str, float]:
@@ -109,6 +110,10 @@ class SlurmSettings:
     shards_per_gpu: int = field(default=2, metadata=_bounds(minimum=1))
     """GRES shards a GPU has in gres.conf (``Name=shard Count=`` / GPUs of the node); a
     shared job asks for ``shards_per_gpu / sharing.max_jobs_per_gpu`` shards."""
+
+    backend: SlurmBackendName = "cli"
+    """How icefrog talks to Slurm: ``cli`` (sbatch/scontrol/squeue) or ``pyslurm`` (needs
+    pyslurm, which builds only against Slurm 25.11; tested against a stand-in only)."""
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """``icefrog controller --config FILE [--once] [--dry-run]``: the scheduling daemon.
 
 Runs in the foreground and logs to stdout (under systemd, where ``JOURNAL_STREAM`` is set,
-without timestamps: journald adds its own). Wires the real adapters: ``SqlStore``,
-``SlurmCliBackend``, the system clock, job files on the filesystem, the report inbox and,
-when ``metrics.port`` is set, the Prometheus endpoint. ``--once`` makes one tick;
+without timestamps: journald adds its own). Wires the real adapters: ``SqlStore``, the
+Slurm backend (``slurm.backend``: ``SlurmCliBackend`` or ``SlurmPyslurmBackend``), the
+system clock, job files on the filesystem, the report inbox and, when ``metrics.port`` is
+set, the Prometheus endpoint. ``--once`` makes one tick;
 ``--dry-run`` makes one tick, prints the plan as JSON and enacts nothing (nothing is
 recorded either). ``--policy`` picks the policy: ``icefrog`` (default) or ``standin``.
 
@@ -26,8 +27,8 @@ from icefrog_slurm.controller.plan import Policy
 from icefrog_slurm.controller.ports import FsJobFiles, SystemClock
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.settings import Settings, load_settings
-from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
 from icefrog_slurm.slurm.port import JobNotFound
+from icefrog_slurm.slurm.select import make_cluster
 
 DEFAULT_CONFIG = "/etc/icefrog/icefrog.toml"
 POLICIES = ("icefrog", "standin")
@@ -97,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
     environ = dict(os.environ)
     setup_logging(settings, environ)
     policy = make_policy(args.policy)
+    cluster = make_cluster(settings.slurm.backend)  # a missing pyslurm stops us here
     store = SqlStore.from_settings(settings)
-    cluster = SlurmCliBackend()
 
     def owner_of(slurm_job_id: str) -> int | None:
         try:

@@ -6,4 +6,6 @@
   pinned by tests/golden/.
 - ``capacity``: the partition's GPUs minus those of foreign jobs (pure).
 - ``cli_backend``: ``SlurmCliBackend``, the port over sbatch/scontrol/squeue/sinfo/scancel.
+- ``pyslurm_backend``: ``SlurmPyslurmBackend``, the port over pyslurm 25.11 (optional).
+- ``select``: ``make_cluster(settings.slurm.backend)``, the adapter the controller uses.
 """
