@@ -51,6 +51,13 @@ def reject_unknown(obj: JsonObject, allowed: Iterable[str], where: str) -> None:
         )
 
 
+def _show(value: Any, limit: int = 60) -> str:
+    """A value as JSON for an error message, cut to ``limit`` characters (messages of
+    rejected reports are stored; a huge field must not be copied into them)."""
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _path(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
@@ -71,19 +78,9 @@ def get_number(
         if default is None:
             raise InputError(f"{name}: missing")
         return default
-    value = obj[key]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InputError(f"{name}: must be a number, got {json.dumps(value)}")
-    number = float(value)
-    if not math.isfinite(number):
-        raise InputError(f"{name}: must be finite")
-    if minimum is not None and number < minimum:
-        raise InputError(f"{name}: must be >= {minimum:g}, got {number:g}")
-    if exclusive_minimum is not None and number <= exclusive_minimum:
-        raise InputError(f"{name}: must be > {exclusive_minimum:g}, got {number:g}")
-    if maximum is not None and number > maximum:
-        raise InputError(f"{name}: must be <= {maximum:g}, got {number:g}")
-    return number
+    return check_number(
+        obj[key], name, minimum=minimum, exclusive_minimum=exclusive_minimum, maximum=maximum
+    )
 
 
 def get_int(
@@ -101,7 +98,7 @@ def get_int(
         if default is None:
             raise InputError(f"{name}: missing")
         return default
-    return _one_int(obj[key], name, minimum, maximum)
+    return check_int(obj[key], name, minimum=minimum, maximum=maximum)
 
 
 def get_bool(obj: JsonObject, key: str, where: str = "", *, default: bool | None = None) -> bool:
@@ -112,7 +109,7 @@ def get_bool(obj: JsonObject, key: str, where: str = "", *, default: bool | None
         return default
     value = obj[key]
     if not isinstance(value, bool):
-        raise InputError(f"{name}: must be true or false, got {json.dumps(value)}")
+        raise InputError(f"{name}: must be true or false, got {_show(value)}")
     return value
 
 
@@ -124,7 +121,7 @@ def get_str(obj: JsonObject, key: str, where: str = "", *, default: str | None =
         return default
     value = obj[key]
     if not isinstance(value, str) or not value:
-        raise InputError(f"{name}: must be a non-empty string, got {json.dumps(value)}")
+        raise InputError(f"{name}: must be a non-empty string, got {_show(value)}")
     return value
 
 
@@ -144,18 +141,31 @@ def number_list(values: list[Any], where: str, *, minimum: float | None = None) 
     """Every element a finite number (>= minimum when given)."""
     out: list[float] = []
     for i, value in enumerate(values):
-        out.append(_one_number(value, f"{where}[{i}]", minimum))
+        out.append(check_number(value, f"{where}[{i}]", minimum=minimum))
     return out
 
 
-def _one_number(value: Any, name: str, minimum: float | None) -> float:
+def check_number(
+    value: Any,
+    name: str,
+    *,
+    minimum: float | None = None,
+    exclusive_minimum: float | None = None,
+    maximum: float | None = None,
+) -> float:
+    """``value`` as a finite float (bools refused) within the optional bounds; ``name`` is
+    the field path the error names."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InputError(f"{name}: must be a number, got {json.dumps(value)}")
+        raise InputError(f"{name}: must be a number, got {_show(value)}")
     number = float(value)
     if not math.isfinite(number):
         raise InputError(f"{name}: must be finite")
     if minimum is not None and number < minimum:
         raise InputError(f"{name}: must be >= {minimum:g}, got {number:g}")
+    if exclusive_minimum is not None and number <= exclusive_minimum:
+        raise InputError(f"{name}: must be > {exclusive_minimum:g}, got {number:g}")
+    if maximum is not None and number > maximum:
+        raise InputError(f"{name}: must be <= {maximum:g}, got {number:g}")
     return number
 
 
@@ -163,12 +173,18 @@ def int_list(
     values: list[Any], where: str, *, minimum: int | None = None, maximum: int | None = None
 ) -> list[int]:
     """Every element an integer (bools refused) within the optional bounds."""
-    return [_one_int(v, f"{where}[{i}]", minimum, maximum) for i, v in enumerate(values)]
+    return [
+        check_int(v, f"{where}[{i}]", minimum=minimum, maximum=maximum)
+        for i, v in enumerate(values)
+    ]
 
 
-def _one_int(value: Any, name: str, minimum: int | None, maximum: int | None) -> int:
+def check_int(
+    value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """``value`` as an integer (bools and 2.5 refused) within the optional bounds."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InputError(f"{name}: must be an integer, got {json.dumps(value)}")
+        raise InputError(f"{name}: must be an integer, got {_show(value)}")
     if minimum is not None and value < minimum:
         raise InputError(f"{name}: must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from icefrog_slurm.core.parallelism import DDP, Parallelism
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.jsonio import check_int as _int
+from icefrog_slurm.jsonio import check_number as _num
+from icefrog_slurm.jsonio import reject_unknown as _only
 
 PROTOCOL_VERSION = 1
 MAX_REPORT_BYTES = 256 * 1024  # a report larger than this is rejected unread
@@ -353,12 +355,6 @@ def _parse_sample(s: Any, where: str) -> ProfileSample:
     )
 
 
-def _only(obj: Mapping[str, Any], allowed: Any, where: str) -> None:
-    unknown = sorted(set(obj) - set(allowed))
-    if unknown:
-        raise InputError(f"{where}.{unknown[0]}: unknown field")
-
-
 def _list(value: Any, where: str) -> list[Any]:
     if not isinstance(value, list):
         raise InputError(f"{where}: must be a list")
@@ -369,31 +365,6 @@ def _list(value: Any, where: str) -> list[Any]:
 
 def _floats(value: Any, where: str) -> tuple[float, ...]:
     return tuple(_num(v, f"{where}[{i}]") for i, v in enumerate(_list(value, where)))
-
-
-def _num(
-    value: Any, where: str, minimum: float | None = None, maximum: float | None = None
-) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InputError(f"{where}: must be a number")
-    number = float(value)
-    if not math.isfinite(number):
-        raise InputError(f"{where}: must be finite")
-    if minimum is not None and number < minimum:
-        raise InputError(f"{where}: must be >= {minimum:g}")
-    if maximum is not None and number > maximum:
-        raise InputError(f"{where}: must be <= {maximum:g}")
-    return number
-
-
-def _int(value: Any, where: str, minimum: int | None = None, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InputError(f"{where}: must be an integer")
-    if minimum is not None and value < minimum:
-        raise InputError(f"{where}: must be >= {minimum}")
-    if maximum is not None and value > maximum:
-        raise InputError(f"{where}: must be <= {maximum}")
-    return value
 
 
 def _short_str(value: Any, where: str, limit: int = 256, allow_empty: bool = False) -> str:

@@ -65,3 +65,12 @@ def test_malformed_reports_are_rejected(mutate, message) -> None:  # type: ignor
 def test_oversized_report_is_rejected_unread() -> None:
     with pytest.raises(InputError, match="more than the limit"):
         parse_envelope(b" " * (MAX_REPORT_BYTES + 1))
+
+
+def test_rejection_reason_does_not_copy_a_huge_field() -> None:
+    """Rejected reports are stored with their reason: it must name the field, not copy it."""
+    data = json.loads(_envelope("metric", {"epoch": 1, "name": "val_acc", "value": 0.5}).to_json())
+    data["payload"]["value"] = list(range(20_000))
+    with pytest.raises(InputError, match=r"value: must be a number") as err:
+        parse_envelope(json.dumps(data))
+    assert len(str(err.value)) < 200
