@@ -49,8 +49,9 @@ def make_model(kind: str) -> nn.Module:
 
 def accuracy(model: nn.Module, data: TensorDataset) -> float:
     model.eval()
+    device = next(model.parameters()).device  # the trainer moved the model (CUDA when present)
     with torch.no_grad():
-        x, y = data.tensors
+        x, y = (t.to(device) for t in data.tensors)
         correct = (model(x).argmax(1) == y).float().mean().item()
     model.train()
     return correct

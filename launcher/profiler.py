@@ -69,15 +69,13 @@ def peak_memory_bytes(device: torch.device) -> float:
 
 
 def gpu_utilization(device: torch.device) -> float:
-    """GPU utilisation in 0..1 from NVML; -1 without CUDA or pynvml."""
+    """GPU utilisation in 0..1 from NVML (``torch.cuda.utilization``, which maps the CUDA index
+    through CUDA_VISIBLE_DEVICES to the physical card, as a Slurm job sees it); -1 without
+    CUDA or pynvml. NVML reports the whole card: on a shared GPU it includes the partner."""
     if device.type != "cuda":
         return -1.0
     try:
-        import pynvml  # optional dependency
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
-        return float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu) / 100.0
+        return float(torch.cuda.utilization(device)) / 100.0
     except Exception:  # pynvml missing or NVML unusable: unknown
         return -1.0
 
