@@ -35,15 +35,35 @@ class GradStatsCollector:
     def __init__(self, num_layers: int, every: int = 8) -> None:
         self.num_layers = num_layers
         self.every = every  # <= 0: statistics off
-        self._sum_var = torch.zeros(num_layers, dtype=torch.float64)
-        self._sum_sqr = torch.zeros(num_layers, dtype=torch.float64)
-        self._count = torch.zeros(num_layers, dtype=torch.float64)
         self.last_var = [0.0] * num_layers  # the latest epoch's values (all layers)
         self.last_sqr = [0.0] * num_layers
         self.frozen_var = [0.0] * num_layers  # values at freeze time (eq 3's sigma^2_t0)
         self.frozen_sqr = [0.0] * num_layers
-        self._local = torch.zeros(num_layers, dtype=torch.float64)
         self._previous: list[torch.Tensor] | None = None  # one-replica estimator
+        # Sums over the epoch, kept on the gradients' device so that measuring a step never
+        # waits for the GPU (one copy to the host per epoch, in end_epoch); rows: var, sqr,
+        # count, local. Created at the first measured step.
+        self._acc: torch.Tensor | None = None
+        self._indices: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _on(self, device: torch.device) -> torch.Tensor:
+        if self._acc is None or self._acc.device != device:
+            old = self._acc
+            self._acc = torch.zeros(4, self.num_layers, dtype=torch.float64, device=device)
+            if old is not None:
+                self._acc += old.to(device)
+        return self._acc
+
+    def _index(self, index: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """``index`` on ``device``, copied once per (index tensor, device)."""
+        key = (id(index), device)
+        hit = self._indices.get(key)
+        if hit is None or hit[0] is not index:
+            if len(self._indices) > 256:  # callers keep their index tensors; bound it anyway
+                self._indices.clear()
+            hit = (index, index.to(device))
+            self._indices[key] = hit
+        return hit[1]
 
     # -- per step --------------------------------------------------------------------
     def measuring(self, step: int, world: int) -> bool:
@@ -55,8 +75,9 @@ class GradStatsCollector:
     def add_local(self, layer_index: torch.Tensor, grads: list[torch.Tensor]) -> None:
         """Add squared norms of local gradients (called in the DDP hook, pre all-reduce)."""
         if grads:
+            device = grads[0].device
             norms = torch.stack(torch._foreach_norm(grads)).double() ** 2
-            self._local.index_add_(0, layer_index, norms.cpu())
+            self._on(device)[3].index_add_(0, self._index(layer_index, device), norms)
 
     def finish_step(
         self,
@@ -69,12 +90,12 @@ class GradStatsCollector:
         group: Any = None,
     ) -> None:
         """Turn the step's (averaged) gradients into one estimate per measured layer."""
-        if self.every <= 0:
+        if self.every <= 0 or not grads:
             return
         if world > 1:
             self._finish_pollux(layer_index, grads, local_batch, world, group)
         elif step % self.every == 0:
-            self._previous = [g.detach().clone() for g in grads]
+            self._previous = torch._foreach_mul(grads, 1.0)  # a copy, in one launch
         elif self._previous is not None and len(self._previous) == len(grads):
             self._finish_pair(layer_index, grads, local_batch)
 
@@ -83,45 +104,52 @@ class GradStatsCollector:
     ) -> None:
         import torch.distributed as dist
 
-        local = self._local.clone()
-        self._local.zero_()
+        device = grads[0].device
+        acc, idx = self._on(device), self._index(index, device)
+        local = acc[3].clone()  # on the device: NCCL reduces device tensors only
+        acc[3].zero_()
         dist.all_reduce(local, group=group)
         local /= n
-        total = torch.zeros(self.num_layers, dtype=torch.float64)
-        total.index_add_(0, index, torch.stack(torch._foreach_norm(grads)).double().cpu() ** 2)
+        total = torch.zeros_like(local)
+        total.index_add_(0, idx, torch.stack(torch._foreach_norm(grads)).double() ** 2)
         big = m * n
         var = (local - total) / (1.0 / m - 1.0 / big)
         sqr = total - var / big
-        self._add(index, var, sqr)
+        self._add(idx, var, sqr)
 
     def _finish_pair(self, index: torch.Tensor, grads: list[torch.Tensor], m: int) -> None:
         assert self._previous is not None
-        diffs = torch._foreach_sub(grads, self._previous)
-        dots = [torch.sum(a * b) for a, b in zip(grads, self._previous, strict=True)]
-        self._previous = None
-        var = torch.zeros(self.num_layers, dtype=torch.float64)
-        sqr = torch.zeros(self.num_layers, dtype=torch.float64)
-        var.index_add_(0, index, torch.stack(torch._foreach_norm(diffs)).double().cpu() ** 2)
-        sqr.index_add_(0, index, torch.stack(dots).double().cpu())
-        self._add(index, var * (m / 2.0), sqr)
+        previous, self._previous = self._previous, None
+        device = grads[0].device
+        idx = self._index(index, device)
+        # |g1 - g2|^2 and <g1, g2> = (|g1 + g2|^2 - |g1 - g2|^2) / 4, two fused launches each
+        diff = torch.stack(torch._foreach_norm(torch._foreach_sub(grads, previous))).double() ** 2
+        both = torch.stack(torch._foreach_norm(torch._foreach_add(grads, previous))).double() ** 2
+        var = torch.zeros(self.num_layers, dtype=torch.float64, device=device)
+        sqr = torch.zeros_like(var)
+        var.index_add_(0, idx, diff * (m / 2.0))
+        sqr.index_add_(0, idx, (both - diff) / 4.0)
+        self._add(idx, var, sqr)
 
     def _add(self, index: torch.Tensor, var: torch.Tensor, sqr: torch.Tensor) -> None:
-        seen = torch.zeros(self.num_layers, dtype=torch.float64)
+        acc = self._on(var.device)
+        seen = torch.zeros_like(var)
         seen[index] = 1.0
-        self._sum_var += var * seen
-        self._sum_sqr += sqr * seen
-        self._count += seen
+        acc[0] += var * seen
+        acc[1] += sqr * seen
+        acc[2] += seen
 
     # -- per epoch -------------------------------------------------------------------
     def end_epoch(self, frozen: int) -> tuple[list[float], list[float]]:
         """The epoch's (grad_var, grad_sqr): frozen layers keep their at-freeze values."""
-        for i in range(self.num_layers):
-            if self._count[i] > 0:
-                self.last_var[i] = max(float(self._sum_var[i] / self._count[i]), 0.0)
-                self.last_sqr[i] = max(float(self._sum_sqr[i] / self._count[i]), 0.0)
-        self._sum_var.zero_()
-        self._sum_sqr.zero_()
-        self._count.zero_()
+        if self._acc is not None:
+            sums = self._acc.to("cpu", copy=True)  # the epoch's one wait for the device
+            self._acc.zero_()
+            for i in range(self.num_layers):
+                count = float(sums[2, i])
+                if count > 0:
+                    self.last_var[i] = max(float(sums[0, i]) / count, 0.0)
+                    self.last_sqr[i] = max(float(sums[1, i]) / count, 0.0)
         var = self.frozen_var[:frozen] + self.last_var[frozen:]
         sqr = self.frozen_sqr[:frozen] + self.last_sqr[frozen:]
         return var, sqr

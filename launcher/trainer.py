@@ -120,6 +120,7 @@ class Trainer:
         self.loader = ElasticDataLoader(self, dataset, shuffle)
         self.timer = StepTimer(self.device)
         self.stats = GradStatsCollector(len(self.layers), stats_every)
+        self._bucket_index: dict[tuple[int, ...], torch.Tensor] = {}  # DDP bucket -> layers
         self.reporter = Reporter(
             inbox=self.config.inbox,
             slurm_job_id=self.config.slurm_job_id,
@@ -209,7 +210,10 @@ class Trainer:
                 if id(p) in self._layer_of
             ]
             if pairs:
-                index = torch.tensor([i for i, _ in pairs], dtype=torch.long)
+                layers = tuple(i for i, _ in pairs)
+                index = self._bucket_index.get(layers)
+                if index is None:
+                    index = self._bucket_index[layers] = torch.tensor(layers, dtype=torch.long)
                 self.stats.add_local(index, [g for _, g in pairs])
         return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
 
