@@ -1,4 +1,4 @@
-"""Schema migrations: the alembic environment in ``db/`` driven from code (no alembic.ini).
+"""Schema migrations: the alembic environment in ``migrations/``, driven from code (no alembic.ini).
 
 ``upgrade(url)`` is what ``icefrog db upgrade`` runs; ``current_revision`` and
 ``head_revision`` let :class:`SqlStore` refuse a database that is not migrated.
@@ -16,12 +16,12 @@ from sqlalchemy import Engine
 
 from icefrog_slurm.errors import IcefrogError
 
-# db/ sits next to the package in a source tree and an editable install.
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "db"
+# Shipped inside the package (package data), so a wheel holds them too.
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
 
 def alembic_config(url: str) -> Config:
-    """An alembic Config for ``url`` over ``db/``, built in code."""
+    """An alembic Config for ``url`` over ``store/migrations/``, built in code."""
     if not (MIGRATIONS_DIR / "env.py").is_file():
         raise IcefrogError(f"the migrations folder {MIGRATIONS_DIR} is missing")
     config = Config()

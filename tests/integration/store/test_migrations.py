@@ -57,3 +57,40 @@ def test_cli_db_upgrade_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["db", "upgrade", "--config", str(config)]) == 2
     assert "store.urll: unknown field" in capsys.readouterr().err
     assert main(["db", "upgrade", "--url", "nosuchdb://x"]) == 2
+
+
+def test_a_wheel_install_can_migrate(tmp_path: Path) -> None:
+    """Admins `pip install` a wheel: the migrations must be inside it. Build the wheel, install
+    it into a bare folder, and run `icefrog db upgrade` from there (not from this checkout)."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[3]
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", str(repo), "-w", str(tmp_path / "w")],
+        check=True,
+        cwd=tmp_path,
+    )
+    [wheel] = (tmp_path / "w").glob("icefrog_slurm-*.whl")
+    site = tmp_path / "site"
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True)
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    code = (
+        "import sys, icefrog_slurm; from icefrog_slurm.cli import main; "
+        f"assert icefrog_slurm.__file__.startswith({str(site)!r}), icefrog_slurm.__file__; "
+        f"sys.exit(main(['db', 'upgrade', '--url', {url!r}]))"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+    )
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            revision = MigrationContext.configure(conn).get_current_revision()
+        assert revision == migrate.head_revision()
+    finally:
+        engine.dispose()
