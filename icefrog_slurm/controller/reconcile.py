@@ -83,6 +83,7 @@ def record(plan: Plan, tx: StoreTx) -> int:
             allocations=[j.allocation for j in plan.jobs],
             solve_s=plan.solve_s,
             min_share=plan.min_share,
+            reasons={j.job_id: j.reason for j in plan.jobs if j.reason},
         )
     open_by_job = {i.job_id: i for i in tx.open_intents() if i.job_id is not None}
     added = 0

@@ -28,7 +28,7 @@ from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.port import Gres, JobState
 from icefrog_slurm.store.records import Allocation
 
-EVICTED = "evicted: unstable GPU utilization while sharing a GPU (spec section 8)"
+EVICTED = "Evicted: unstable GPU utilization while sharing a GPU (spec section 8)"
 
 
 def round_due(snapshot: Snapshot, settings: Settings) -> bool:

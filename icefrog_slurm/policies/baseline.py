@@ -184,7 +184,7 @@ def result(
     allocations: dict[int, Allocation],
     *,
     started: float,
-    why: str = "waiting: no GPUs left",
+    why: str = "Resources: no GPUs left",
 ) -> PolicyResult:
     """Fill in a wait for every job the policy did not allocate; ``solve_s`` is the time
     since ``started`` (a ``time.perf_counter()`` reading taken when deciding began)."""

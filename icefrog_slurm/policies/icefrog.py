@@ -70,7 +70,7 @@ class IcefrogPolicy:
             if not cands:
                 allocations[job.id] = _wait(job)
                 reasons[job.id] = failed or (
-                    "waiting: no configuration fits the free nodes or makes progress"
+                    "NoFit: no configuration fits the free nodes or makes progress"
                 )
                 continue
             options[str(job.id)] = cands
@@ -98,7 +98,7 @@ class IcefrogPolicy:
                 self._waited[job.id] += 1
                 allocations[job.id] = _wait(job)
                 reasons[job.id] = (
-                    f"waiting: IceShare gives the GPUs to others (min share "
+                    f"Resources: IceShare gives the GPUs to others (min share "
                     f"{solution.min_share:.3f})"
                 )
                 continue

@@ -44,7 +44,7 @@ class StandInPolicy:
             nodes = _place(free, job.job.spec.min_gpus, per_node)
             if nodes is None:
                 allocations[job.id] = Allocation(job_id=job.id, gpus=0, batch=0, frozen=0)
-                reasons[job.id] = f"waiting: {job.job.spec.min_gpus} GPUs do not fit now"
+                reasons[job.id] = f"Resources: {job.job.spec.min_gpus} GPUs do not fit now"
             else:
                 allocations[job.id] = _alloc(job, job.job.spec.min_gpus, nodes)
         return PolicyResult(allocations=allocations, reasons=reasons)

@@ -136,12 +136,22 @@ def target_reached(facts: JobFacts) -> bool:
 def wait_reason(job: JobRecord, latest: Decided | None) -> str:
     """Why a pending job is not running, as a squeue-style reason word ('' otherwise).
 
-    ``NotDecided``: no round has decided the job yet; ``Resources``: the last round gave
-    it no GPUs (it waits for GPUs, like Slurm's reason); ``Starting``: the last round gave
-    it GPUs and the controller is releasing it.
+    ``NotDecided``: no round has decided the job yet; ``Starting``: the last round gave it
+    GPUs and the controller is releasing it; when the last round gave it no GPUs, the word
+    of the reason the policy recorded (``Resources``: the GPUs went to others; ``NoFit``: no
+    configuration of it fits or makes progress; ``EstimateFailed``: its reports could not be
+    modelled; ``Evicted``: unstable while sharing), ``Resources`` when none was recorded.
     """
     if job.state != "pending":
         return ""
     if latest is None:
         return "NotDecided"
-    return "Resources" if latest.allocation.gpus == 0 else "Starting"
+    if latest.allocation.gpus:
+        return "Starting"
+    return reason_word(latest.reason)
+
+
+def reason_word(reason: str) -> str:
+    """The squeue word of a recorded reason "Word: detail" ("Resources" for any other)."""
+    word = reason.split(":", 1)[0]
+    return word if word.isalnum() and word[:1].isupper() else "Resources"

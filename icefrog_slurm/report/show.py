@@ -75,6 +75,7 @@ def show_lines(detail: JobDetail, *, now: float, actions: int) -> list[str]:
         f"JobId={job.id} JobName={job.name} UserId={job.owner_user}({job.owner_uid})",
         f"   JobState={jobs.state_name(job.state)} FinishReason={job.finish_reason or '(null)'}"
         f" Epoch={job.progress.epoch}",
+        f"   Reason={_wait_text(facts.history, jobs.wait_reason(job, _last(facts.history)))}",
         f"   SlurmJobIds={','.join(job.slurm_job_ids)} Restarts={row.restarts}"
         f" Reallocations={row.reallocations}",
         f"   SubmitTime={format_time(job.submit_time)} StartTime={format_time(job.start_time)}"
@@ -102,6 +103,18 @@ def show_lines(detail: JobDetail, *, now: float, actions: int) -> list[str]:
     return summary
 
 
+def _last(history: tuple[Decided, ...]) -> Decided | None:
+    return history[-1] if history else None
+
+
+def _wait_text(history: tuple[Decided, ...], word: str) -> str:
+    """``Reason=``: (None) when the job does not wait, else the last round's whole reason."""
+    if not word:
+        return "(None)"
+    last = _last(history)
+    return last.reason if last is not None and last.reason else word
+
+
 def show_json(detail: JobDetail, *, now: float, actions: int) -> dict[str, Any]:
     facts = detail.facts
     recent = detail.actions[-actions:] if actions > 0 else ()
@@ -112,6 +125,7 @@ def show_json(detail: JobDetail, *, now: float, actions: int) -> dict[str, Any]:
             for d in changes(facts.history)
         ],
         "rounds_decided": len(facts.history),
+        "reason": _wait_text(facts.history, jobs.wait_reason(facts.job, _last(facts.history))),
         "actions": [{**asdict(a), "command": list(a.command)} for a in recent],
         "actions_total": len(detail.actions),
     }

@@ -62,8 +62,10 @@ class LedgerTx:
         allocations: Sequence[Allocation],
         solve_s: float | None = None,
         min_share: float | None = None,
+        reasons: Mapping[int, str] | None = None,
     ) -> None:
-        """Record a round's decision: one row for the round, one a job."""
+        """Record a round's decision: one row for the round, one a job, with the reason the
+        policy gave for a job (why it waits) when it gave one."""
         self._s.add(
             RoundRow(
                 round_no=round_no,
@@ -76,8 +78,15 @@ class LedgerTx:
         )
         self._s.flush()
         if allocations:  # one bulk INSERT, not one ORM object a job
+            why = reasons or {}
             rows = [
-                {**asdict(a), "round_no": round_no, "nodes": list(a.nodes)} for a in allocations
+                {
+                    **asdict(a),
+                    "round_no": round_no,
+                    "nodes": list(a.nodes),
+                    "reason": why.get(a.job_id, ""),
+                }
+                for a in allocations
             ]
             self._s.execute(insert(AllocationRow), rows)
 

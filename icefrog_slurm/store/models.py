@@ -190,6 +190,9 @@ class AllocationRow(Base):
     psi: Mapped[float | None]
     predicted_tta_s: Mapped[float | None]
     share: Mapped[float | None]  # IceShare (eq 17)
+    # why the round gave the job what it gave ("" when running as decided); for a waiting
+    # job "Word: detail", the Word shown by icefrog squeue (migration 0003)
+    reason: Mapped[str] = mapped_column(Text, default="", server_default="")
 
 
 class IntentRow(Base):

@@ -36,6 +36,7 @@ class Decided:
     round_no: int
     time: float
     allocation: Allocation
+    reason: str = ""  # the policy's "Word: detail" for a job it left waiting
 
 
 @dataclass(frozen=True)
@@ -113,15 +114,16 @@ _DECIDED = (
     AllocationRow.share,
     AllocationRow.round_no,
     RoundRow.time,
+    AllocationRow.reason,
 )
 
 
 def _decided(row: Any) -> Decided:
     # Unpacked by position: by-name access and ``ledger.record``'s dataclass introspection
     # cost more than the query when sacct reads every decision of thousands of jobs.
-    job_id, gpus, batch, frozen, shared, nodes, psi, tta, share, round_no, t = row
+    job_id, gpus, batch, frozen, shared, nodes, psi, tta, share, round_no, t, reason = row
     allocation = Allocation(job_id, gpus, batch, frozen, shared, tuple(nodes), psi, tta, share)
-    return Decided(round_no=round_no, time=t, allocation=allocation)
+    return Decided(round_no=round_no, time=t, allocation=allocation, reason=reason or "")
 
 
 def _chunks(ids: Collection[int]) -> Iterator[Sequence[int]]:

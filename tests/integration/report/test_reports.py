@@ -183,6 +183,7 @@ def test_squeue_table_options_and_json(db: list[str], capsys: pytest.CaptureFixt
 SHOW_JOB_1 = """\
 JobId=1 JobName=cnn UserId=alice(1001)
    JobState=COMPLETED FinishReason=target_reached Epoch=0
+   Reason=(None)
    SlurmJobIds=100,107 Restarts=2 Reallocations=2
    SubmitTime=2026-11-20T08:00:00 StartTime=2026-11-20T08:01:00 EndTime=2026-11-20T11:00:00
    JCT=03:00:00 TTA=02:30:00 GPUHours=8.97
@@ -264,3 +265,36 @@ def test_a_missing_sqlite_file_is_not_created(
     path = Path(str(tmp_path)) / "absent.db"
     code, _, err = run(capsys, "sacct", "--db", f"sqlite:///{path}")
     assert code == 1 and f"no state store at {path}" in err and not path.exists()
+
+
+def test_a_waiting_jobs_recorded_reason_reaches_squeue_and_show(
+    db: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A round that leaves a job waiting records the policy's reason; squeue shows its word
+    and `show job` the whole text; a reason without a word reads as Resources."""
+    from tests.integration.report.populate import NOW, _alloc
+
+    store = SqlStore(db[1])
+    try:
+        with store.transaction() as tx:
+            n = tx.next_round_no()
+            tx.record_round(
+                round_no=n,
+                now=NOW - 60,
+                policy="icefrog",
+                capacity_gpus=8,
+                allocations=[_alloc(2, 0, ()), _alloc(5, 0, ()), _alloc(3, 1, ("n3",))],
+                reasons={2: "EstimateFailed: ValueError: grad_var[3] is NaN", 5: "odd text"},
+            )
+            assert tx.round(n) is not None
+    finally:
+        store.close()
+    code, out, _ = run(capsys, "squeue", *db, "--json", "-t", "all")
+    assert code == 0
+    reasons = {row["job_id"]: row["reason"] for row in json.loads(out)["jobs"]}
+    assert reasons == {1: None, 2: "EstimateFailed", 3: None, 4: None, 5: "Resources"}
+    code, out, _ = run(capsys, "show", "job", "2", *db)
+    assert code == 0
+    assert "Reason=EstimateFailed: ValueError: grad_var[3] is NaN" in out
+    code, out, _ = run(capsys, "show", "job", "3", *db)
+    assert "Reason=(None)" in out
