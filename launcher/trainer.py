@@ -28,6 +28,7 @@ import dataclasses
 import os
 import random
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -113,6 +114,8 @@ class Trainer:
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         cuda = torch.cuda.is_available()
         self.device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+        node = env.get("SLURMD_NODENAME") or socket.gethostname()
+        print(f"icefrog trainer: rank {self.rank} of {self.world} on {node}", file=sys.stderr)
         self.module = model.to(self.device)
         self.optimizer = optimizer
         self.layers = find_layers(model, layers)
