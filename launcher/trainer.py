@@ -60,10 +60,10 @@ from launcher.launch import REQUEUE_EXIT_CODE, REQUEUE_MARKER
 from launcher.profiler import (
     StepTimer,
     find_layers,
-    gpu_utilization,
     layer_flops,
     param_bytes,
     peak_memory_bytes,
+    utilization,
 )
 from launcher.reports import Reporter
 from launcher.stats import GradStatsCollector
@@ -344,7 +344,7 @@ class Trainer:
             t_iter_s=means["iter"],
             samples_per_s=self.world * self.batch / means["iter"],
             peak_mem_bytes=peak_memory_bytes(self.device),
-            gpu_util=gpu_utilization(self.device),
+            gpu_util=utilization(self.device, means["cpu"], means["iter"]),
         )
         self.last_profile = sample
         self.reporter.send("profile", {"samples": [dataclasses.asdict(sample)]})
