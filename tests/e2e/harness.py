@@ -93,11 +93,11 @@ class Rig:
             time.sleep(0.5)
         return None
 
-    def submit_digits(self, workdir: Path, name: str, model: str) -> str:
-        """A real digits job (examples/train_digits.py) on 1-2 GPUs to val_acc >= 0.95."""
+    def submit_digits(self, workdir: Path, name: str, model: str, target: str = "0.95") -> str:
+        """A real digits job (examples/train_digits.py) on 1-2 GPUs to val_acc >= target."""
         return self.submit(
-            workdir, "--gpus", "1-2", "--batch", "16", "--target", "val_acc>=0.95",
-            "--max-epochs", "30", "--job-name", name, "--", str(DIGITS), "--model", model,
+            workdir, "--gpus", "1-2", "--batch", "16", "--target", f"val_acc>={target}",
+            "--max-epochs", "40", "--job-name", name, "--", str(DIGITS), "--model", model,
         )  # fmt: skip
 
     def submit(self, workdir: Path, *options: str) -> str:
