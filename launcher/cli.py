@@ -24,6 +24,7 @@ from launcher.launch import (
     rendezvous_host,
     resolves,
     run_training,
+    stop_signal,
 )
 
 
@@ -77,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     config.validate()
     alloc = allocation_from_env(env, args.procs_per_node)
     alloc = rendezvous_host(alloc, resolves, socket.gethostname())
-    command = build_command(alloc, script, torchrun=args.torchrun, port=args.port)
+    relay = [sys.executable, "-m", "launcher.relay"]
+    command = build_command(alloc, script, torchrun=args.torchrun, port=args.port, relay=relay)
     extra = config.to_env()
     if args.dry_run:
         for key, value in sorted(extra.items()):
@@ -85,5 +87,6 @@ def run(args: argparse.Namespace) -> int:
         print(shlex.join(command))
         return 0
     os.makedirs(config.workdir, exist_ok=True)
+    print(f"icefrog launch: {shlex.join(command)}", file=sys.stderr)
     sys.stdout.flush()
-    return run_training(command, child_env(env, alloc, extra), config.workdir)
+    return run_training(command, child_env(env, alloc, extra), config.workdir, stop_signal(alloc))

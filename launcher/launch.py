@@ -16,9 +16,16 @@ Exit status of ``icefrog launch``:
 - anything else: the training failed (torchrun's status).
 
 Signals: Slurm (``scancel --batch --signal=USR1``, ``--signal=B:USR1@60``) signals the batch
-shell, which must ``exec icefrog launch`` so the launcher receives it. torchrun's agent dies on
-an unhandled USR1, so the launcher sends it TERM in every case; torchrun forwards TERM to
-the trainers, whose handler checkpoints at the next step boundary and exits.
+shell, which passes it on to the launcher (``icefrog submit``'s script). torchrun's agent
+dies on an unhandled USR1, so on one node the launcher sends torchrun TERM in every case;
+torchrun forwards TERM to the trainers, whose handler checkpoints at the next step
+boundary and exits. Across nodes the launcher sends ``srun`` USR1 instead: srun forwards
+USR1 to the step and keeps it, whereas TERM makes srun kill the step ("forcing job
+termination": the tasks are SIGKILLed after KillWait and never checkpoint). slurmstepd
+delivers the forwarded USR1 to every process of the step, torchrun's agent included, so
+each node's task is :mod:`launcher.relay`: it starts torchrun with USR1 ignored (the
+trainers install their own handler) and turns the USR1 it gets itself into TERM for
+torchrun, for a Slurm that signals only the task's own process.
 """
 
 from __future__ import annotations
@@ -143,8 +150,10 @@ def build_command(
     *,
     torchrun: str = "torchrun",
     port: int | None = None,
+    relay: Sequence[str] = (),
 ) -> list[str]:
-    """The command line: torchrun on one node, ``srun`` one torchrun per node otherwise.
+    """The command line: torchrun on one node, ``srun`` one torchrun per node otherwise,
+    each behind ``relay`` (e.g. ``python -m launcher.relay``; see :func:`stop_signal`).
 
     One node uses ``--standalone`` (a private rendezvous, no port clash between jobs
     sharing a node); several nodes rendezvous with c10d on the first node, on ``port``
@@ -165,7 +174,14 @@ def build_command(
         f"--rdzv-id={alloc.job_id}",
     ]
     srun = ["srun", f"--nodes={alloc.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
-    return [*srun, *base, *rdzv, *script]
+    return [*srun, *relay, *base, *rdzv, *script]
+
+
+def stop_signal(alloc: Allocation) -> signal.Signals:
+    """What the launcher sends its child to stop the trainers: TERM to torchrun on one
+    node; USR1 to ``srun`` across nodes (srun passes USR1 on to the relays; see the
+    module docstring)."""
+    return signal.SIGTERM if alloc.nnodes == 1 else signal.SIGUSR1
 
 
 def child_env(
@@ -180,9 +196,10 @@ def child_env(
 
 
 class _Trap:
-    """Remembers the first USR1/TERM and passes TERM on to the child process group."""
+    """Remembers the first USR1/TERM and passes ``forward`` on to the child process."""
 
-    def __init__(self) -> None:
+    def __init__(self, forward: signal.Signals) -> None:
+        self.forward = forward
         self.signalled: int | None = None
         self.child: subprocess.Popen[bytes] | None = None
 
@@ -190,19 +207,32 @@ class _Trap:
         if self.signalled is None:
             self.signalled = signum
         if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signal.SIGTERM)
+            self.child.send_signal(self.forward)
 
 
-def run_training(command: Sequence[str], env: Mapping[str, str], workdir: str) -> int:
-    """Run ``command`` in the background, wait, and map the outcome to an exit status."""
-    marker = Path(workdir) / REQUEUE_MARKER
-    marker.unlink(missing_ok=True)
-    trap = _Trap()
+def supervise(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    forward: signal.Signals = signal.SIGTERM,
+    child_ignores: Sequence[signal.Signals] = (),
+) -> tuple[int, int | None]:
+    """Run ``command`` in the background, passing ``forward`` on for each USR1/TERM, and
+    wait: its exit status (128 + N when signal N killed it) and the first signal seen.
+    The child starts with ``child_ignores`` ignored (inherited through exec; a program
+    that installs its own handler, like the trainer, still gets them)."""
+
+    def ignore() -> None:
+        for s in child_ignores:
+            signal.signal(s, signal.SIG_IGN)
+
+    trap = _Trap(forward)
     old = {s: signal.signal(s, trap) for s in (signal.SIGUSR1, signal.SIGTERM)}
     try:
-        trap.child = subprocess.Popen(list(command), env=dict(env))
+        trap.child = subprocess.Popen(
+            list(command), env=dict(env), preexec_fn=ignore if child_ignores else None
+        )
         if trap.signalled is not None:  # a signal arrived while starting
-            trap.child.send_signal(signal.SIGTERM)
+            trap.child.send_signal(forward)
         while True:
             try:
                 code = trap.child.wait()
@@ -212,13 +242,27 @@ def run_training(command: Sequence[str], env: Mapping[str, str], workdir: str) -
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-    if trap.signalled is not None or marker.exists():
+    return (code if code >= 0 else 128 - code), trap.signalled
+
+
+def run_training(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    workdir: str,
+    forward: signal.Signals = signal.SIGTERM,
+) -> int:
+    """Run ``command`` (:func:`supervise`, passing ``forward`` on) and map the outcome to
+    the launcher's exit status."""
+    marker = Path(workdir) / REQUEUE_MARKER
+    marker.unlink(missing_ok=True)
+    code, signalled = supervise(command, env, forward)
+    if signalled is not None or marker.exists():
         print(
             f"icefrog launch: checkpointed; exiting {REQUEUE_EXIT_CODE} (requeue me)",
             file=sys.stderr,
         )
         return REQUEUE_EXIT_CODE
-    return code if code >= 0 else 128 - code
+    return code
 
 
 def environ() -> dict[str, str]:

@@ -1,7 +1,14 @@
 """What the Model Profiler measures (spec section 9, step 2): the model's ordered layers with
 their FLOPs and parameter bytes (once, at start, on the real model), and per-step timings
 split into forward, backward and the synchronisation not hidden behind backward, with the
-peak memory and GPU utilisation (NVML, when CUDA and pynvml are present; -1 otherwise).
+peak memory and the device's utilisation.
+
+With CUDA: GPU utilisation from NVML (-1 when pynvml is missing or NVML fails) and
+``torch.cuda.max_memory_allocated``. Without CUDA the same report fields carry the CPU
+analogue (docs/trainer.md), never GPU figures: utilisation is the share of the measured
+steps' wall time the process spent computing, its CPU time (``time.process_time``, every
+thread) over wall time times its thread budget (``torch.get_num_threads()``); memory is
+the process's peak resident set size.
 """
 
 from __future__ import annotations
@@ -80,6 +87,22 @@ def gpu_utilization(device: torch.device) -> float:
         return -1.0
 
 
+def cpu_utilization(cpu_s: float, wall_s: float, threads: int) -> float:
+    """The CPU analogue of GPU utilisation, in 0..1: CPU seconds over the wall seconds the
+    process's ``threads`` could have computed in; -1 when the wall time is not positive."""
+    if wall_s <= 0 or threads < 1:
+        return -1.0
+    return min(max(cpu_s / (wall_s * threads), 0.0), 1.0)
+
+
+def utilization(device: torch.device, cpu_s: float, wall_s: float) -> float:
+    """NVML's GPU utilisation on CUDA; the CPU analogue (:func:`cpu_utilization`) of the
+    measured steps, ``cpu_s`` CPU seconds in ``wall_s``, otherwise."""
+    if device.type == "cuda":
+        return gpu_utilization(device)
+    return cpu_utilization(cpu_s, wall_s, torch.get_num_threads())
+
+
 @dataclass
 class StepTimer:
     """Timestamps of one step, filled by hooks; sums over measured steps."""
@@ -90,18 +113,22 @@ class StepTimer:
     bwd_start: float = 0.0
     last_bucket: float = 0.0  # when the last gradient bucket was ready (DDP comm hook)
     sums: dict[str, float] = field(
-        default_factory=lambda: dict.fromkeys(("fwd", "bwd", "sync", "iter", "n"), 0.0)
+        default_factory=lambda: dict.fromkeys(("fwd", "bwd", "sync", "iter", "cpu", "n"), 0.0)
     )
     last_step_end: float = 0.0
+    last_cpu: float = 0.0  # the process's CPU time (time.process_time) at last_step_end
 
     def now(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    def record(self, backward_end: float, measured: bool) -> None:
-        """Close a step at ``backward_end`` (the optimizer's step pre-hook)."""
+    def record(self, backward_end: float, measured: bool, cpu: float | None = None) -> None:
+        """Close a step at ``backward_end`` (the optimizer's step pre-hook), when the
+        process had used ``cpu`` CPU seconds (default: ``time.process_time()`` now)."""
+        cpu = time.process_time() if cpu is None else cpu
         if measured and self.fwd_end > self.fwd_start and self.last_step_end > 0:
+            self.sums["cpu"] += cpu - self.last_cpu
             bwd_start = self.bwd_start if self.bwd_start >= self.fwd_end else self.fwd_end
             compute_end = self.last_bucket if self.last_bucket >= bwd_start else backward_end
             self.sums["fwd"] += self.fwd_end - self.fwd_start
@@ -109,7 +136,7 @@ class StepTimer:
             self.sums["sync"] += backward_end - compute_end
             self.sums["iter"] += backward_end - self.last_step_end
             self.sums["n"] += 1
-        self.last_step_end = backward_end
+        self.last_step_end, self.last_cpu = backward_end, cpu
         self.last_bucket = 0.0
         self.bwd_start = 0.0
 

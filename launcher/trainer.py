@@ -28,6 +28,7 @@ import dataclasses
 import os
 import random
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -59,10 +60,10 @@ from launcher.launch import REQUEUE_EXIT_CODE, REQUEUE_MARKER
 from launcher.profiler import (
     StepTimer,
     find_layers,
-    gpu_utilization,
     layer_flops,
     param_bytes,
     peak_memory_bytes,
+    utilization,
 )
 from launcher.reports import Reporter
 from launcher.stats import GradStatsCollector
@@ -113,6 +114,8 @@ class Trainer:
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         cuda = torch.cuda.is_available()
         self.device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+        node = env.get("SLURMD_NODENAME") or socket.gethostname()
+        print(f"icefrog trainer: rank {self.rank} of {self.world} on {node}", file=sys.stderr)
         self.module = model.to(self.device)
         self.optimizer = optimizer
         self.layers = find_layers(model, layers)
@@ -345,7 +348,7 @@ class Trainer:
             t_iter_s=means["iter"],
             samples_per_s=self.world * self.batch / means["iter"],
             peak_mem_bytes=peak_memory_bytes(self.device),
-            gpu_util=gpu_utilization(self.device),
+            gpu_util=utilization(self.device, means["cpu"], means["iter"]),
         )
         self.last_profile = sample
         self.reporter.send("profile", {"samples": [dataclasses.asdict(sample)]})

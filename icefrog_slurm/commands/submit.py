@@ -74,10 +74,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def batch_script(*, launch: list[str], env: dict[str, str], header: str = "") -> str:
     """The batch script: ``launch`` (an ``icefrog launch`` argv) in the background, signals
-    passed on, and the launcher's exit status as the job's (75: checkpointed, requeue me)."""
+    passed on, and the launcher's exit status as the job's (75: checkpointed, requeue me).
+    Its output file is appended to (``--open-mode=append``): a requeued job's runs share
+    one Slurm job id, hence one file, and Slurm would otherwise write each run over it."""
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
     return (
         "#!/bin/bash\n"
+        "#SBATCH --open-mode=append\n"
         f"{header}"
         "# USR1/TERM go to the launcher, which makes the trainers checkpoint and exit.\n"
         f"{exports}"

@@ -2,11 +2,13 @@
 # The main job (`make demo`): a real local Slurm cluster, the icefrog controller on SQLite
 # with a 20 s round, and four real training jobs (scikit-learn digits, an MLP and a CNN,
 # each to a stated validation target) with different GPU ranges, submitted with
-# `icefrog submit`. While they run it prints `icefrog squeue` every round; when all are done
-# it prints `icefrog sacct`, stops the controller and brings the cluster down.
+# `icefrog submit`, and a fifth that arrives late (once three running jobs could share a
+# GPU). While they run it prints `icefrog squeue` every round; when all are done it prints
+# `icefrog sacct`, stops the controller and brings the cluster down.
 #
 # Usage: demo.sh            (make demo runs `make setup` first: venv and Slurm packages)
 # Environment: PY (python of the venv, default .venv/bin/python), DEMO_TIMEOUT_S (900),
+#   DEMO_PERIOD_S (the round, 20), DEMO_BLOCK_S (the foreign job, 150),
 #   ICEFROG_CLUSTER_* (see cluster.sh), DEMO_KEEP_CLUSTER=1 leaves the cluster up.
 # Everything lives under var/demo (settings, database, inbox, the jobs' folders, logs).
 set -euo pipefail
@@ -17,10 +19,10 @@ PY=${PY:-$REPO/.venv/bin/python}
 DEMO=$REPO/var/demo
 CONFIG=$DEMO/icefrog.toml
 TIMEOUT_S=${DEMO_TIMEOUT_S:-900}
-PERIOD_S=20
+PERIOD_S=${DEMO_PERIOD_S:-20}
 CONTROLLER_PID=
 STARTED_CLUSTER=0
-JOB_NAMES=foreign-blocker,mlp-small,cnn-elastic,mlp-wide,cnn-any
+JOB_NAMES=foreign-blocker,mlp-small,cnn-elastic,mlp-wide,cnn-any,late-two
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 
 say() { printf '\n=== %s\n' "$*"; }
@@ -113,25 +115,32 @@ submit() {  # name, then icefrog submit options, then -- model
     icefrog submit --config "$CONFIG" --job-name "$name" --workdir "$DEMO/jobs/$name" "$@"
 }
 EXAMPLE=$REPO/examples/train_digits.py
-submit mlp-small --gpus 1 --batch 16-64 --target 'val_acc>=0.96' --max-epochs 80 -- "$EXAMPLE" --model mlp
+submit mlp-small --gpus 1 --batch 16-64 --target 'val_acc>=0.96' --max-epochs 80 -- "$EXAMPLE" --model mlp --lr 3e-4
 submit cnn-elastic --gpus 1-2 --batch 16-32 --target 'val_acc>=0.97' --max-epochs 80 -- "$EXAMPLE" --model cnn
 submit mlp-wide --gpus 2-4 --batch 16-64 --target 'val_acc>=0.96' --max-epochs 80 -- "$EXAMPLE" --model mlp
-submit cnn-any --gpus 1-4 --batch 16 --max-frozen 0.5 --target 'val_acc>=0.97' --max-epochs 80 -- "$EXAMPLE" --model cnn
+submit cnn-any --gpus 1-4 --batch 16 --max-frozen 0.5 --target 'val_acc>=0.97' --max-epochs 80 -- "$EXAMPLE" --model cnn --lr 5e-4
 
 # Unsettled icefrog jobs in the store (pending, running, or ended in Slurm while their
-# own `finished` report is still in the inbox) and how many registered.
+# own `finished` report is still in the inbox), how many registered, and how many running
+# jobs could share a GPU (1 GPU minimum) and have measured their utilisation and memory.
 count_jobs() {
     "$PY" - "$CONFIG" <<'EOF'
 import sys
 from icefrog_slurm.settings import load_settings
 from icefrog_slurm.store.sql import SqlStore
 store = SqlStore.from_settings(load_settings(sys.argv[1]))
-jobs = [v.job for v in store.snapshot(include_finished=True).jobs]
+views = store.snapshot(include_finished=True).jobs
+jobs = [v.job for v in views]
 unsettled = [
     j for j in jobs
     if j.state in ("pending", "running") or (j.state == "finished" and j.finish_reason is None)
 ]
-print(len(unsettled), len(jobs))
+sharable = [
+    v for v in views
+    if v.job.state == "running" and v.job.spec.min_gpus == 1
+    and any(s.gpu_util >= 0 and s.peak_mem_bytes > 0 for s in v.samples)
+]
+print(len(unsettled), len(jobs), len(sharable))
 EOF
 }
 
@@ -145,18 +154,31 @@ show_queue() {
 
 say "waiting for the jobs (icefrog squeue every ${PERIOD_S} s; timeout ${TIMEOUT_S} s)"
 start=$SECONDS
+EXPECTED=4
+last_print=-$PERIOD_S
 while :; do
-    printf '\n--- %s (t=%ds)\n' "$(date -u +%H:%M:%S)" $((SECONDS - start))
-    show_queue
-    read -r active registered < <(count_jobs)
-    if ((registered >= 4 && active == 0)); then break; fi
+    if ((SECONDS - last_print >= PERIOD_S)); then
+        last_print=$SECONDS
+        printf '\n--- %s (t=%ds)\n' "$(date -u +%H:%M:%S)" $((SECONDS - start))
+        show_queue
+    fi
+    read -r active registered sharable < <(count_jobs)
+    if ((registered >= EXPECTED && active == 0)); then break; fi
+    # A late job wanting 2 GPUs once three running 1-GPU-minimum jobs have measured their
+    # utilisation and memory (a job without measurements cannot be shared): node1's 4 GPUs
+    # then hold all four only if two of the three share a GPU.
+    if ((EXPECTED == 4 && sharable >= 3)); then
+        say "a late job wanting 2 GPUs ($sharable running jobs could share a GPU)"
+        submit late-two --gpus 2 --batch 16-64 --target 'val_acc>=0.96' --max-epochs 80 -- "$EXAMPLE" --model mlp
+        EXPECTED=5
+    fi
     kill -0 "$CONTROLLER_PID" 2>/dev/null || { tail -50 "$DEMO/controller.log"; echo "demo: the controller died" >&2; exit 1; }
     if ((SECONDS - start > TIMEOUT_S)); then
         echo "demo: not done after ${TIMEOUT_S} s; controller log tail:" >&2
         tail -30 "$DEMO/controller.log" >&2
         exit 1
     fi
-    sleep "$PERIOD_S"
+    sleep 3
 done
 
 say "all jobs done after $((SECONDS - start)) s"

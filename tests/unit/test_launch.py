@@ -24,7 +24,9 @@ from launcher.launch import (
     first_host,
     rendezvous_host,
     run_training,
+    stop_signal,
 )
+from launcher.relay import main as relay_main
 
 
 def test_parse_target() -> None:
@@ -123,8 +125,10 @@ def test_allocation_multi_node_uses_srun_and_c10d_on_first_node() -> None:
     }
     alloc = allocation_from_env(env)
     assert (alloc.nnodes, alloc.nproc_per_node, alloc.first_node) == (2, 4, "node3")
-    cmd = build_command(alloc, ["train.py"], port=29600)
+    cmd = build_command(alloc, ["train.py"], port=29600, relay=["py", "-m", "relay"])
     assert cmd[:4] == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    assert cmd[4:8] == ["py", "-m", "relay", "torchrun"]  # srun runs the relay per node
+    assert stop_signal(alloc) == signal.SIGUSR1  # srun passes USR1 on; TERM kills the step
     assert "--rdzv-endpoint=node3:29600" in cmd and "--rdzv-id=99" in cmd
     assert "--nproc-per-node=4" in cmd and cmd[-1] == "train.py"
     assert "--rdzv-endpoint=node3:29599" in build_command(alloc, ["train.py"])  # 29500 + 99
@@ -135,6 +139,9 @@ def test_allocation_multi_node_uses_srun_and_c10d_on_first_node() -> None:
 
 def test_allocation_without_gpus_and_override() -> None:
     assert allocation_from_env({}).nproc_per_node == 1
+    assert stop_signal(allocation_from_env({})) == signal.SIGTERM  # torchrun on one node
+    relay = build_command(allocation_from_env({}), ["t.py"], relay=["py", "-m", "relay"])
+    assert relay[0] == "torchrun"  # one node: no srun, no relay
     assert allocation_from_env({"SLURM_GPUS_ON_NODE": "0"}, procs_override=3).nproc_per_node == 3
     with pytest.raises(InputError, match="SLURM_JOB_NUM_NODES"):
         allocation_from_env({"SLURM_JOB_NUM_NODES": "x"})
@@ -174,13 +181,14 @@ def test_run_training_maps_outcomes(tmp_path: Path) -> None:
     assert run_training(_child("raise SystemExit(0)"), env, str(tmp_path)) == 0
 
 
-def test_run_training_usr1_terminates_child_and_asks_requeue(tmp_path: Path) -> None:
-    """USR1 to the launcher: the child (standing in for torchrun) gets TERM; exit 75."""
-    got_term, ready = tmp_path / "term", tmp_path / "ready"
+def _usr1_when_child_ready(tmp_path: Path) -> tuple[list[str], Path]:
+    """A child that records the first of TERM/USR1 it gets in ``got`` and exits 3, and a
+    thread that sends this process USR1 once the child is ready."""
+    got, ready = tmp_path / "got", tmp_path / "ready"
     code = (
         "import signal, sys, time\n"
-        f"def on(*a): open({str(got_term)!r}, 'w').write('1'); sys.exit(3)\n"
-        "signal.signal(signal.SIGTERM, on)\n"
+        f"def on(n, f): open({str(got)!r}, 'w').write(signal.Signals(n).name); sys.exit(3)\n"
+        "signal.signal(signal.SIGTERM, on); signal.signal(signal.SIGUSR1, on)\n"
         f"open({str(ready)!r}, 'w').write('1'); time.sleep(60)\n"
     )
 
@@ -191,12 +199,44 @@ def test_run_training_usr1_terminates_child_and_asks_requeue(tmp_path: Path) -> 
                 return
             time.sleep(0.05)
 
-    thread = threading.Thread(target=signal_when_ready, daemon=True)
-    thread.start()
-    assert run_training(_child(code), dict(os.environ), str(tmp_path)) == REQUEUE_EXIT_CODE
-    thread.join(timeout=5)
-    assert got_term.exists()
+    threading.Thread(target=signal_when_ready, daemon=True).start()
+    return _child(code), got
+
+
+def test_run_training_usr1_terminates_child_and_asks_requeue(tmp_path: Path) -> None:
+    """USR1 to the launcher: the child (standing in for torchrun) gets TERM; exit 75."""
+    child, got = _usr1_when_child_ready(tmp_path)
+    assert run_training(child, dict(os.environ), str(tmp_path)) == REQUEUE_EXIT_CODE
+    assert got.read_text() == "SIGTERM"
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # handlers restored
+
+
+def test_run_training_across_nodes_passes_usr1_to_srun(tmp_path: Path) -> None:
+    """Across nodes the child is srun: it gets USR1 (which srun forwards), not TERM."""
+    child, got = _usr1_when_child_ready(tmp_path)
+    code = run_training(child, dict(os.environ), str(tmp_path), signal.SIGUSR1)
+    assert code == REQUEUE_EXIT_CODE and got.read_text() == "SIGUSR1"
+
+
+def test_relay_turns_usr1_into_term_for_torchrun(tmp_path: Path) -> None:
+    """The relay (srun's task on each node) passes USR1 on to torchrun as TERM and exits
+    with torchrun's status."""
+    child, got = _usr1_when_child_ready(tmp_path)
+    assert relay_main(child) == 3
+    assert got.read_text() == "SIGTERM"
+    assert relay_main([]) == 2
+
+
+def test_relay_starts_torchrun_with_usr1_ignored(tmp_path: Path) -> None:
+    """slurmstepd sends USR1 to every process of the step: torchrun (a child without a
+    handler of its own) must not die of it."""
+    code = (
+        "import os, signal\n"
+        "assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "raise SystemExit(4)\n"
+    )
+    assert relay_main(_child(code)) == 4
 
 
 def test_cli_help(capsys: pytest.CaptureFixture[str]) -> None:

@@ -64,7 +64,7 @@ def test_script_exits_with_the_launchers_status(tmp_path: Path) -> None:
 
 def test_script_text() -> None:
     text = batch_script(launch=["icefrog", "launch", "--", "t.py", "a b"], env={"PATH": "/x"})
-    assert text.startswith("#!/bin/bash\n")
+    assert text.startswith("#!/bin/bash\n#SBATCH --open-mode=append\n")
     assert "export PATH=/x\n" in text
     assert "icefrog launch -- t.py 'a b' &\n" in text
 

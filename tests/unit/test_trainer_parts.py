@@ -1,6 +1,7 @@
 """Model Trainer parts that need no second process: checkpoints (atomic, torn ones
 skipped), reports (parse back with the controller's parser), decisions, the frozen
-penalty (eq 3), the one-replica gradient statistics and the FLOP table."""
+penalty (eq 3), the one-replica gradient statistics, the FLOP table and the CPU analogue of GPU
+utilisation."""
 
 from __future__ import annotations
 
@@ -17,7 +18,14 @@ from icefrog_slurm.errors import InputError  # noqa: E402
 from icefrog_slurm.protocol import Decision, parse_decision, parse_envelope, parse_payload  # noqa: E402
 from launcher import checkpoint  # noqa: E402
 from launcher.decision import read_decision  # noqa: E402
-from launcher.profiler import find_layers, layer_flops, param_bytes  # noqa: E402
+from launcher.profiler import (  # noqa: E402
+    StepTimer,
+    cpu_utilization,
+    find_layers,
+    layer_flops,
+    param_bytes,
+    utilization,
+)
 from launcher.reports import Reporter  # noqa: E402
 from launcher.stats import GradStatsCollector  # noqa: E402
 
@@ -153,3 +161,47 @@ def test_layers_and_flops() -> None:
     assert flops == [2 * 2 * 5 * 8 * 16, 0.0, 2 * 2 * 5 * 16 * 4 + 2 * 5 * 16 * 4]
     assert [param_bytes(layer) for layer in layers] == [(8 * 16 + 16) * 4, 0.0, (16 * 4 + 4) * 4]
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_cpu_utilization_is_cpu_time_over_the_thread_budget() -> None:
+    assert cpu_utilization(1.0, 2.0, 1) == 0.5
+    assert cpu_utilization(1.0, 2.0, 2) == 0.25
+    assert cpu_utilization(5.0, 2.0, 2) == 1.0  # clipped (threads beyond torch's budget)
+    assert cpu_utilization(1.0, 0.0, 1) == -1.0  # nothing measured: unknown
+    cpu = torch.device("cpu")
+    assert utilization(cpu, 1.0, 4.0) == cpu_utilization(1.0, 4.0, torch.get_num_threads())
+
+
+def test_step_timer_sums_cpu_time_of_measured_steps_only() -> None:
+    timer = StepTimer(torch.device("cpu"))
+    # step 1 opens the window; step 2 is measured (3 CPU s in 4 s); step 3 is not
+    for end, cpu, measured in ((10.0, 1.0, True), (14.0, 4.0, True), (20.0, 9.0, False)):
+        timer.fwd_start, timer.fwd_end = end - 2.0, end - 1.0
+        timer.record(end, measured, cpu=cpu)
+    means = timer.take()
+    assert means is not None
+    assert (means["iter"], means["cpu"]) == (4.0, 3.0)
+    assert timer.take() is None
+
+
+def _measured_step(timer: StepTimer, work: object) -> None:
+    timer.fwd_start = time.perf_counter()
+    timer.fwd_end = time.perf_counter()
+    work()  # type: ignore[operator]
+    timer.record(time.perf_counter(), True)
+
+
+def test_cpu_utilization_tells_computing_from_waiting() -> None:
+    """A step that sleeps (waiting, as on a shared device) uses less of its budget than a
+    step that computes; both lie in 0..1."""
+    x = torch.randn(256, 256)
+    results = []
+    for work in (lambda: time.sleep(0.2), lambda: [x @ x for _ in range(200)]):
+        timer = StepTimer(torch.device("cpu"))
+        timer.record(time.perf_counter(), False)
+        _measured_step(timer, work)
+        means = timer.take()
+        assert means is not None
+        results.append(utilization(torch.device("cpu"), means["cpu"], means["iter"]))
+    sleeping, computing = results
+    assert 0.0 <= sleeping < computing <= 1.0
