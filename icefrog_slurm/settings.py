@@ -53,6 +53,12 @@ class ControllerSettings:
     requeued and released at once on the same node; the credential stays revoked ~120 s),
     wait this long after the refused release before releasing the job again."""
 
+    release_gap_s: float = field(default=2.0, metadata=_bounds(minimum=0.0))
+    """After requeueing a job, wait this long before releasing it again. slurmd refuses a
+    launch credential created in the same second as the requeue revoked the job's last
+    one (Slurm's cred check: ctime <= revoked, in whole seconds): "Job credential revoked",
+    and the job ends FAILED. Two seconds put the new allocation in a later second."""
+
     reconcile_poll_s: float = field(default=2.0, metadata=_bounds(exclusive_minimum=0.0))
     """While a reconcile step waits (a job checkpointing), the loop looks again this often
     instead of sleeping until the next round."""

@@ -325,6 +325,9 @@ class Reconciler:
         target: Target,
         r: ReconcileResult,
     ) -> str:
+        if state.held:  # both raise _Waiting: look again next pass, before any update
+            self._retry_later(job_id, state)
+            self._after_requeue_gap(job_id, sid)
         if state.held or not matches(state, target):
             nodes = target.nodes or None
             self._do(
@@ -338,11 +341,27 @@ class Reconciler:
                 ),
             )
         if state.held:
-            self._retry_later(job_id, state)
             self._do(
                 intent, job_id, sid, "release", r, lambda: self.cluster.release_now(job_id=sid)
             )
         return f"released as {target.gres} on {','.join(target.nodes) or 'any node'}"
+
+    def _after_requeue_gap(self, job_id: int, sid: str) -> None:
+        """Raise _Waiting inside ``release_gap_s`` of the Slurm job's last requeue: a release
+        in the same second as the requeue's credential revocation is refused by slurmd."""
+        with self.store.transaction() as tx:
+            requeues = [
+                a.time
+                for a in tx.actions(job_id=job_id)
+                if a.action == "requeue_hold" and a.outcome == "ok" and a.slurm_job_id == sid
+            ]
+        wait = retry_wait_s(
+            last_release=max(requeues, default=None),
+            now=self.clock.now(),
+            retry_s=self.settings.controller.release_gap_s,
+        )
+        if wait > 0:
+            raise _Waiting
 
     def _retry_later(self, job_id: int, state: JobState) -> None:
         """Raise _Waiting while a job whose launch slurmd refused is inside
@@ -464,8 +483,8 @@ class Reconciler:
 
 
 def retry_wait_s(*, last_release: float | None, now: float, retry_s: float) -> float:
-    """Seconds left before a job whose launch was refused may be released again:
-    ``retry_s`` after its last release (0 when it was never released or that has passed)."""
+    """Seconds left before a job may be released again: ``retry_s`` after ``last_release``
+    (its refused release, or its requeue), 0 when there was none or that has passed."""
     if last_release is None:
         return 0.0
     return max(0.0, last_release + retry_s - now)

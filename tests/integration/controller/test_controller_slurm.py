@@ -111,8 +111,13 @@ def test_running_job_is_resized_through_checkpoint_and_requeue(
     with store.transaction() as tx:
         assert [a.gpus for _, a in tx.job_allocations(job)] == [1, 2]  # history kept
         assert tx.job(job).slurm_job_ids == (sid,)
-        steps = [a.action for a in tx.actions(job_id=job)]
+        actions = tx.actions(job_id=job)
+    steps = [a.action for a in actions]
     assert steps[-3:] == ["requeue_hold", "update", "release"] and "signal" in steps
+    # released on the same node only after the requeue's second is over: slurmd refuses a
+    # credential made in the second its requeue revoked the last one ("credential revoked")
+    requeued, released = actions[-3].time, actions[-1].time
+    assert released - requeued >= settings.controller.release_gap_s > 0
 
 
 def test_two_jobs_share_a_gpu_and_one_moves_back(
