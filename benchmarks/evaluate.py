@@ -582,7 +582,7 @@ def build(table: str, g: Grid, runner: Runner) -> tuple[list[str], list[list[str
     raise SystemExit(f"unknown table {table!r}; choose from {', '.join(TABLES)}, all")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("tables", nargs="+", help=f"{'|'.join(TABLES)}|all")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "eval")
@@ -603,6 +603,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--pollux", type=Path, default=Path("/work/shared/data/pollux"),
                     help="folder holding workloads-{0.5,1.5,2.0}")  # fmt: skip
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = make_parser()
     args = ap.parse_args(argv)
     tables = list(TABLES) if "all" in args.tables else args.tables
     bad = [t for t in tables if t not in TABLES]
