@@ -9,6 +9,10 @@ load on 240/480/960 GPUs), ``ablation`` (ICEFROG at 2x load with one thing chang
 ``faithful`` (Optimus+/Pollux+ on Pollux's workloads); ``all`` is every one. ``size``,
 ``tta`` and ``solver`` read the runs of ``main`` (and ``solver`` those of ``scale``).
 
+``--no-run`` makes the tables from the runs already in ``--out`` (``-`` where one is missing).
+Solver time is ``summary.json``'s ``solver_s``: ICEFROG reports its IceShare solve and
+placement alone, the baselines their whole ``decide`` (docs/evaluation.md).
+
 Every simulation is one ``icefrog simulate`` process of one policy writing
 ``OUT/runs/KEY/summary.json``; KEY is a readable label plus a hash of the simulate arguments,
 so a run whose summary.json exists is not rerun (RESUMABLE: rerun the same command after an
@@ -45,6 +49,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ("icefrog", "lucid+", "optimus+", "pollux+")
 BASELINES = {"lucid+": "Lucid", "optimus+": "Optimus", "pollux+": "Pollux"}
+SIZES = ("small", "medium", "large", "xlarge")
 TABLES = ("main", "size", "tta", "solver", "scale", "ablation", "faithful")
 PAPER_PHYSICAL = {"lucid+": 1.94, "optimus+": 1.84, "pollux+": 1.51}  # 48 GPUs (spec 14)
 PAPER_SIMULATED = {"lucid+": "1.71-2.20", "optimus+": "1.34-4.21", "pollux+": "1.10-2.80"}
@@ -108,6 +113,7 @@ class Runner:
     out: Path
     jobs: int
     philly: Path
+    run_missing: bool = True  # False: tables from the runs that exist (--no-run)
     log: Callable[[str], None] = field(default=lambda m: _stderr(m))
     ran: int = 0
     reused: int = 0
@@ -127,22 +133,33 @@ class Runner:
     def ensure(self, runs: Sequence[Run]) -> dict[str, dict[str, Any] | None]:
         """Run what is missing (up to ``jobs`` at once); the summaries by run key."""
         unique = list({r.key: r for r in runs}.values())
+        if not self.run_missing:
+            found = {r.key: self.summary(r) for r in unique}
+            self._note_commits([r for r in unique if found[r.key] is not None])
+            self.reused += sum(d is not None for d in found.values())
+            missing = sum(d is None for d in found.values())
+            if missing:
+                self.log(f"--no-run: {missing} run(s) missing, shown as -")
+            return found
         for trace in sorted({r.workload for r in unique if isinstance(r.workload, Trace)},
                             key=lambda t: t.name):  # fmt: skip
             self._sample(trace)
         todo = [r for r in unique if self.summary(r) is None]
-        for r in unique:
-            if r not in todo:
-                self.reused += 1
-                meta = self.out / "runs" / r.key / "run.json"
-                if meta.is_file():
-                    self.commits.add(json.loads(meta.read_text()).get("commit", "?"))
+        done = [r for r in unique if r not in todo]
+        self.reused += len(done)
+        self._note_commits(done)
         if todo:
             self.log(f"{len(todo)} run(s) to do, {len(unique) - len(todo)} done already, "
                      f"{self.jobs} at once")  # fmt: skip
             with ThreadPoolExecutor(max_workers=max(self.jobs, 1)) as pool:
                 list(pool.map(self._simulate, todo))
         return {r.key: self.summary(r) for r in unique}
+
+    def _note_commits(self, runs: Sequence[Run]) -> None:
+        for r in runs:
+            meta = self.out / "runs" / r.key / "run.json"
+            if meta.is_file():
+                self.commits.add(json.loads(meta.read_text()).get("commit", "?"))
 
     def _sample(self, trace: Trace) -> None:
         csv = self.trace_path(trace)
@@ -341,13 +358,14 @@ def _totals(doc: dict[str, Any] | None) -> dict[str, Any]:
 def _unfinished(docs: Iterable[dict[str, Any] | None]) -> str:
     n = sum(t["jobs"] - t["finished"] for t in map(_totals, docs) if t)
     missing = sum(d is None for d in docs)
-    parts = [str(n)] + ([f"{missing} run(s) failed"] if missing else [])
+    parts = [str(n)] + ([f"{missing} run(s) missing"] if missing else [])
     return ", ".join(parts)
 
 
 def table_main(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
-    header = ["load", "policy", "avg JCT h, mean (min-max)", "ICEFROG speedup",
-              "paper physical (48 GPUs)", "paper simulated", "jobs unfinished"]  # fmt: skip
+    header = ["load", "policy", "avg JCT h, mean (min-max)",
+              "ICEFROG speedup (its JCT / ICEFROG's)", "paper physical (48 GPUs)",
+              "paper simulated", "jobs unfinished"]  # fmt: skip
     rows, raw = [], {}
     for w in g.loads:
         ice = {s: _totals(res[_key(g, w, s, "icefrog")]).get("avg_jct_s") for s in g.seeds}
@@ -376,8 +394,7 @@ def _key(g: Grid, w: float, s: int, p: str) -> str:
 def table_size(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
     sizes = sorted(
         {k for d in res.values() if d for k in d["totals"]["jct_by_size_s"]},
-        key=lambda k: ("small", "medium", "large", "xl").index(k)
-        if k in ("small", "medium", "large", "xl") else 9,
+        key=lambda k: SIZES.index(k) if k in SIZES else len(SIZES),
     )  # fmt: skip
     header = ["load", "policy", *[f"{k} JCT h (jobs)" for k in sizes]]
     rows, raw = [], {}
@@ -426,8 +443,9 @@ def table_tta(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
 
 
 def table_scale(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
-    header = ["load", "GPUs", "policy", "jobs (unfinished)", "avg JCT h", "ICEFROG speedup",
-              "solver s/round mean", "solver s/round max", "sim wall s"]  # fmt: skip
+    header = ["load", "GPUs", "policy", "jobs (unfinished)", "avg JCT h",
+              "ICEFROG speedup (its JCT / ICEFROG's)", "solver s/round mean",
+              "solver s/round max", "sim wall s"]  # fmt: skip
     rows, raw = [], {}
     for w, n in g.scale:
         key = {p: Run(f"scale-{n}g-load{w:g}-seed1-{p}", g.trace(w, 1), p, n, 1, g.common).key
@@ -588,6 +606,8 @@ def make_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "eval")
     ap.add_argument("--jobs", type=int, default=2, help="simulations at once (2)")
     ap.add_argument("--quick", action="store_true", help="16 GPUs, 0.25 load, 1 seed (smoke)")
+    ap.add_argument("--no-run", action="store_true",
+                    help="run nothing: tables from the runs in --out (- if missing)")  # fmt: skip
     ap.add_argument("--loads", help="main: load factors, e.g. 1,2,3")
     ap.add_argument("--seeds", help="main: seeds, e.g. 1,2,3")
     ap.add_argument("--gpus", type=int, help="main/ablation: GPUs (48)")
@@ -620,7 +640,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv if argv is not None else sys.argv[1:]
     )
     (args.out / "tables").mkdir(parents=True, exist_ok=True)
-    runner = Runner(args.out, args.jobs, args.philly)
+    runner = Runner(args.out, args.jobs, args.philly, run_missing=not args.no_run)
     for table in tables:
         before = (runner.ran, runner.reused)
         header, rows, raw = build(table, g, runner)

@@ -57,7 +57,7 @@ def test_main_table_speedup_is_baseline_over_icefrog_per_seed() -> None:
     header, rows, raw = ev.table_main(g, res)
     assert raw["load1/optimus+"]["speedup"] == [1.5, 2.5]
     opt = dict(zip(header, rows[1], strict=True))
-    assert opt["ICEFROG speedup"] == "2.00x (1.50-2.50)"
+    assert opt["ICEFROG speedup (its JCT / ICEFROG's)"] == "2.00x (1.50-2.50)"
     assert opt["avg JCT h, mean (min-max)"] == "3.25 (1.50-5.00)"
     assert opt["paper physical (48 GPUs)"] == "1.84x"
     _parse(ev.markdown(header, rows))
@@ -147,6 +147,10 @@ def test_quick_run_makes_parsable_tables_and_a_rerun_runs_nothing(
     assert "0 run(s) now" in again.out and " run(s) now, 2 reused" in again.out
     assert "1 run(s) now" not in again.out and "2 run(s) now" not in again.out
     assert [p.stat().st_mtime_ns for p in summaries] == stamps
+    assert ev.main(["main", "--no-run", *argv, "--seeds", "2"]) == 0  # seed 2 never ran
+    missing = _parse(capsys.readouterr().out.split("### main", 1)[1])
+    assert missing[1][2] == "-" and "1 run(s) missing" in missing[1][-1]
+    assert not list((out / "runs").glob("*seed2*"))
     for table in ("main", "size", "tta"):
         doc = json.loads((out / "tables" / f"{table}.json").read_text())
         _parse((out / "tables" / f"{table}.md").read_text())
