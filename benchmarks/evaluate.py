@@ -186,12 +186,12 @@ class Runner:
             self.trace_path(run.workload) if isinstance(run.workload, Trace) else run.workload
         )
         argv = [*run.argv(workload), "--out", str(tmp), "--quiet"]
+        commit = _commit()  # the code the run starts with
         self.log(f"start {run.key}")
         started = time.perf_counter()
         proc = _icefrog(argv)
         wall = time.perf_counter() - started
         (tmp / "log.txt").write_text(proc.stdout + proc.stderr)
-        commit = _commit()
         meta = {"argv": ["icefrog", *argv], "commit": commit, "wall_s": wall,
                 "returncode": proc.returncode}  # fmt: skip
         (tmp / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -311,7 +311,7 @@ def faithful_runs(g: Grid) -> list[Run]:
     out = []
     for w in g.faithful_loads:
         for i in range(1, g.workloads + 1):
-            path = g.pollux / f"workloads-{w:g}" / f"workload-{i}.csv"
+            path = g.pollux / f"workloads-{w:.1f}" / f"workload-{i}.csv"  # workloads-2.0
             for p in ("optimus+", "pollux+"):
                 out.append(Run(f"faithful-64g-load{w:g}-w{i}-{p}", path, p, 64, 1, common))
     return out
