@@ -535,7 +535,7 @@ def table_faithful(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
             dev = statistics.fmean(got) / pub - 1
             within = f"{'yes' if abs(dev) <= 0.25 else 'no'} ({dev:+.0%})"
         raw[f"{w:g}"] = {"optimus_h": opt, "pollux_h": pol, "ratio": ratio, "published": pub}
-        rows.append([f"{w:g}", str(len(got)), _spread(opt), _spread(pol),
+        rows.append([f"{w:.1f}", str(len(got)), _spread(opt), _spread(pol),
                      _spread(ratio, unit="x"), "-" if pub is None else f"{pub:.2f}x",
                      within])  # fmt: skip
     return header, rows, raw
