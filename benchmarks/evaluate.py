@@ -436,7 +436,7 @@ def table_tta(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
             n = [sum(j["task"] == t for j in d["jobs"]) for s in g.seeds
                  if (d := res[_key(g, w, s, "icefrog")]) is not None]  # fmt: skip
             raw[f"load{w:g}/{t}"] = {"icefrog_s": a, "pollux_s": b, "ratio": ratio}
-            rows.append([f"{w:g}x", t, f"{statistics.fmean(n):.0f}" if n else "-",
+            rows.append([f"{w:g}x", t, f"{statistics.fmean(n):.1f}" if n else "-",
                          _spread(map(_h, a)), _spread(map(_h, b)), _spread(ratio, unit="x"),
                          f"{PAPER_TTA}x"])  # fmt: skip
     return header, rows, raw
