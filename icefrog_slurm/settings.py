@@ -15,7 +15,7 @@ import dataclasses
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -321,3 +321,44 @@ def _value(hint: Any, data: Mapping[str, Any], f: dataclasses.Field[Any], where:
     if hint is str:
         return jsonio.get_str(data, name, where)
     raise TypeError(f"settings field {name}: unsupported type {hint!r}")  # a bug, not input
+
+
+def apply_overrides(settings: Settings, pairs: Sequence[str]) -> Settings:
+    """``settings`` with ``section.key=value`` overrides (``icefrog simulate --set``).
+
+    Each value is read as a TOML value (``0.6``, ``60``, ``true``, ``"text"``), else as a
+    bare string (``freezeout``); the overrides then go through the same strict loader as a
+    settings file, so an unknown key or a bad value is an ``InputError`` naming the key.
+    """
+    data: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        path = [p.strip() for p in key.split(".")]
+        if not sep or len(path) < 2 or not all(path):
+            raise InputError(f"--set {pair!r}: must be SECTION.KEY=VALUE")
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise InputError(f"--set {key}: {part} is a value, not a section")
+            node = child
+        node[path[-1]] = _toml_value(text.strip())
+    checked = settings_from_mapping(data, where="--set")
+    merged: Settings = _merge(settings, checked, data)
+    return merged
+
+
+def _toml_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _merge(base: Any, checked: Any, data: Mapping[str, Any]) -> Any:
+    """``base`` with the fields named in ``data`` taken from ``checked`` (nested)."""
+    changes: dict[str, Any] = {}
+    for name, value in data.items():
+        new = getattr(checked, name)
+        changes[name] = _merge(getattr(base, name), new, value) if isinstance(value, dict) else new
+    return replace(base, **changes)

@@ -1,14 +1,19 @@
 """``icefrog simulate``: run a workload through the production controller, simulated.
 
     icefrog simulate --workload w.csv --gpus 48 --gpus-per-node 4 --policy all --seed 1 \\
-        --out results/ [--no-freeze] [--no-share] [--no-large-models]
+        --out results/ [--no-freeze] [--no-share] [--no-large-models] \\
+        [--config FILE] [--set SECTION.KEY=VALUE ...] [--profile-noise SD] [--share-noise SD]
 
 Each policy runs the same workload on the same hidden truth (seeded by ``--seed``) with the
 engine of ``icefrog_slurm/sim/engine.py``; writes ``summary.json`` (one policy's document,
 or ``{"policies": {...}}`` for several) and, with matplotlib installed (extra ``sim``), the
 plots ``jct_cdf.png``, ``gpus_in_use.png`` and ``frozen_layers.png``. A progress line on
 stderr while it runs. Settings (round period, reallocation overhead, sharing) come from
-``--config`` when given, else the defaults; ``--no-large-models`` sets
+``--config`` when given, else the defaults, with each ``--set SECTION.KEY=VALUE`` on top
+(checked by the same loader: an unknown key or a bad value exits 2 naming it);
+``--profile-noise`` / ``--share-noise`` set the noise on the profiled times / on the peak
+memory and utilisation the jobs report (the noise ablation of spec section 15; defaults:
+the truth's constants); ``--no-large-models`` sets
 ``[policy] large_model_models = false`` on top (the DDP model for every job, the paper's
 ablation; the LLaMA jobs keep their allocation unit). ``--batch paper`` (default): as in the paper's
 evaluation (spec section 12) jobs keep the workload's global batch under every policy but
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -27,10 +33,11 @@ from pathlib import Path
 
 from icefrog_slurm.controller.plan import Policy
 from icefrog_slurm.errors import InputError
-from icefrog_slurm.settings import Settings, load_settings
+from icefrog_slurm.settings import Settings, apply_overrides, load_settings
 from icefrog_slurm.sim.catalog import shipped_catalog
 from icefrog_slurm.sim.engine import Engine, SimOptions, SimResult
 from icefrog_slurm.sim.summary import summarize, write_plots, write_summary
+from icefrog_slurm.sim.truth import MEMORY_NOISE, PROFILE_TIME_NOISE, UTIL_NOISE
 from icefrog_slurm.sim.workload import read_workload
 
 POLICIES: dict[str, tuple[str, str]] = {
@@ -66,6 +73,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "section 12); fixed for all; or the batch each policy decides for all (tuned)",
     )
     parser.add_argument("--config", type=Path, help="controller settings TOML (defaults)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one setting on top of --config (repeatable), e.g. "
+        "sharing.speed_factor=0.7 or controller.round_period_s=600",
+    )
+    parser.add_argument(
+        "--profile-noise",
+        type=float,
+        default=PROFILE_TIME_NOISE,
+        metavar="SD",
+        help="sd of the log noise on each profiled time the jobs report (throughput-model "
+        f"noise ablation; default {PROFILE_TIME_NOISE})",
+    )
+    parser.add_argument(
+        "--share-noise",
+        type=float,
+        default=None,
+        metavar="SD",
+        help="sd of the noise on reported peak memory (log) and GPU utilisation (absolute, "
+        f"0..1), the sharing predictor's inputs (default {MEMORY_NOISE} and {UTIL_NOISE})",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress line")
 
 
@@ -88,7 +119,12 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--seed: must be >= 0, got {args.seed}")
     if not args.workload.is_file():
         raise InputError(f"--workload: no file {args.workload}")
+    for name in ("profile_noise", "share_noise"):
+        value = getattr(args, name)
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            raise InputError(f"--{name.replace('_', '-')}: must be >= 0, got {value}")
     settings = load_settings(args.config) if args.config else Settings()
+    settings = apply_overrides(settings, args.set)
     if args.no_large_models:
         settings = replace(settings, policy=replace(settings.policy, large_model_models=False))
     policies = _policies(args.policy)
@@ -97,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     options = SimOptions(
         gpus=args.gpus, gpus_per_node=args.gpus_per_node, seed=args.seed,
         freeze=not args.no_freeze, share=not args.no_share,
+        profile_noise=args.profile_noise, share_noise=args.share_noise,
     )  # fmt: skip
     results: list[SimResult] = []
     for policy in policies:

@@ -36,7 +36,14 @@ from icefrog_slurm.sim.calibration import shipped_calibration
 from icefrog_slurm.sim.catalog import Catalog, shipped_catalog
 from icefrog_slurm.sim.cluster import SimCluster
 from icefrog_slurm.sim.jobs import Config, JobOutcome, Reports, SimJob
-from icefrog_slurm.sim.truth import TaskTruth, build_truths
+from icefrog_slurm.sim.truth import (
+    MEMORY_NOISE,
+    PROFILE_TIME_NOISE,
+    UTIL_NOISE,
+    ProfileNoise,
+    TaskTruth,
+    build_truths,
+)
 from icefrog_slurm.sim.workload import Job
 from icefrog_slurm.slurm.port import Gres, IcefrogTag, SubmitRequest
 from icefrog_slurm.store import migrate
@@ -87,6 +94,14 @@ class SimOptions:
     share: bool = True  # jobs accept a shared GPU
     fixed_batch: bool = False  # jobs keep the workload's global batch (ignore decided batch)
     max_sim_s: float = 60 * 86400.0  # stop (jobs unfinished) after this much simulated time
+    profile_noise: float = PROFILE_TIME_NOISE  # sd of log noise on each profiled time
+    share_noise: float | None = None  # sd on peak memory (log) and utilisation; None: truth's
+
+    def noise(self) -> ProfileNoise:
+        """The noise on the jobs' profile samples (the throughput-model noise ablation)."""
+        memory = MEMORY_NOISE if self.share_noise is None else self.share_noise
+        util = UTIL_NOISE if self.share_noise is None else self.share_noise
+        return ProfileNoise(time=self.profile_noise, memory=memory, util=util)
 
 
 @dataclass
@@ -131,6 +146,7 @@ class Engine:
                 f"--gpus {options.gpus} must be a positive multiple of --gpus-per-node "
                 f"{options.gpus_per_node}"
             )
+        self.noise = options.noise()  # checked before anything starts
         self.catalog = catalog or shipped_catalog()
         self.truths = truths or build_truths(self.catalog, shipped_calibration(), seed=options.seed)
         self.settings, self.options, self.policy = settings, options, policy
@@ -245,6 +261,7 @@ class Engine:
             seed=seed,
             overhead_s=self.settings.controller.reallocation_overhead_s,
             fixed_batch=self.options.fixed_batch,
+            noise=self.noise,
         )
         per_node = min(job.gpus, self.options.gpus_per_node)
         request = SubmitRequest(

@@ -29,7 +29,7 @@ from icefrog_slurm.protocol import (
     ProfileSample,
     ProgressReport,
 )
-from icefrog_slurm.sim.truth import TaskTruth
+from icefrog_slurm.sim.truth import DEFAULT_NOISE, ProfileNoise, TaskTruth
 from icefrog_slurm.sim.workload import Job
 
 PROFILE_SAMPLES_PER_CONFIG = 3
@@ -93,8 +93,10 @@ class SimJob:
         seed: int,
         overhead_s: float,
         fixed_batch: bool = False,
+        noise: ProfileNoise = DEFAULT_NOISE,
     ) -> None:
         self.job, self.truth, self.spec = job, truth, spec
+        self.noise = noise
         self.fixed_global = job.batch_size if fixed_batch else 0
         self.run = truth.start_run(seed=seed)
         self.rng = np.random.default_rng([seed, 0xB0B])
@@ -205,6 +207,7 @@ class SimJob:
                     frozen=cfg.frozen,
                     nodes=cfg.nodes,
                     shared_speed=min(speed, 1.0) if cfg.shared else 1.0,
+                    noise=self.noise,
                 )
             )
         self.profiled[key] = PROFILE_SAMPLES_PER_CONFIG

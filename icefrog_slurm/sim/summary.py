@@ -47,7 +47,9 @@ def summarize(result: SimResult, catalog: Catalog) -> dict[str, Any]:
         "options": {
             "gpus": result.options.gpus, "gpus_per_node": result.options.gpus_per_node,
             "seed": result.options.seed, "freeze": result.options.freeze,
-            "share": result.options.share,
+            "share": result.options.share, "fixed_batch": result.options.fixed_batch,
+            "profile_noise": result.options.profile_noise,
+            "share_noise": result.options.share_noise,
         },
         "totals": {
             "jobs": len(jobs), "finished": len(done),

@@ -60,6 +60,25 @@ JOB_WORK_NOISE = 0.05  # sd of log of a job's samples-to-target around the task'
 
 
 @dataclass(frozen=True)
+class ProfileNoise:
+    """Noise on what a job's profiler reports (the scheduler's model inputs); the defaults
+    are the module's constants, larger values are the noise ablation (spec section 15)."""
+
+    time: float = PROFILE_TIME_NOISE  # sd of log(measured / true) of each profiled time
+    memory: float = MEMORY_NOISE  # sd of log(measured / true) of the peak memory
+    util: float = UTIL_NOISE  # sd of measured - true utilisation (absolute, 0..1)
+
+    def __post_init__(self) -> None:
+        for name in ("time", "memory", "util"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise InputError(f"profile noise {name}: must be finite and >= 0, got {value}")
+
+
+DEFAULT_NOISE = ProfileNoise()
+
+
+@dataclass(frozen=True)
 class _Hidden:
     """A task's hidden parameters (never exported; module doc for their meaning)."""
 
@@ -219,16 +238,18 @@ class TaskTruth:
         frozen: int,
         nodes: int | None = None,
         shared_speed: float = 1.0,
+        noise: ProfileNoise = DEFAULT_NOISE,
     ) -> ProfileSample:
         """A profile sample as the job's profiler would report it: each time, the peak
-        memory and the utilisation with independent noise (PROFILE_TIME_NOISE, ...);
-        ``shared_speed`` < 1 marks a shared run slowed by that factor."""
+        memory and the utilisation with independent noise (``noise``; by default
+        PROFILE_TIME_NOISE, ...); ``shared_speed`` < 1 marks a shared run slowed by that
+        factor."""
         if not 0 < shared_speed <= 1:
             raise InputError(f"shared_speed: must be within (0, 1], got {shared_speed}")
         fwd, bwd, _, t_iter = self.times(gpus=gpus, batch=batch, frozen=frozen, nodes=nodes)
-        f, b, it = (fwd, bwd, t_iter / shared_speed) * _lognormal(rng, PROFILE_TIME_NOISE, 3)
-        util = self.utilisation(batch=batch, frozen=frozen) + rng.normal(0.0, UTIL_NOISE)
-        mem = self.memory(batch=batch, frozen=frozen) * float(_lognormal(rng, MEMORY_NOISE))
+        f, b, it = (fwd, bwd, t_iter / shared_speed) * _lognormal(rng, noise.time, 3)
+        util = self.utilisation(batch=batch, frozen=frozen) + rng.normal(0.0, noise.util)
+        mem = self.memory(batch=batch, frozen=frozen) * float(_lognormal(rng, noise.memory))
         return ProfileSample(
             gpus=gpus,
             batch=batch,

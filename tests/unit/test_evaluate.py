@@ -1,0 +1,158 @@
+"""benchmarks/evaluate.py: the evaluation tables' runner (quick mode on a tiny trace)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("evaluate", ROOT / "benchmarks" / "evaluate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["evaluate"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+ev = _load()
+
+
+def _parse(md: str) -> list[list[str]]:
+    """A markdown table's rows (header first); fails on a ragged or malformed table."""
+    lines = [ln for ln in md.splitlines() if ln.startswith("|")]
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
+    assert len(rows) >= 3, md
+    assert all(set(c) <= {"-", ":"} for c in rows[1]), md
+    assert all(len(r) == len(rows[0]) for r in rows), md
+    return [rows[0], *rows[2:]]
+
+
+def _doc(avg_h: float, jobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {
+        "totals": {"jobs": 2, "finished": 2, "avg_jct_s": avg_h * 3600,
+                   "jct_by_size_s": {"small": avg_h * 3600}, "jobs_by_size": {"small": 2},
+                   "rounds": 10, "solver_s_mean": 0.1, "solver_s_max": 0.3,
+                   "reallocations": 1, "gpu_hours": 5.0, "wall_s": 3.0},
+        "jobs": jobs or [],
+    }  # fmt: skip
+
+
+def test_main_table_speedup_is_baseline_over_icefrog_per_seed() -> None:
+    g = ev.Grid(loads=(1.0,), seeds=(1, 2), policies=("icefrog", "optimus+"))
+    res = {
+        ev._key(g, 1.0, 1, "icefrog"): _doc(1.0),
+        ev._key(g, 1.0, 2, "icefrog"): _doc(2.0),
+        ev._key(g, 1.0, 1, "optimus+"): _doc(1.5),
+        ev._key(g, 1.0, 2, "optimus+"): _doc(5.0),
+    }
+    header, rows, raw = ev.table_main(g, res)
+    assert raw["load1/optimus+"]["speedup"] == [1.5, 2.5]
+    opt = dict(zip(header, rows[1], strict=True))
+    assert opt["ICEFROG speedup (its JCT / ICEFROG's)"] == "2.00x (1.50-2.50)"
+    assert opt["avg JCT h, mean (min-max)"] == "3.25 (1.50-5.00)"
+    assert opt["paper physical (48 GPUs)"] == "1.84x"
+    _parse(ev.markdown(header, rows))
+
+
+def test_tta_counts_only_jobs_that_reached_the_target() -> None:
+    def job(task: str, jct_h: float, reached: bool) -> dict[str, Any]:
+        return {"task": task, "jct_s": jct_h * 3600, "reached_target": reached}
+
+    g = ev.Grid(loads=(1.0,), seeds=(1,), policies=("icefrog", "pollux+"))
+    res = {
+        ev._key(g, 1.0, 1, "icefrog"): _doc(1, [job("a", 1, True), job("a", 9, False)]),
+        ev._key(g, 1.0, 1, "pollux+"): _doc(1, [job("a", 3, True), job("a", 1, True)]),
+    }
+    _, rows, raw = ev.table_tta(g, res)
+    assert raw["load1/a"]["ratio"] == [2.0]
+    assert rows[0][1] == "a" and rows[0][5] == "2.00x"
+
+
+def test_ablation_rows_skip_freezeout_when_unknown_and_reuse_the_default_run() -> None:
+    g = ev.Grid()
+    rows = dict(ev.ablation_rows(g, False))
+    skipped = [k for k, r in rows.items() if r is None]
+    assert len(skipped) == 1 and "SKIPPED" in skipped[0] and "FreezeOut" in skipped[0]
+    base = rows["as is (frozen penalty, sharing, lambda 0.9, period 5 min)"]
+    assert rows["lambda 0.9"] is base and rows["period 5 min"] is base
+    assert "sharing.speed_factor=0.6" in rows["lambda 0.6"].extra
+    assert "controller.round_period_s=600" in rows["period 10 min"].extra
+    assert rows["throughput noise sd 0.5"].extra[-2:] == ("--profile-noise", "0.5")
+    assert all(r.workload.load == 2.0 and r.policy == "icefrog" for r in rows.values() if r)
+    known = dict(ev.ablation_rows(g, True))
+    assert ev.FREEZEOUT_SET in known["frozen penalty -> tuned FreezeOut"].extra
+    keys = {r.key for r in known.values() if r}
+    assert len(keys) == len(ev.ablation_rows(g, True)) - 2  # lambda 0.9, period 5 = as is
+
+
+def test_faithful_runs_are_pollux_workloads_without_freezing_or_sharing() -> None:
+    g = ev.Grid(workloads=2)
+    runs = ev.faithful_runs(g)
+    assert len(runs) == 3 * 2 * 2
+    assert {r.gpus for r in runs} == {64} and {r.policy for r in runs} == {"optimus+", "pollux+"}
+    assert all({"--no-freeze", "--no-share", "paper"} <= set(r.extra) for r in runs)
+    assert str(runs[0].workload).endswith("workloads-0.5/workload-1.csv")
+    assert str(runs[-1].workload).endswith("workloads-2.0/workload-2.csv")  # the folder's name
+
+
+def test_max_scale_stops_at_a_size_and_quick_is_small() -> None:
+    g = ev.grid_from(ev.make_parser().parse_args(["scale", "--max-scale", "480"]))
+    assert [n for _, n in g.scale] == [240, 480]
+    assert g.loads == (1.0, 2.0, 3.0) and g.seeds == (1, 2, 3) and g.gpus == 48
+    q = ev.grid_from(ev.make_parser().parse_args(["main", "--quick", "--set", "a.b=1"]))
+    assert (q.gpus, q.loads, q.seeds) == (16, (0.25,), (1,))
+    assert q.common == ("--batch", "paper", "--set", "a.b=1")
+
+
+def _philly(path: Path) -> Path:
+    rows = ["timestamp,duration,num_gpus,gpu_time,cluster"]
+    for i in range(12):
+        rows.append(f"2017-10-09 03:{i * 4:02d}:00,{600 + 60 * i},1,{600 + 60 * i},c")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+@pytest.mark.slow
+def test_quick_run_makes_parsable_tables_and_a_rerun_runs_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "eval"
+    argv = ["--quick", "--base-jobs", "8", "--tasks", "resnet18-cifar10",
+            "--policies", "icefrog,pollux+", "--philly", str(_philly(tmp_path / "p.csv")),
+            "--out", str(out)]  # fmt: skip
+    assert ev.main(["main", *argv]) == 0
+    first = capsys.readouterr()
+    assert "2 run(s) now, 0 reused" in first.out
+    rows = _parse(first.out.split("### main", 1)[1])
+    assert [r[1] for r in rows[1:]] == ["icefrog", "pollux+"]
+    assert float(rows[1][2]) > 0  # an average JCT in hours
+    summaries = sorted((out / "runs").glob("*/summary.json"))
+    assert len(summaries) == 2 and not list((out / "runs").glob("*.tmp"))
+    stamps = [p.stat().st_mtime_ns for p in summaries]
+    meta = json.loads((summaries[0].parent / "run.json").read_text())
+    assert meta["argv"][:2] == ["icefrog", "simulate"] and "--batch" in meta["argv"]
+    trace = next((out / "traces").glob("*.json"))
+    assert json.loads(trace.read_text())  # the sidecar: seed and mapping
+
+    assert ev.main(["main", "size", "tta", *argv]) == 0
+    again = capsys.readouterr()
+    assert "0 run(s) now" in again.out and " run(s) now, 2 reused" in again.out
+    assert "1 run(s) now" not in again.out and "2 run(s) now" not in again.out
+    assert [p.stat().st_mtime_ns for p in summaries] == stamps
+    assert ev.main(["main", "--no-run", *argv, "--seeds", "2"]) == 0  # seed 2 never ran
+    missing = _parse(capsys.readouterr().out.split("### main", 1)[1])
+    assert missing[1][2] == "-" and "1 run(s) missing" in missing[1][-1]
+    assert not list((out / "runs").glob("*seed2*"))
+    for table in ("main", "size", "tta"):
+        doc = json.loads((out / "tables" / f"{table}.json").read_text())
+        _parse((out / "tables" / f"{table}.md").read_text())
+        assert doc["rows"] and doc["header"]
