@@ -1,7 +1,7 @@
 """What a user declares for a training job, shared by ``icefrog launch`` (job side) and
 ``icefrog submit`` (scheduler side): the GPU-count and per-GPU batch ranges, the largest
-frozen fraction of layers, the validation target, the epoch limit and the parallelism with
-its allocation unit.
+frozen fraction of layers, the validation target, the epoch limit, the parallelism with
+its allocation unit and an optional fixed global batch.
 
 Owns their parsers (``1-8``, ``val_acc>=0.94``, raising :class:`InputError` that names the
 option), the argparse options both commands accept, the ``icefrog launch`` options that
@@ -21,7 +21,7 @@ from typing import Literal
 
 from icefrog_slurm.core.parallelism import DDP, Kind, Parallelism, parse_parallelism
 from icefrog_slurm.errors import InputError
-from icefrog_slurm.protocol import JobSpec
+from icefrog_slurm.protocol import MAX_GLOBAL_BATCH, JobSpec
 
 _TARGET = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(>=|<=)\s*(\S+)\s*$")
 
@@ -109,6 +109,7 @@ class Declaration:
     target: Target | None = None
     max_epochs: int = 100
     parallelism: Parallelism = DDP  # --parallelism and --gpu-unit (spec section 7)
+    global_batch: int = 0  # --global-batch: samples an optimizer step; 0 = free
 
     @property
     def accepts_shared(self) -> bool:
@@ -120,6 +121,11 @@ class Declaration:
             raise InputError(f"--max-frozen: must be within [0, 1], got {self.max_frozen}")
         if self.max_epochs < 1:
             raise InputError(f"--max-epochs: must be >= 1, got {self.max_epochs}")
+        if not 0 <= self.global_batch <= MAX_GLOBAL_BATCH:
+            raise InputError(
+                f"--global-batch: must be within [0, {MAX_GLOBAL_BATCH}] (0: free), "
+                f"got {self.global_batch}"
+            )
         if not self.parallelism.legal_gpu_counts(*self.gpus):
             raise InputError(
                 f"--gpus: no count in {self.gpus[0]}-{self.gpus[1]} is legal for "
@@ -137,6 +143,8 @@ class Declaration:
             f"--parallelism={parallelism_option(self.parallelism, self.gpus)}",
             f"--gpu-unit={self.parallelism.unit}",
         ]
+        if self.global_batch:
+            options.append(f"--global-batch={self.global_batch}")
         if self.target is not None:
             options.append(f"--target={self.target}")
         return options
@@ -167,6 +175,7 @@ class Declaration:
             layer_param_bytes=tuple(layer_param_bytes),
             accepts_shared=self.accepts_shared,
             parallelism=self.parallelism,
+            global_batch=self.global_batch,
         )
 
 
@@ -187,6 +196,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gpu-unit", type=int, default=1, help="every GPU count a multiple of N (LLaMA jobs: 4)"
     )
+    parser.add_argument(
+        "--global-batch",
+        type=int,
+        default=0,
+        help="samples an optimizer step, kept on any GPU count (per-GPU batch ceil(N/GPUs) "
+        "within --batch); default 0: free, the scheduler tunes the per-GPU batch",
+    )
 
 
 def from_args(args: argparse.Namespace) -> Declaration:
@@ -199,6 +215,7 @@ def from_args(args: argparse.Namespace) -> Declaration:
         target=parse_target(args.target) if args.target else None,
         max_epochs=args.max_epochs,
         parallelism=parse_job_parallelism(args.parallelism, args.gpu_unit, gpus),
+        global_batch=args.global_batch,
     )
     declaration.validate()
     return declaration

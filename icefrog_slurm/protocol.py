@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from icefrog_slurm.core.parallelism import DDP, Parallelism
+from icefrog_slurm.core.tuner import powers_of_two
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.jsonio import check_int as _int
 from icefrog_slurm.jsonio import check_number as _num
@@ -65,6 +66,36 @@ class JobSpec:
     accepts_shared: bool = True  # may run on a shared GPU (only jobs that accept 1 GPU)
     # DDP, SDP, PP(p) or HP(p) and the allocation unit (core/parallelism.py); default DDP, 1
     parallelism: Parallelism = DDP
+    # samples an optimizer step; 0: free (the per-GPU batch range applies). > 0: on a GPUs
+    # the per-GPU batch is fixed_per_gpu_batch(...) and gradients accumulate beyond it
+    global_batch: int = 0
+
+    def batch_candidates(self, gpus: int) -> tuple[int, ...]:
+        """The per-GPU batches this job may train with on ``gpus`` GPUs: the one
+        :func:`fixed_per_gpu_batch` gives with a global batch, else the powers of two in
+        ``[min_batch, max_batch]``."""
+        if self.global_batch > 0:
+            return (fixed_per_gpu_batch(self.global_batch, gpus, self.min_batch, self.max_batch),)
+        return powers_of_two(self.min_batch, self.max_batch)
+
+
+MAX_GLOBAL_BATCH = 1 << 30
+
+
+def fixed_per_gpu_batch(global_batch: int, gpus: int, min_batch: int, max_batch: int) -> int:
+    """m = ceil(B / a) clipped to [min_batch, max_batch]: the per-GPU batch of a job that
+    keeps a global batch B on a GPUs (spec section 12). Above max_batch the job accumulates
+    ceil(B / (a x m)) micro-steps a step; the samples/s are those of (a, m). The one rule
+    the simulated jobs, the estimator and the trainer's accumulation all follow."""
+    if global_batch < 1 or gpus < 1:
+        raise InputError(f"global batch {global_batch} on {gpus} GPUs: both must be >= 1")
+    return min(max(-(-global_batch // gpus), min_batch), max_batch)
+
+
+def accumulation_steps(global_batch: int, gpus: int, batch: int) -> int:
+    """Micro-steps an optimizer step takes so it covers ``global_batch`` samples with
+    ``batch`` per GPU on ``gpus`` GPUs (1 when one step of gpus x batch covers it)."""
+    return max(1, -(-global_batch // (gpus * batch)))
 
 
 @dataclass(frozen=True)
@@ -319,6 +350,9 @@ def _parse_spec(p: Mapping[str, Any], where: str) -> JobSpec:
         accepts_shared=bool(p.get("accepts_shared", True)),
         parallelism=Parallelism.from_json(
             p.get("parallelism", {"kind": "ddp"}), f"{where}.parallelism"
+        ),
+        global_batch=_int(
+            p.get("global_batch", 0), f"{where}.global_batch", minimum=0, maximum=MAX_GLOBAL_BATCH
         ),
     )
     if spec.max_gpus < spec.min_gpus:

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         target=declared.target,
         max_epochs=declared.max_epochs,
         parallelism=declared.parallelism,
+        global_batch=declared.global_batch,
         workdir=os.path.abspath(args.workdir),
         inbox=os.path.abspath(args.inbox) if args.inbox else "",
         decision=os.path.abspath(args.decision) if args.decision else "",

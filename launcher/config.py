@@ -37,6 +37,7 @@ class JobConfig:
     slurm_job_id: str = "0"
     seed: int = 0
     parallelism: Parallelism = DDP  # --parallelism and --gpu-unit (spec section 7)
+    global_batch: int = 0  # --global-batch: samples an optimizer step; 0 = free
 
     @property
     def decision_path(self) -> str:
@@ -59,6 +60,7 @@ class JobConfig:
             "JOB_NAME": self.job_name,
             "SEED": str(self.seed),
             "PARALLELISM": json.dumps(self.parallelism.to_json()),
+            "GLOBAL_BATCH": str(self.global_batch),
         }
         if self.target is not None:
             env["TARGET"] = str(self.target)
@@ -75,6 +77,7 @@ class JobConfig:
             max_frozen = float(get("MAX_FROZEN", "0.9"))
             max_epochs = int(get("MAX_EPOCHS", "100"))
             seed = int(get("SEED", "0"))
+            global_batch = int(get("GLOBAL_BATCH", "0"))
         except ValueError as exc:
             raise InputError(f"{ENV_PREFIX}*: {exc}") from None
         target_text = get("TARGET", "")
@@ -91,6 +94,7 @@ class JobConfig:
             "slurm_job_id": env.get("SLURM_JOB_ID", "0"),
             "seed": seed,
             "parallelism": _env_parallelism(get("PARALLELISM", "")),
+            "global_batch": global_batch,
         }
         values.update(overrides)
         config = cls(**values)  # type: ignore[arg-type]
@@ -106,6 +110,7 @@ class JobConfig:
             target=self.target,
             max_epochs=self.max_epochs,
             parallelism=self.parallelism,
+            global_batch=self.global_batch,
         )
 
     @property

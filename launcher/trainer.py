@@ -15,6 +15,13 @@ rebuilt when ``l`` changes; the statistics and profile hooks; checkpoints at eve
 and on a stop signal; the reports to the controller; and the end of the job (target metric
 reached, or max epochs) with the reason.
 
+A job declared with ``--global-batch B`` trains, like any job, with the per-GPU batch
+``m`` of the controller's decision, which for such a job is m = ceil(B / a) clipped to the
+declared range (``protocol.fixed_per_gpu_batch``). The trainer does NOT accumulate
+gradients: every loader batch is one optimizer step of a x m samples. When a x m differs
+from B (B / a beyond the largest per-GPU batch, or not a multiple) it says so once on
+stderr; the scheduler's plan (samples/s of (a, m)) holds either way.
+
 One optimizer holds every parameter: a frozen parameter has ``grad None``, so PyTorch's
 optimizers skip it and its state (e.g. Adam's moments and step) waits unchanged until it is
 unfrozen. (A user calling ``zero_grad(set_to_none=False)`` still gets ``None`` for frozen
@@ -138,6 +145,7 @@ class Trainer:
         self.metric: float | None = None
         self.finished: str = ""
         self._stop: int | None = None
+        self._said_global = False  # the global-batch note was printed
         self.last_profile: ProfileSample | None = None
         self.synced_numel = 0  # gradient elements all-reduced so far (frozen ones never are)
         self._measuring = False  # this step feeds the gradient statistics
@@ -378,9 +386,23 @@ class Trainer:
         if not first and decision.gpus != self.world:
             self._exit_requeue(f"decision round {decision.round}: {decision.gpus} GPUs")
         self.batch = max(self.config.batch[0], min(decision.batch, self.config.batch[1]))
+        self._check_global_batch()
         self.shared = decision.shared
         legal = [b for b in self.table.candidates(self.max_frozen) if b <= decision.frozen]
         self.set_frozen(max(legal, default=0))
+
+    def _check_global_batch(self) -> None:
+        """Say once when a step's samples differ from the declared global batch (no
+        gradient accumulation here: module docstring)."""
+        wanted, step = self.config.global_batch, self.world * self.batch
+        if not wanted or step == wanted or self._said_global or self.rank != 0:
+            return
+        self._said_global = True
+        print(
+            f"icefrog trainer: --global-batch {wanted}: a step covers {self.world} x "
+            f"{self.batch} = {step} samples (no gradient accumulation)",
+            file=sys.stderr,
+        )
 
     # -- checkpoints -----------------------------------------------------------------
     def _save(self) -> Path | None:

@@ -92,6 +92,8 @@ class Job(Base):
     accepts_shared: Mapped[bool] = mapped_column(Boolean)
     # Parallelism.to_json() (core/parallelism.py); rows from before 0002 read as plain DDP.
     parallelism: Mapped[dict[str, Any]] = mapped_column(server_default=text(f"'{DDP_JSON}'"))
+    # Samples an optimizer step; 0: free (rows from before 0004 read as free).
+    global_batch: Mapped[int] = mapped_column(BigInteger, server_default="0")
     # Latest progress (protocol.ProgressReport) and the end.
     epoch: Mapped[int] = mapped_column(default=0)
     samples_done: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
+from sqlalchemy import MetaData, Table, insert
+
 from icefrog_slurm.protocol import JobSpec, ProfileSample
+from icefrog_slurm.store import migrate
+from icefrog_slurm.store.sql import make_engine
+from icefrog_slurm.store.tx import _speccolumns
 
 
 def spec(**changes: object) -> JobSpec:
@@ -40,3 +47,31 @@ def sample(gpus: int = 2, frozen: int = 1) -> ProfileSample:
         peak_mem_bytes=1.5e9,
         gpu_util=0.8,
     )
+
+
+def insert_old_job(url: str, revision: str, later: Collection[str], job_id: int = 5) -> None:
+    """Migrate an empty database to ``revision`` and insert a job of :func:`spec` as that
+    revision stored it: without the spec columns ``later`` migrations added."""
+    migrate.upgrade(url, revision)
+    engine = make_engine(url)
+    try:
+        jobs = Table("jobs", MetaData(), autoload_with=engine)
+        old = {k: v for k, v in _speccolumns(spec()).items() if k not in later}
+        with engine.begin() as conn:
+            conn.execute(
+                insert(jobs).values(
+                    id=job_id,
+                    name="old",
+                    owner_uid=1,
+                    owner_user="a",
+                    state="pending",
+                    submit_time=1.0,
+                    epoch=0,
+                    samples_done=0,
+                    effective_samples_done=0.0,
+                    checkpoint_path="",
+                    **old,
+                )
+            )
+    finally:
+        engine.dispose()

@@ -3,13 +3,10 @@ and on a real Postgres server."""
 
 from __future__ import annotations
 
-from sqlalchemy import MetaData, Table, insert
-
 from icefrog_slurm.core.parallelism import DDP, Kind, Parallelism
 from icefrog_slurm.store import migrate
-from icefrog_slurm.store.sql import SqlStore, make_engine
-from icefrog_slurm.store.tx import _speccolumns
-from tests.integration.store.helpers import spec
+from icefrog_slurm.store.sql import SqlStore
+from tests.integration.store.helpers import insert_old_job, spec
 
 HP = Parallelism(Kind.HP, stages=2, unit=4)
 
@@ -33,29 +30,7 @@ def test_the_parallelism_round_trips(store: SqlStore) -> None:
 
 
 def test_jobs_registered_before_0002_read_as_plain_ddp(empty_db_url: str) -> None:
-    migrate.upgrade(empty_db_url, "0001")
-    engine = make_engine(empty_db_url)
-    try:
-        jobs = Table("jobs", MetaData(), autoload_with=engine)
-        old = {k: v for k, v in _speccolumns(spec()).items() if k != "parallelism"}
-        with engine.begin() as conn:
-            conn.execute(
-                insert(jobs).values(
-                    id=5,
-                    name="old",
-                    owner_uid=1,
-                    owner_user="a",
-                    state="pending",
-                    submit_time=1.0,
-                    epoch=0,
-                    samples_done=0,
-                    effective_samples_done=0.0,
-                    checkpoint_path="",
-                    **old,
-                )
-            )
-    finally:
-        engine.dispose()
+    insert_old_job(empty_db_url, "0001", later=("parallelism", "global_batch"))
     migrate.upgrade(empty_db_url)
     store = SqlStore(empty_db_url)
     try:
