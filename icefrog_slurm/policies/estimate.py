@@ -19,7 +19,11 @@ For each job of a snapshot, from what the job reported:
   ``T_acc(a) = T_age + P / max E(a, s, m, l)`` (eq 16), plus the same for one shared GPU
   at lambda = ``sharing.speed_factor`` for a DDP job in units of one GPU (large models
   keep their GPUs busy and are not packed, spec section 7); an option that changes a
-  running job's allocation is charged ``controller.reallocation_overhead_s``.
+  running job's allocation is charged ``controller.reallocation_overhead_s``. A job that
+  declares a global batch B is offered, at a GPUs, only the per-GPU batch it will really
+  train with (``JobSpec.batch_candidates``: m = ceil(B/a) clipped to its range, the rule
+  the simulated jobs and the trainer follow); its T is that of (a, m) in samples/s
+  (accumulating gradients keeps the samples/s of m).
 
 Models are cached per job and refitted only when a new configuration is measured.
 """
@@ -144,7 +148,6 @@ class Estimator:
             current_frozen: int | None = stats.frozen
         else:
             psi, frozen, current_frozen = (lambda _l: 1.0), (0,), None
-        batches = powers_of_two(spec.min_batch, spec.max_batch)
         model = self._model(job, cached, layers, gpus_per_node)
         measured = cached.history.measured()
         remaining = max(
@@ -158,7 +161,7 @@ class Estimator:
         for gpus, shared in _configurations(job, gpus_per_node, capacity, settings, cached):
             if (gpus, shared) not in cached.tuned:
                 cached.tuned[gpus, shared] = tune(
-                    batch_sizes=batches,
+                    batch_sizes=spec.batch_candidates(gpus),  # one m with a global batch
                     frozen_candidates=frozen,
                     psi=psi,
                     throughput=measured_or_predicted(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from icefrog_slurm.controller.plan import PolicyResult
 from icefrog_slurm.controller.snapshot import JobSnapshot, Snapshot
-from icefrog_slurm.core.tuner import powers_of_two
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.store.records import Allocation
 
@@ -55,7 +54,7 @@ def _alloc(job: JobSnapshot, gpus: int, nodes: tuple[str, ...]) -> Allocation:
     return Allocation(
         job_id=job.id,
         gpus=gpus,
-        batch=powers_of_two(spec.min_batch, spec.max_batch)[0],
+        batch=spec.batch_candidates(gpus)[0],  # its smallest, or the global batch's m
         frozen=0,
         nodes=nodes,
     )

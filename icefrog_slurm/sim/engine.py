@@ -92,7 +92,7 @@ class SimOptions:
     seed: int = 0
     freeze: bool = True  # jobs may freeze layers (max_frozen_fraction from the catalog)
     share: bool = True  # jobs accept a shared GPU
-    fixed_batch: bool = False  # jobs keep the workload's global batch (ignore decided batch)
+    fixed_batch: bool = False  # jobs declare the workload's batch as their global batch
     max_sim_s: float = 60 * 86400.0  # stop (jobs unfinished) after this much simulated time
     profile_noise: float = PROFILE_TIME_NOISE  # sd of log noise on each profiled time
     share_noise: float | None = None  # sd on peak memory (log) and utilisation; None: truth's
@@ -253,6 +253,8 @@ class Engine:
             spec = replace(spec, max_frozen_fraction=0.0)
         if not self.options.share:
             spec = replace(spec, accepts_shared=False)
+        if self.options.fixed_batch:  # the job declares the workload's global batch
+            spec = replace(spec, global_batch=job.batch_size)
         seed = self.options.seed * 1_000_003 + len(self.jobs)
         sim = SimJob(
             job,
@@ -260,7 +262,6 @@ class Engine:
             spec,
             seed=seed,
             overhead_s=self.settings.controller.reallocation_overhead_s,
-            fixed_batch=self.options.fixed_batch,
             noise=self.noise,
         )
         per_node = min(job.gpus, self.options.gpus_per_node)

@@ -28,6 +28,7 @@ from icefrog_slurm.protocol import (
     MetricReport,
     ProfileSample,
     ProgressReport,
+    fixed_per_gpu_batch,
 )
 from icefrog_slurm.sim.truth import DEFAULT_NOISE, ProfileNoise, TaskTruth
 from icefrog_slurm.sim.workload import Job
@@ -92,12 +93,10 @@ class SimJob:
         *,
         seed: int,
         overhead_s: float,
-        fixed_batch: bool = False,
         noise: ProfileNoise = DEFAULT_NOISE,
     ) -> None:
         self.job, self.truth, self.spec = job, truth, spec
         self.noise = noise
-        self.fixed_global = job.batch_size if fixed_batch else 0
         self.run = truth.start_run(seed=seed)
         self.rng = np.random.default_rng([seed, 0xB0B])
         self.overhead_s = overhead_s
@@ -121,16 +120,18 @@ class SimJob:
         return self.spec.samples_per_epoch
 
     def batch_for(self, gpus: int, decided: int | None) -> tuple[int, int]:
-        """(per-GPU batch, global batch) on ``gpus`` GPUs. A job with a fixed global batch
-        (the workload's, spec section 12) splits it over its GPUs, at most the task's
-        largest per-GPU batch, accumulating gradients beyond it (same samples/s as that
-        batch); else it takes the decided per-GPU batch (its smallest before a decision)."""
-        if self.fixed_global:
-            per_gpu = min(
-                max(-(-self.fixed_global // gpus), self.spec.min_batch), self.spec.max_batch
-            )
-            return per_gpu, self.fixed_global
-        batch = decided if decided is not None and decided >= 1 else self.spec.min_batch
+        """(per-GPU batch, global batch) on ``gpus`` GPUs. A job that declares a global
+        batch (``spec.global_batch``: the workload's under ``--batch paper``/``fixed``,
+        spec section 12) splits it over its GPUs by the protocol's
+        :func:`~icefrog_slurm.protocol.fixed_per_gpu_batch` (the rule the estimator plans
+        with), accumulating gradients beyond the largest per-GPU batch (same samples/s as
+        that batch); else it takes the decided per-GPU batch (its smallest before a
+        decision)."""
+        spec = self.spec
+        if spec.global_batch:
+            per_gpu = fixed_per_gpu_batch(spec.global_batch, gpus, spec.min_batch, spec.max_batch)
+            return per_gpu, spec.global_batch
+        batch = decided if decided is not None and decided >= 1 else spec.min_batch
         return batch, gpus * batch
 
     def on_decision(self, decision: Decision) -> None:
