@@ -57,7 +57,7 @@ def goodput(o: JobOptions, gpus: int) -> float:
     eff = efficiency(
         var=var,
         sqr=sqr,
-        batch=gpus * cand.choice.batch,
+        batch=spec.global_batch or gpus * cand.choice.batch,  # a fixed batch: the same B
         base_batch=spec.min_gpus * spec.min_batch,
     )
     return cand.choice.effective_progress * eff

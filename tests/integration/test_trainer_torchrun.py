@@ -63,6 +63,7 @@ def _reports(workdir: Path, kind: str) -> list[Any]:
 def test_freeze_then_unfreeze(tmp_path: Path) -> None:
     sdp = '{"kind": "sdp", "stages": 1, "unit": 1}'  # the declaration travels (not used here)
     env = _env(tmp_path, PROBE_MODE="freeze", ICEFROG_MAX_EPOCHS="3", ICEFROG_PARALLELISM=sdp)
+    env["ICEFROG_GLOBAL_BATCH"] = "256"  # declared; 2 x 32 a step: no accumulation, said once
     done = _torchrun(2, env)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads((tmp_path / "out.json").read_text())
@@ -97,6 +98,9 @@ def test_freeze_then_unfreeze(tmp_path: Path) -> None:
     assert [f.reason for f in finished] == ["max_epochs"]
     (spec,) = _reports(tmp_path, "register")
     assert spec.parallelism == Parallelism(Kind.SDP) and not spec.accepts_shared
+    assert spec.global_batch == 256
+    note = "--global-batch 256: a step covers 2 x 32 = 64 samples (no gradient accumulation)"
+    assert done.stderr.count(note) == 1
 
 
 def test_resize_two_to_one_matches_uninterrupted(tmp_path: Path) -> None:
