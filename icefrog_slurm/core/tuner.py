@@ -83,8 +83,8 @@ def measured_or_predicted(
     layers: LayerTable,
 ) -> ThroughputFn:
     """T(a, m, l) alone: the measured samples/s of (gpus, m, l) when there is one, else the
-    model's prediction (eq 4-7, or 9-13 for a large-model job); 0 (not selectable) when
-    neither exists."""
+    model's prediction (eq 4-7, or 9-13 for a large-model job), for l > 0 at most
+    T(a, m, 0) x :func:`max_freeze_speedup`; 0 (not selectable) when neither exists."""
 
     def throughput(batch: int, frozen: int) -> float:
         value = measured.get((gpus, batch, frozen))
@@ -92,9 +92,28 @@ def measured_or_predicted(
             return value
         if model is None:
             return 0.0
-        return model.throughput(gpus=gpus, batch=batch, frozen=frozen, layers=layers)
+        predicted = model.throughput(gpus=gpus, batch=batch, frozen=frozen, layers=layers)
+        if frozen == 0:
+            return predicted
+        return min(predicted, throughput(batch, 0) * max_freeze_speedup(layers, frozen))
 
     return throughput
+
+
+BACKWARD_PER_FORWARD = 2.0
+"""Backward FLOPs per forward FLOP of a trainable layer (weight and input gradients)."""
+
+
+def max_freeze_speedup(layers: LayerTable, frozen: int) -> float:
+    """The most a freeze of ``frozen`` layers can speed an iteration up by compute:
+    (1 + B) / (1 + B x theta_l), B = :data:`BACKWARD_PER_FORWARD` (the forward pass stays,
+    backward shrinks to the trainable FLOPs share theta_l). A *predicted* frozen throughput
+    is capped at the unfrozen one times this: a fit from unfrozen samples alone can put an
+    iteration's time near zero at deep freezes (docs/evaluation.md, "Ablation: freezing").
+    Sync saved beyond compute is not counted, so the cap is conservative for jobs whose
+    unfrozen iteration is dominated by synchronisation; measured values are never capped."""
+    b = BACKWARD_PER_FORWARD
+    return (1.0 + b) / (1.0 + b * layers.theta(frozen))
 
 
 def tune(
