@@ -32,10 +32,7 @@ from icefrog_slurm.core.throughput import (
     FreezeParams,
     LinearCurve,
     SyncCurve,
-    backward_time,
-    iteration_time,
     nodes_for,
-    sync_time,
 )
 from icefrog_slurm.core.tuner import ThroughputModel
 from icefrog_slurm.errors import InputError
@@ -301,10 +298,9 @@ def fit_ddp_model(
 
     def residuals(v: Mapping[str, float]) -> FloatArray:
         model = ddp_model_from(v, gpus_per_node)
-        t_fwd = model.forward(obs.batch)
-        t_bwd = backward_time(model.freeze, model.backward(obs.batch), obs.theta)
-        t_sync = sync_time(model.freeze, model.sync(obs.gpus, obs.nodes), obs.omega)
-        t_iter = iteration_time(t_fwd, t_bwd, t_sync, model.freeze.gamma)
+        t_fwd, t_bwd, _, t_iter = model.components(
+            obs.gpus, obs.nodes, obs.batch, obs.theta, obs.omega
+        )
         return np.concatenate(
             [
                 log_ratio(t_fwd[has_fwd], obs.t_fwd[has_fwd]),

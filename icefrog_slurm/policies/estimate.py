@@ -31,6 +31,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from icefrog_slurm.controller.snapshot import JobSnapshot
 from icefrog_slurm.core.fit import ProfileHistory
 from icefrog_slurm.core.layers import LayerTable
@@ -40,12 +42,13 @@ from icefrog_slurm.core.penalty import PenaltyTable
 from icefrog_slurm.core.sharing import Load, SharingPredictor, fit_sharing
 from icefrog_slurm.core.tta import time_to_accuracy
 from icefrog_slurm.core.tuner import (
+    FloatArray,
     ThroughputModel,
     TunerChoice,
     legal_frozen,
-    measured_or_predicted,
+    measured_or_predicted_grid,
     powers_of_two,
-    tune,
+    tune_grid,
 )
 from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.protocol import JobSpec, ProfileSample
@@ -155,14 +158,22 @@ class Estimator:
         if cached.tuned_for != key:
             cached.tuned, cached.tuned_for = {}, key
         out: list[Candidate] = []
+        psi_values: FloatArray | None = None  # psi of each frozen candidate, once a call
         for gpus, shared in _configurations(job, gpus_per_node, capacity, settings, cached):
             if (gpus, shared) not in cached.tuned:
-                cached.tuned[gpus, shared] = tune(
+                if psi_values is None:
+                    psi_values = np.array([psi(k) for k in frozen], dtype=float)
+                cached.tuned[gpus, shared] = tune_grid(
                     batch_sizes=batches,
                     frozen_candidates=frozen,
-                    psi=psi,
-                    throughput=measured_or_predicted(
-                        gpus=gpus, measured=measured, model=model, layers=layers
+                    psi=psi_values,
+                    throughput=measured_or_predicted_grid(
+                        gpus=gpus,
+                        batch_sizes=batches,
+                        frozen_candidates=frozen,
+                        measured=measured,
+                        model=model,
+                        layers=layers,
                     ),
                     lam=settings.sharing.speed_factor if shared else 1.0,
                     current_frozen=current_frozen,
