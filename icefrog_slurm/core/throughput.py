@@ -26,8 +26,9 @@ Functions here accept floats or numpy arrays (the fitter evaluates them on array
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -88,13 +89,14 @@ class FreezeParams:
     gamma: float = 1.0  # eq 5: T_iter = T_fwd + (T_bwd^gamma + T_sync^gamma)^(1/gamma), >= 1
 
     def __post_init__(self) -> None:
+        # Each value may also be an array of candidates (the fit evaluates many at once).
         for name in ("alpha_flop", "alpha_sync"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
+            if not _finite_where(value, lambda v: v >= 0):
                 raise InputError(f"{name}: must be a finite number >= 0, got {value}")
-        if not (math.isfinite(self.gamma_flop) and self.gamma_flop > 0):
+        if not _finite_where(self.gamma_flop, lambda v: v > 0):
             raise InputError(f"gamma_flop: must be > 0, got {self.gamma_flop}")
-        if not (math.isfinite(self.gamma) and self.gamma >= 1):
+        if not _finite_where(self.gamma, lambda v: v >= 1):
             raise InputError(f"gamma: must be >= 1, got {self.gamma}")
 
     def beta_flop(self, t_bwd0: float) -> float:
@@ -236,6 +238,14 @@ class DdpThroughputModel:
             gpus=gpus, batch=batch, frozen=frozen, shared=False, t_fwd_s=f, t_bwd_s=b,
             t_sync_s=max(it - f - b, 0.0), t_iter_s=it, samples_per_s=gpus * batch / it,
         )  # fmt: skip
+
+
+def _finite_where(value: float | FloatArray, ok: Callable[[Any], Any]) -> bool:
+    """``value`` (a number, or every element of an array) is finite and satisfies ``ok``."""
+    if isinstance(value, float | int):
+        return math.isfinite(value) and bool(ok(value))
+    arr = np.asarray(value, dtype=float)
+    return bool(np.all(np.isfinite(arr)) and np.all(ok(arr)))
 
 
 def _like(template: Num, value: object) -> Num:
