@@ -99,6 +99,7 @@ class Estimator:
         self._cache: dict[int, _Cached] = {}
         self._budget = -1  # fits left this round; -1: unlimited
         self._priors: dict[tuple[object, ...], ThroughputModel] = {}
+        self._layers: dict[int, tuple[JobSpec, LayerTable]] = {}
 
     def new_round(self, *, fit_budget: int | None) -> None:
         self._budget = -1 if fit_budget is None else fit_budget
@@ -137,7 +138,7 @@ class Estimator:
         settings: Settings,
     ) -> tuple[Candidate, ...]:
         spec = job.job.spec
-        layers = LayerTable(spec.layer_flops, spec.layer_param_bytes, spec.layer_boundaries)
+        layers = self._layer_table(job.id, spec)
         cached = self._models(job, layers, gpus_per_node, modelled_parallelism(spec, settings))
         stats = job.view.grad_stats
         psi: Callable[[int], float]
@@ -195,6 +196,16 @@ class Estimator:
             out.append(Candidate(gpus, shared, best, tta, load))
         return tuple(out)
 
+    def _layer_table(self, job_id: int, spec: JobSpec) -> LayerTable:
+        """The job's layer table, built once while its spec is unchanged (a snapshot holds a
+        fresh but equal spec each round)."""
+        known = self._layers.get(job_id)
+        if known is not None and known[0] == spec:
+            return known[1]
+        layers = LayerTable(spec.layer_flops, spec.layer_param_bytes, spec.layer_boundaries)
+        self._layers[job_id] = (spec, layers)
+        return layers
+
     def _model(
         self, job: JobSnapshot, cached: _Cached, layers: LayerTable, gpus_per_node: int
     ) -> ThroughputModel:
@@ -249,6 +260,8 @@ class Estimator:
         """Drop the models of jobs that are gone."""
         for job_id in set(self._cache) - keep:
             del self._cache[job_id]
+        for job_id in set(self._layers) - keep:
+            del self._layers[job_id]
 
 
 def modelled_parallelism(spec: JobSpec, settings: Settings) -> Parallelism:
