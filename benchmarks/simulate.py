@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -56,6 +58,8 @@ def main() -> None:
     ap.add_argument("--no-share", action="store_true")
     ap.add_argument("--batch", choices=("paper", "fixed", "tuned"), default="tuned",
                     help="as icefrog simulate --batch (default here: tuned)")  # fmt: skip
+    ap.add_argument("--progress", type=float, default=0.0, metavar="S",
+                    help="progress to stderr every S wall seconds")  # fmt: skip
     args = ap.parse_args()
     catalog = shipped_catalog()
     workload = read_workload(args.workload, catalog)
@@ -73,7 +77,8 @@ def main() -> None:
         fixed = args.batch == "fixed" or (args.batch == "paper" and name != "pollux+")
         started, cpu_started = time.perf_counter(), time.process_time()
         run_opts = replace(opts, fixed_batch=fixed)
-        result = Engine(workload, policy, settings=Settings(), options=run_opts).run()
+        engine = Engine(workload, policy, settings=Settings(), options=run_opts)
+        result = engine.run(_progress(name, started, args.progress) if args.progress else None)
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         jcts = [j.finish - j.submit for j in result.jobs if j.finish is not None]
         avg = statistics.fmean(jcts) / 3600 if jcts else float("nan")
@@ -82,6 +87,19 @@ def main() -> None:
             f"{result.ticks} | {len(result.rounds)} | {result.end_time / 3600:.1f} | {avg:.2f} |",
             flush=True,
         )
+
+
+def _progress(name: str, started: float, every: float) -> Callable[[float, int, int], None]:
+    last = [started]
+
+    def show(now: float, done: int, total: int) -> None:
+        wall = time.perf_counter()
+        if wall - last[0] >= every:
+            last[0] = wall
+            print(f"{name}: wall {wall - started:.0f} s, sim {now / 3600:.2f} h, "
+                  f"{done}/{total} jobs done", file=sys.stderr, flush=True)  # fmt: skip
+
+    return show
 
 
 if __name__ == "__main__":
