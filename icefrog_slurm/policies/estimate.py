@@ -36,6 +36,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from icefrog_slurm.controller.snapshot import JobSnapshot
 from icefrog_slurm.core.fit import ProfileHistory
 from icefrog_slurm.core.freezeout import FreezeOut, tune_freezeout
@@ -46,12 +48,13 @@ from icefrog_slurm.core.penalty import PenaltyTable
 from icefrog_slurm.core.sharing import Load, SharingPredictor, fit_sharing
 from icefrog_slurm.core.tta import time_to_accuracy
 from icefrog_slurm.core.tuner import (
+    FloatArray,
     ThroughputModel,
     TunerChoice,
     legal_frozen,
-    measured_or_predicted,
+    measured_or_predicted_grid,
     powers_of_two,
-    tune,
+    tune_grid,
 )
 from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.protocol import JobSpec, ProfileSample
@@ -104,6 +107,7 @@ class Estimator:
         self._priors: dict[tuple[object, ...], ThroughputModel] = {}
         self._freezing = freezing  # None: the setting policy.freezing
         self._schedules: dict[int, FreezeOut | None] = {}  # FreezeOut, tuned once a job
+        self._layers: dict[int, tuple[JobSpec, LayerTable]] = {}
 
     def new_round(self, *, fit_budget: int | None) -> None:
         self._budget = -1 if fit_budget is None else fit_budget
@@ -142,7 +146,7 @@ class Estimator:
         settings: Settings,
     ) -> tuple[Candidate, ...]:
         spec = job.job.spec
-        layers = LayerTable(spec.layer_flops, spec.layer_param_bytes, spec.layer_boundaries)
+        layers = self._layer_table(job.id, spec)
         cached = self._models(job, layers, gpus_per_node, modelled_parallelism(spec, settings))
         stats = job.view.grad_stats
         psi: Callable[[int], float]
@@ -165,14 +169,22 @@ class Estimator:
         if cached.tuned_for != key:
             cached.tuned, cached.tuned_for = {}, key
         out: list[Candidate] = []
+        psi_values: FloatArray | None = None  # psi of each frozen candidate, once a call
         for gpus, shared in _configurations(job, gpus_per_node, capacity, settings, cached):
             if (gpus, shared) not in cached.tuned:
-                cached.tuned[gpus, shared] = tune(
+                if psi_values is None:
+                    psi_values = np.array([psi(k) for k in frozen], dtype=float)
+                cached.tuned[gpus, shared] = tune_grid(
                     batch_sizes=batches,
                     frozen_candidates=frozen,
-                    psi=psi,
-                    throughput=measured_or_predicted(
-                        gpus=gpus, measured=measured, model=model, layers=layers
+                    psi=psi_values,
+                    throughput=measured_or_predicted_grid(
+                        gpus=gpus,
+                        batch_sizes=batches,
+                        frozen_candidates=frozen,
+                        measured=measured,
+                        model=model,
+                        layers=layers,
                     ),
                     lam=settings.sharing.speed_factor if shared else 1.0,
                     current_frozen=current_frozen,
@@ -210,12 +222,24 @@ class Estimator:
         total = max(1.0, float(spec.max_epochs) * spec.samples_per_epoch)
         progress = min(1.0, job.job.progress.samples_done / total)
         if job.id not in self._schedules:
-            at = measured_or_predicted(
-                gpus=requested_count(job), measured=measured, model=model, layers=layers
+            grid = measured_or_predicted_grid(
+                gpus=requested_count(job),
+                batch_sizes=batches,
+                frozen_candidates=frozen,
+                measured=measured,
+                model=model,
+                layers=layers,
             )
+            column = {k: j for j, k in enumerate(frozen)}
 
             def best_e(k: int) -> float:
-                choice = tune(batch_sizes=batches, frozen_candidates=(k,), psi=psi, throughput=at)
+                j = column[k]
+                choice = tune_grid(
+                    batch_sizes=batches,
+                    frozen_candidates=(k,),
+                    psi=np.array([psi(k)]),
+                    throughput=grid[:, j : j + 1],
+                )
                 return 0.0 if choice is None else choice.effective_progress
 
             self._schedules[job.id] = tune_freezeout(
@@ -228,6 +252,16 @@ class Estimator:
     def schedule(self, job_id: int) -> FreezeOut | None:
         """The FreezeOut schedule tuned for a job (None: not tuned yet, or no freezing)."""
         return self._schedules.get(job_id)
+
+    def _layer_table(self, job_id: int, spec: JobSpec) -> LayerTable:
+        """The job's layer table, built once while its spec is unchanged (a snapshot holds a
+        fresh but equal spec each round)."""
+        known = self._layers.get(job_id)
+        if known is not None and known[0] == spec:
+            return known[1]
+        layers = LayerTable(spec.layer_flops, spec.layer_param_bytes, spec.layer_boundaries)
+        self._layers[job_id] = (spec, layers)
+        return layers
 
     def _model(
         self, job: JobSnapshot, cached: _Cached, layers: LayerTable, gpus_per_node: int
@@ -285,6 +319,8 @@ class Estimator:
             del self._cache[job_id]
         for job_id in set(self._schedules) - keep:
             del self._schedules[job_id]
+        for job_id in set(self._layers) - keep:
+            del self._layers[job_id]
 
 
 def requested_count(job: JobSnapshot) -> int:

@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -115,6 +116,13 @@ class _Wild:
 
     def throughput(self, *, gpus: int, batch: int, frozen: int, layers: LayerTable) -> float:
         return 1000.0 if frozen == 0 else 1000.0 * 10**frozen
+
+    def throughputs(
+        self, *, gpus: int, batch: np.ndarray, frozen: np.ndarray, layers: LayerTable
+    ) -> np.ndarray:
+        return np.broadcast_to(
+            1000.0 * 10.0 ** frozen.astype(float), np.broadcast(batch, frozen).shape
+        )
 
 
 def test_a_predicted_freeze_speedup_is_capped_by_compute_but_a_measured_one_is_not() -> None:
