@@ -565,7 +565,7 @@ def grid_from(args: argparse.Namespace) -> Grid:
         policies=tuple(args.policies.split(",")) if args.policies else g.policies,
         base_jobs=args.base_jobs,
         tasks=args.tasks,
-        ablation_load=g.ablation_load,
+        ablation_load=args.ablation_load or g.ablation_load,
         scale=scale,
         faithful_loads=g.faithful_loads,
         workloads=args.workloads or g.workloads,
@@ -615,6 +615,7 @@ def make_parser() -> argparse.ArgumentParser:
     ap.add_argument("--base-jobs", type=int, default=120, help="trace jobs at 1x load (120)")
     ap.add_argument("--tasks", default="", help="trace sample --tasks (default: its own)")
     ap.add_argument("--max-scale", type=int, default=960, help="scale: largest GPUs (960)")
+    ap.add_argument("--ablation-load", type=float, help="ablation: load factor (2: the paper's)")
     ap.add_argument("--workloads", type=int, help="faithful: workloads per load (3)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="passed to every simulation (part of the run key)")  # fmt: skip

@@ -1,8 +1,10 @@
 """Time the simulator on a workload, per policy, and split where the time goes.
 
-Prints per policy: wall seconds in all, of which in ``policy.decide`` (the policy's own
-estimation and optimisation, the same cost production pays each round) and the rest (engine,
-controller tick and reconcile, SQLite store); ticks, rounds, simulated hours, average JCT.
+Prints per policy: wall seconds in all; the process's CPU seconds (user + system: on a
+shared machine the figure to compare, wall time depends on the others' load), of which in
+``policy.decide`` (the policy's own estimation and optimisation, the same cost production
+pays each round) and the rest (engine, controller tick and reconcile, SQLite store); ticks,
+rounds, simulated hours, average JCT.
 Target (issue 7): a 48-GPU 1x trace in under 60 s.
 
 Usage (the 1x trace of docs/evaluation.md):
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,17 +34,17 @@ from icefrog_slurm.sim.workload import read_workload
 
 
 class Timed:
-    """A policy wrapped to add up the seconds spent deciding."""
+    """A policy wrapped to add up the CPU seconds spent deciding."""
 
     def __init__(self, inner: Policy) -> None:
-        self.inner, self.name, self.seconds = inner, inner.name, 0.0
+        self.inner, self.name, self.cpu = inner, inner.name, 0.0
 
     def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
-        start = time.perf_counter()
+        start = time.process_time()
         try:
             return self.inner.decide(snapshot, settings=settings)
         finally:
-            self.seconds += time.perf_counter() - start
+            self.cpu += time.process_time() - start
 
 
 def main() -> None:
@@ -54,6 +58,8 @@ def main() -> None:
     ap.add_argument("--no-share", action="store_true")
     ap.add_argument("--batch", choices=("paper", "fixed", "tuned"), default="tuned",
                     help="as icefrog simulate --batch (default here: tuned)")  # fmt: skip
+    ap.add_argument("--progress", type=float, default=0.0, metavar="S",
+                    help="progress to stderr every S wall seconds")  # fmt: skip
     args = ap.parse_args()
     catalog = shipped_catalog()
     workload = read_workload(args.workload, catalog)
@@ -63,22 +69,37 @@ def main() -> None:
     )  # fmt: skip
     print(f"{args.workload} ({len(workload)} jobs), {args.gpus} GPUs, seed {args.seed}, "
           f"freeze {opts.freeze}, share {opts.share}, batch {args.batch}")  # fmt: skip
-    print("| policy | wall s | in policy s | rest s | ticks | rounds | sim h | avg JCT h |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| policy | wall s | CPU s | policy CPU s | rest CPU s | ticks | rounds | sim h "
+          "| avg JCT h |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.policy.split(","):
         policy = Timed(make_policy(name))
         fixed = args.batch == "fixed" or (args.batch == "paper" and name != "pollux+")
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         run_opts = replace(opts, fixed_batch=fixed)
-        result = Engine(workload, policy, settings=Settings(), options=run_opts).run()
-        wall = time.perf_counter() - started
+        engine = Engine(workload, policy, settings=Settings(), options=run_opts)
+        result = engine.run(_progress(name, started, args.progress) if args.progress else None)
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         jcts = [j.finish - j.submit for j in result.jobs if j.finish is not None]
         avg = statistics.fmean(jcts) / 3600 if jcts else float("nan")
         print(
-            f"| {name} | {wall:.1f} | {policy.seconds:.1f} | {wall - policy.seconds:.1f} | "
+            f"| {name} | {wall:.1f} | {cpu:.1f} | {policy.cpu:.1f} | {cpu - policy.cpu:.1f} | "
             f"{result.ticks} | {len(result.rounds)} | {result.end_time / 3600:.1f} | {avg:.2f} |",
             flush=True,
         )
+
+
+def _progress(name: str, started: float, every: float) -> Callable[[float, int, int], None]:
+    last = [started]
+
+    def show(now: float, done: int, total: int) -> None:
+        wall = time.perf_counter()
+        if wall - last[0] >= every:
+            last[0] = wall
+            print(f"{name}: wall {wall - started:.0f} s, sim {now / 3600:.2f} h, "
+                  f"{done}/{total} jobs done", file=sys.stderr, flush=True)  # fmt: skip
+
+    return show
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from icefrog_slurm.errors import InputError
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 SlurmBackendName = Literal["cli", "pyslurm"]
+Freezing = Literal["penalty", "freezeout"]
 
 
 def _bounds(**kw: float) -> dict[str, float]:
@@ -184,6 +185,13 @@ class PolicySettings:
     """Estimate each job with the throughput model of its declared parallelism (SDP eq 9-10,
     PP/HP eq 11-13; spec section 7). false: the DDP model (eq 4-7) for every job, the
     paper's ablation; the allocation unit still holds."""
+
+    freezing: Freezing = "penalty"
+    """How the icefrog policy picks each job's frozen layers: "penalty" (the Layer Tuner
+    maximises E = psi x T over every legal depth each round, eq 15) or "freezeout"
+    (FreezeOut's progressive schedule tuned once a job by effective progress, the
+    baselines' "+"; the paper's ablation "frozen penalty -> tuned FreezeOut", spec
+    section 15). The baselines always use FreezeOut."""
 
 
 @dataclass(frozen=True)

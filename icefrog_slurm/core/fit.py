@@ -17,9 +17,11 @@ The DDP model (``throughput.py``) and the SDP/PP/HP models (``parallel.py``) bui
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -32,17 +34,17 @@ from icefrog_slurm.core.throughput import (
     FreezeParams,
     LinearCurve,
     SyncCurve,
-    backward_time,
-    iteration_time,
     nodes_for,
-    sync_time,
 )
 from icefrog_slurm.core.tuner import ThroughputModel
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.protocol import ProfileSample
 
 FloatArray = npt.NDArray[np.float64]
-Residuals = Callable[[Mapping[str, float]], FloatArray]
+Residuals = Callable[[Mapping[str, Any]], FloatArray]
+
+_LSQ_WORKERS = "workers" in inspect.signature(least_squares).parameters
+"""scipy >= 1.16: ``least_squares`` takes ``workers`` (older: one point at a time, same fit)."""
 
 DEFAULT_PRIOR_WEIGHT = 1e-3
 """Weight of one prior residual against one data residual (a log-ratio of a time)."""
@@ -89,12 +91,17 @@ def fit_params(
     fixed: Collection[str] = (),
     prior_weight: float = DEFAULT_PRIOR_WEIGHT,
     starts: Sequence[Mapping[str, float]] = (),
+    vectorised: bool = False,
 ) -> FitResult:
     """Minimise ``sum(residuals(p)^2) + prior_weight x sum(((p - default) / scale)^2)`` over
     the free parameters within their bounds (scipy ``least_squares``, method ``trf``).
 
     ``starts``: extra starting points (partial mappings over the defaults); the best end
     point wins, which guards a non-convex model against a poor local minimum.
+    ``vectorised``: ``residuals`` also accepts a mapping whose free values are columns
+    (k x 1 arrays) of k parameter points and returns k rows of residuals; the Jacobian's
+    finite differences (scipy's steps) are then evaluated in one call instead of one a
+    parameter (the same numbers, about 2x faster; scipy >= 1.16, else one at a time).
     """
     names = [p.name for p in params]
     if len(set(names)) != len(names):
@@ -119,13 +126,28 @@ def fit_params(
 
     def total(x: FloatArray) -> FloatArray:
         data = np.asarray(residuals(values_of(x)), dtype=float)
-        return np.concatenate([data, weight * (x - centre) / scale])
+        return np.concatenate([data, weight * (x - centre) / scale], axis=-1)
+
+    def total_map(_fun: object, points: Iterable[FloatArray]) -> list[FloatArray]:
+        """scipy's finite-difference points, evaluated in one call of ``residuals`` on
+        columns of candidates (``workers``: scipy's own steps, one vectorised evaluation)."""
+        xs = np.array(list(points), dtype=float)
+        values: dict[str, Any] = dict(defaults)
+        values.update({p.name: xs[:, i : i + 1] for i, p in enumerate(free)})
+        data = np.asarray(residuals(values), dtype=float)
+        return list(np.concatenate([data, weight * (xs - centre) / scale], axis=1))
 
     best: FitResult | None = None
     for start in [{}, *starts]:
         x0 = np.array([start.get(p.name, p.default) for p in free], dtype=float)
         x0 = _inside(x0, lower, upper)
-        result = least_squares(total, x0, bounds=(lower, upper), method="trf")
+        result = least_squares(
+            total,
+            x0,
+            bounds=(lower, upper),
+            method="trf",
+            **({"workers": total_map} if vectorised and _LSQ_WORKERS else {}),
+        )
         candidate = FitResult(
             values_of(result.x), float(result.cost), tuple(p.name for p in free), result.success
         )
@@ -260,7 +282,7 @@ def _ddp_params(obs: _Observations) -> tuple[list[Param], set[str]]:
     return params, fixed
 
 
-def ddp_model_from(values: Mapping[str, float], gpus_per_node: int) -> DdpThroughputModel:
+def ddp_model_from(values: Mapping[str, Any], gpus_per_node: int) -> DdpThroughputModel:
     """Assemble a :class:`DdpThroughputModel` from fitted parameter values by name."""
     return DdpThroughputModel(
         forward=LinearCurve(values["fwd_intercept"], values["fwd_slope"]),
@@ -299,22 +321,27 @@ def fit_ddp_model(
     params, fixed = _ddp_params(obs)
     has_fwd, has_bwd = obs.t_fwd > 0, obs.t_bwd > 0
 
-    def residuals(v: Mapping[str, float]) -> FloatArray:
+    def residuals(v: Mapping[str, Any]) -> FloatArray:
+        """One parameter point (floats), or k of them (k x 1 columns): k rows."""
         model = ddp_model_from(v, gpus_per_node)
-        t_fwd = model.forward(obs.batch)
-        t_bwd = backward_time(model.freeze, model.backward(obs.batch), obs.theta)
-        t_sync = sync_time(model.freeze, model.sync(obs.gpus, obs.nodes), obs.omega)
-        t_iter = iteration_time(t_fwd, t_bwd, t_sync, model.freeze.gamma)
+        t_fwd, t_bwd, _, t_iter = model.components(
+            obs.gpus, obs.nodes, obs.batch, obs.theta, obs.omega
+        )
+        shape = np.broadcast_shapes(np.shape(t_fwd), np.shape(t_bwd), np.shape(t_iter))
+        t_fwd, t_bwd = np.broadcast_to(t_fwd, shape), np.broadcast_to(t_bwd, shape)
         return np.concatenate(
             [
-                log_ratio(t_fwd[has_fwd], obs.t_fwd[has_fwd]),
-                log_ratio(t_bwd[has_bwd], obs.t_bwd[has_bwd]),
-                log_ratio(t_iter, obs.t_iter),
-            ]
+                log_ratio(t_fwd[..., has_fwd], obs.t_fwd[has_fwd]),
+                log_ratio(t_bwd[..., has_bwd], obs.t_bwd[has_bwd]),
+                log_ratio(np.broadcast_to(t_iter, shape), obs.t_iter),
+            ],
+            axis=-1,
         )
 
     starts = [{"gamma": 3.0}, {"gamma_flop": 0.5}]
-    result = fit_params(residuals, params, fixed=fixed, prior_weight=prior_weight, starts=starts)
+    result = fit_params(
+        residuals, params, fixed=fixed, prior_weight=prior_weight, starts=starts, vectorised=True
+    )
     return ddp_model_from(result.values, gpus_per_node)
 
 

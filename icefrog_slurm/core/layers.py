@@ -17,6 +17,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import numpy.typing as npt
 
 from icefrog_slurm.errors import InputError
 
@@ -85,6 +89,14 @@ class LayerTable:
     def omega(self, frozen: int) -> float:
         """omega_l: fraction of parameter bytes in the trainable suffix (eq 7)."""
         return self._omega[self._check_frozen(frozen)]
+
+    @cached_property
+    def fractions(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """(theta_l, omega_l) for l = 0..L as read-only arrays indexed by l (for evaluating a
+        model over many frozen counts at once); the same values as :meth:`theta`/:meth:`omega`."""
+        theta, omega = np.array(self._theta), np.array(self._omega)
+        theta.flags.writeable = omega.flags.writeable = False
+        return theta, omega
 
     def max_frozen_from_fraction(self, fraction: float) -> int:
         """The largest l with l <= fraction x L (the paper's default fraction is 0.9)."""

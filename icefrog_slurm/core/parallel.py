@@ -94,15 +94,36 @@ class _ModelBase:
     ) -> float:
         """Eq 4 (see :func:`throughput`) as the Layer Tuner calls it (``tuner.ThroughputModel``);
         ``layers`` must be the model's own table."""
-        if layers is not self.table and layers != self.table:
-            raise InputError("layers: not the layer table this model was built on")
+        _check_table(self, layers)
         return throughput(self, gpus=gpus, batch=batch, frozen=frozen, lam=lam)
 
+    def throughputs(
+        self: _WithTable,
+        *,
+        gpus: int,
+        batch: FloatArray,
+        frozen: IntArray,
+        layers: LayerTable,
+        lam: float = 1.0,
+    ) -> FloatArray:
+        """:meth:`throughput` at ``gpus`` GPUs for arrays of per-GPU batches and frozen
+        counts (broadcast together) in one :meth:`iteration_times` call (the tuner's grid)."""
+        _check_table(self, layers)
+        shape = np.broadcast_shapes(np.shape(batch), np.shape(frozen))
+        m = np.broadcast_to(np.asarray(batch, dtype=float), shape)
+        _check_run(gpus, int(np.min(m)) if m.size else 1)
+        t_iter = self.iteration_times(
+            np.full(m.size, gpus, dtype=np.int64),
+            m.ravel(),
+            np.broadcast_to(np.asarray(frozen, dtype=np.int64), shape).ravel(),
+        ).reshape(shape)
+        replicas = float(self.parallelism.replicas(gpus))
+        return samples_per_second(np.full(shape, replicas), m, t_iter, lam)
 
-def _fractions(table: LayerTable) -> tuple[FloatArray, FloatArray]:
-    """(theta_l, omega_l) for l = 0..L as arrays indexed by l."""
-    ls = range(table.num_layers + 1)
-    return np.array([table.theta(k) for k in ls]), np.array([table.omega(k) for k in ls])
+
+def _check_table(model: _WithTable, layers: LayerTable) -> None:
+    if layers is not model.table and layers != model.table:
+        raise InputError("layers: not the layer table this model was built on")
 
 
 def _replicas(parallelism: Parallelism, gpus: IntArray) -> FloatArray:
@@ -143,12 +164,10 @@ class SdpModel(_ModelBase):
     params: SdpParams
     table: LayerTable
     parallelism: Parallelism = Parallelism(Kind.SDP, unit=4)  # noqa: RUF009 (frozen value)
-    _fractions: tuple[FloatArray, FloatArray] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.parallelism.kind is not Kind.SDP:
             raise InputError(f"parallelism: the SDP model needs SDP, got {self.parallelism.kind}")
-        object.__setattr__(self, "_fractions", _fractions(self.table))
 
     def gather_time(self, gpus: FloatArray) -> FloatArray:
         """T_bwd^para(a, 0) = alpha_ag + beta_ag·(a - 1): all-gathering the full parameters."""
@@ -171,7 +190,7 @@ class SdpModel(_ModelBase):
         with T_bwd^grad(m, 0) = alpha_bwd + beta_bwd·m.
         """
         p, freeze = self.params, self.params.freeze
-        theta, omega = self._fractions
+        theta, omega = self.table.fractions
         grad = backward_time(freeze, p.alpha_bwd + p.beta_bwd * batch, theta[frozen])
         para = sync_time(freeze, self.gather_time(gpus), omega[frozen])
         return overlap(grad, para, p.gamma_lm)

@@ -26,8 +26,9 @@ Functions here accept floats or numpy arrays (the fitter evaluates them on array
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -88,13 +89,14 @@ class FreezeParams:
     gamma: float = 1.0  # eq 5: T_iter = T_fwd + (T_bwd^gamma + T_sync^gamma)^(1/gamma), >= 1
 
     def __post_init__(self) -> None:
+        # Each value may also be an array of candidates (the fit evaluates many at once).
         for name in ("alpha_flop", "alpha_sync"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
+            if not _finite_where(value, lambda v: v >= 0):
                 raise InputError(f"{name}: must be a finite number >= 0, got {value}")
-        if not (math.isfinite(self.gamma_flop) and self.gamma_flop > 0):
+        if not _finite_where(self.gamma_flop, lambda v: v > 0):
             raise InputError(f"gamma_flop: must be > 0, got {self.gamma_flop}")
-        if not (math.isfinite(self.gamma) and self.gamma >= 1):
+        if not _finite_where(self.gamma, lambda v: v >= 1):
             raise InputError(f"gamma: must be >= 1, got {self.gamma}")
 
     def beta_flop(self, t_bwd0: float) -> float:
@@ -152,15 +154,26 @@ class DdpThroughputModel:
     freeze: FreezeParams
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
 
+    def components(
+        self, gpus: Num, nodes: Num, batch: Num, theta: Num, omega: Num
+    ) -> tuple[Num, Num, Num, Num]:
+        """(T_fwd, T_bwd, T_sync, T_iter) in seconds (eq 5-7), elementwise over floats or
+        arrays (the one evaluation of the model: the scalar calls, the Layer Tuner's grid
+        and the fit's residuals all go through it)."""
+        t_fwd = self.forward(batch)
+        t_bwd = backward_time(self.freeze, self.backward(batch), theta)
+        t_sync = sync_time(self.freeze, self.sync(gpus, nodes), omega)
+        return t_fwd, t_bwd, t_sync, iteration_time(t_fwd, t_bwd, t_sync, self.freeze.gamma)
+
     def times(
         self, *, gpus: int, batch: float, theta: float, omega: float, nodes: int | None = None
     ) -> tuple[float, float, float, float]:
         """(T_fwd, T_bwd, T_sync, T_iter) in seconds for one configuration (eq 5-7)."""
         n = nodes_for(gpus, self.gpus_per_node) if nodes is None else nodes
-        t_fwd = float(self.forward(float(batch)))
-        t_bwd = float(backward_time(self.freeze, float(self.backward(float(batch))), theta))
-        t_sync = float(sync_time(self.freeze, float(self.sync(float(gpus), float(n))), omega))
-        return t_fwd, t_bwd, t_sync, float(iteration_time(t_fwd, t_bwd, t_sync, self.freeze.gamma))
+        t_fwd, t_bwd, t_sync, t_iter = self.components(
+            float(gpus), float(n), float(batch), float(theta), float(omega)
+        )
+        return float(t_fwd), float(t_bwd), float(t_sync), float(t_iter)
 
     def throughput(
         self,
@@ -181,6 +194,28 @@ class DdpThroughputModel:
             nodes=nodes,
         )
         return float(samples_per_second(float(gpus), float(batch), t_iter, lam))
+
+    def throughputs(
+        self,
+        *,
+        gpus: int,
+        batch: FloatArray,
+        frozen: npt.NDArray[np.int64],
+        layers: LayerTable,
+        lam: float = 1.0,
+    ) -> FloatArray:
+        """:meth:`throughput` at ``gpus`` GPUs for arrays of per-GPU batches and frozen
+        counts (broadcast together), in one evaluation (the Layer Tuner's grid, eq 15)."""
+        if not (np.min(frozen) >= 0 and np.max(frozen) <= layers.num_layers):
+            raise InputError(f"frozen: outside 0..{layers.num_layers}")
+        theta, omega = layers.fractions
+        shape = np.broadcast_shapes(np.shape(batch), np.shape(frozen))
+        a = np.full(shape, float(gpus))
+        n = np.full(shape, float(nodes_for(gpus, self.gpus_per_node)))
+        m = np.broadcast_to(np.asarray(batch, dtype=float), shape)
+        th, om = (np.broadcast_to(f[frozen], shape) for f in (theta, omega))
+        *_, t_iter = self.components(a, n, m, th, om)
+        return samples_per_second(a, m, t_iter, lam)
 
     def profile_sample(
         self,
@@ -203,6 +238,14 @@ class DdpThroughputModel:
             gpus=gpus, batch=batch, frozen=frozen, shared=False, t_fwd_s=f, t_bwd_s=b,
             t_sync_s=max(it - f - b, 0.0), t_iter_s=it, samples_per_s=gpus * batch / it,
         )  # fmt: skip
+
+
+def _finite_where(value: float | FloatArray, ok: Callable[[Any], Any]) -> bool:
+    """``value`` (a number, or every element of an array) is finite and satisfies ``ok``."""
+    if isinstance(value, float | int):
+        return math.isfinite(value) and bool(ok(value))
+    arr = np.asarray(value, dtype=float)
+    return bool(np.all(np.isfinite(arr)) and np.all(ok(arr)))
 
 
 def _like(template: Num, value: object) -> Num:

@@ -16,13 +16,18 @@ smaller batch, so the tuner does not move a job for nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
 
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.errors import InputError
 
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 ThroughputFn = Callable[[int, int], float]
 """(per-GPU batch m, frozen l) -> samples a second at the tuner's GPU count, alone (lambda 1)."""
 
@@ -34,6 +39,12 @@ class ThroughputModel(Protocol):
     one (``parallel.py``: SDP eq 9-10, PP/HP eq 11-13), whichever the job declared."""
 
     def throughput(self, *, gpus: int, batch: int, frozen: int, layers: LayerTable) -> float: ...
+
+    def throughputs(
+        self, *, gpus: int, batch: FloatArray, frozen: IntArray, layers: LayerTable
+    ) -> FloatArray:
+        """``throughput`` for arrays of batches and frozen counts (broadcast), in one call."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -83,18 +94,80 @@ def measured_or_predicted(
     layers: LayerTable,
 ) -> ThroughputFn:
     """T(a, m, l) alone: the measured samples/s of (gpus, m, l) when there is one, else the
-    model's prediction (eq 4-7, or 9-13 for a large-model job); 0 (not selectable) when
-    neither exists."""
+    model's prediction (eq 4-7, or 9-13 for a large-model job), for l > 0 at most
+    T(a, m, 0) x :func:`max_freeze_speedup`; 0 (not selectable) when neither exists."""
 
     def throughput(batch: int, frozen: int) -> float:
-        value = measured.get((gpus, batch, frozen))
-        if value is not None:
-            return value
-        if model is None:
-            return 0.0
-        return model.throughput(gpus=gpus, batch=batch, frozen=frozen, layers=layers)
+        grid = measured_or_predicted_grid(
+            gpus=gpus,
+            batch_sizes=(batch,),
+            frozen_candidates=(frozen,),
+            measured=measured,
+            model=model,
+            layers=layers,
+        )
+        return float(grid[0, 0])
 
     return throughput
+
+
+BACKWARD_PER_FORWARD = 2.0
+"""Backward FLOPs per forward FLOP of a trainable layer (weight and input gradients)."""
+
+
+def max_freeze_speedup(layers: LayerTable, frozen: int) -> float:
+    """The most a freeze of ``frozen`` layers can speed an iteration up by compute:
+    (1 + B) / (1 + B x theta_l), B = :data:`BACKWARD_PER_FORWARD` (the forward pass stays,
+    backward shrinks to the trainable FLOPs share theta_l). A *predicted* frozen throughput
+    is capped at the unfrozen one times this: a fit from unfrozen samples alone can put an
+    iteration's time near zero at deep freezes (docs/evaluation.md, "Ablation: freezing").
+    Sync saved beyond compute is not counted, so the cap is conservative for jobs whose
+    unfrozen iteration is dominated by synchronisation; measured values are never capped."""
+    b = BACKWARD_PER_FORWARD
+    return (1.0 + b) / (1.0 + b * layers.theta(frozen))
+
+
+def measured_or_predicted_grid(
+    *,
+    gpus: int,
+    batch_sizes: Sequence[int],
+    frozen_candidates: Sequence[int],
+    measured: Mapping[tuple[int, int, int], float],
+    model: ThroughputModel | None,
+    layers: LayerTable,
+) -> FloatArray:
+    """:func:`measured_or_predicted` over the whole grid at once: an array with one row a
+    batch size and one column a frozen count, the model evaluated in one call. A predicted
+    frozen cell (l > 0) is at most T(a, m, 0) x :func:`max_freeze_speedup` (T(a, m, 0)
+    measured when it was); measured cells are used as measured."""
+    shape = (len(batch_sizes), len(frozen_candidates))
+    if model is None or not all(shape):
+        grid = np.zeros(shape)
+    else:
+        batch = np.array(batch_sizes, dtype=float)[:, None]
+        frozen = np.array(frozen_candidates, dtype=np.int64)
+        grid = np.array(
+            model.throughputs(gpus=gpus, batch=batch, frozen=frozen[None, :], layers=layers),
+            dtype=float,
+        )
+        if (frozen > 0).any():
+            zero = np.zeros((1, 1), dtype=np.int64)
+            base = np.array(
+                model.throughputs(gpus=gpus, batch=batch, frozen=zero, layers=layers),
+                dtype=float,
+            ).reshape(-1)
+            for i, m in enumerate(batch_sizes):
+                base[i] = measured.get((gpus, m, 0), base[i])
+            caps = np.array(
+                [max_freeze_speedup(layers, int(k)) if k > 0 else np.inf for k in frozen]
+            )
+            grid = np.minimum(grid, base[:, None] * caps[None, :])
+    rows = {m: i for i, m in enumerate(batch_sizes)}
+    cols = {k: j for j, k in enumerate(frozen_candidates)}
+    for (g, m, k), value in measured.items():
+        if g == gpus and m in rows and k in cols:
+            grid[rows[m], cols[k]] = value
+    return grid
 
 
 def tune(
@@ -111,17 +184,48 @@ def tune(
     ``lam``: the sharing factor of eq 8 (1 alone, 0.9 shared, 0 not selectable). Returns
     None when no candidate has E > 0 (e.g. lam = 0: the shared branch is not selectable).
     """
+    batches, frozen = tuple(batch_sizes), tuple(frozen_candidates)
+    return tune_grid(
+        batch_sizes=batches,
+        frozen_candidates=frozen,
+        psi=np.array([psi(k) for k in frozen], dtype=float),
+        throughput=np.array([[throughput(m, k) for k in frozen] for m in batches], dtype=float),
+        lam=lam,
+        current_frozen=current_frozen,
+    )
+
+
+def tune_grid(
+    *,
+    batch_sizes: Sequence[int],
+    frozen_candidates: Sequence[int],
+    psi: FloatArray,
+    throughput: FloatArray,
+    lam: float = 1.0,
+    current_frozen: int | None = None,
+) -> TunerChoice | None:
+    """:func:`tune` on arrays: ``psi[j]`` = psi(frozen_candidates[j]) and ``throughput[i, j]``
+    = T alone at (batch_sizes[i], frozen_candidates[j]) (see
+    :func:`measured_or_predicted_grid`). The same choice, ties included."""
     if not (0 <= lam <= 1 and math.isfinite(lam)):
         raise InputError(f"lambda: must be within [0, 1], got {lam}")
-    options: list[TunerChoice] = []
-    frozen_list = tuple(frozen_candidates)
-    for m in batch_sizes:
-        for k in frozen_list:
-            penalty = psi(k)
-            t = throughput(m, k) * lam
-            options.append(TunerChoice(m, k, penalty, t, penalty * t))
-    best_e = max((o.effective_progress for o in options), default=0.0)
+    if not (batch_sizes and frozen_candidates):
+        return None
+    t = np.asarray(throughput, dtype=float) * lam
+    e = np.asarray(psi, dtype=float)[None, :] * t
+    e = np.where(np.isnan(e), -math.inf, e)
+    best_e = float(np.max(e))
     if not best_e > 0:
         return None
-    near = [o for o in options if o.effective_progress >= best_e * (1 - _TIE)]
-    return min(near, key=lambda o: (o.frozen != current_frozen, o.frozen, o.batch))
+    near = np.argwhere(e >= best_e * (1 - _TIE))
+    i, j = min(
+        near.tolist(),
+        key=lambda ij: (
+            frozen_candidates[ij[1]] != current_frozen,
+            frozen_candidates[ij[1]],
+            batch_sizes[ij[0]],
+        ),
+    )
+    return TunerChoice(
+        batch_sizes[i], frozen_candidates[j], float(psi[j]), float(t[i, j]), float(e[i, j])
+    )

@@ -11,6 +11,11 @@ For each job of a snapshot, from what the job reported:
   smallest batch with nothing frozen, so its GPU-count curve is the fit's default shape;
 - psi from its latest per-layer gradient variances (eq 3); with none yet, freezing is not
   offered (only l = 0, psi = 1): its cost cannot be judged;
+- which frozen depths the Layer Tuner may choose from (``freezing``): every legal one
+  (``"penalty"``, ICEFROG: eq 15 picks l by E each round), or only the depth of the job's
+  FreezeOut schedule at its training progress (``"freezeout"``, ``core/freezeout.py``:
+  the baselines' "+" and ICEFROG's ablation), the schedule tuned once per job by
+  effective progress at its requested GPU count when its first statistics arrive;
 - the sharing predictor (eq 8's regressions) from samples that measured utilization and
   memory; with none, the job is not offered a shared GPU;
 - for every legal GPU count a (``min_gpus..max_gpus``, a multiple of the job's allocation
@@ -32,11 +37,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from icefrog_slurm.controller.snapshot import JobSnapshot
 from icefrog_slurm.core.fit import ProfileHistory
+from icefrog_slurm.core.freezeout import FreezeOut, tune_freezeout
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.parallel_fit import fitter_for
 from icefrog_slurm.core.parallelism import DDP, Kind, Parallelism
@@ -44,16 +52,17 @@ from icefrog_slurm.core.penalty import PenaltyTable
 from icefrog_slurm.core.sharing import Load, SharingPredictor, fit_sharing
 from icefrog_slurm.core.tta import time_to_accuracy
 from icefrog_slurm.core.tuner import (
+    FloatArray,
     ThroughputModel,
     TunerChoice,
     legal_frozen,
-    measured_or_predicted,
+    measured_or_predicted_grid,
     powers_of_two,
-    tune,
+    tune_grid,
 )
 from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.protocol import JobSpec, ProfileSample
-from icefrog_slurm.settings import Settings
+from icefrog_slurm.settings import Freezing, Settings
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +105,13 @@ class Estimator:
     none, until a later round; its measured configurations are used as measured anyway.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, freezing: Freezing | None = None) -> None:
         self._cache: dict[int, _Cached] = {}
         self._budget = -1  # fits left this round; -1: unlimited
         self._priors: dict[tuple[object, ...], ThroughputModel] = {}
+        self._freezing = freezing  # None: the setting policy.freezing
+        self._schedules: dict[int, FreezeOut | None] = {}  # FreezeOut, tuned once a job
+        self._layers: dict[int, tuple[JobSpec, LayerTable]] = {}
 
     def new_round(self, *, fit_budget: int | None) -> None:
         self._budget = -1 if fit_budget is None else fit_budget
@@ -138,7 +150,7 @@ class Estimator:
         settings: Settings,
     ) -> tuple[Candidate, ...]:
         spec = job.job.spec
-        layers = LayerTable(spec.layer_flops, spec.layer_param_bytes, spec.layer_boundaries)
+        layers = self._layer_table(job.id, spec)
         cached = self._models(job, layers, gpus_per_node, modelled_parallelism(spec, settings))
         stats = job.view.grad_stats
         psi: Callable[[int], float]
@@ -150,22 +162,34 @@ class Estimator:
             psi, frozen, current_frozen = (lambda _l: 1.0), (0,), None
         model = self._model(job, cached, layers, gpus_per_node)
         measured = cached.history.measured()
+        if len(frozen) > 1 and (self._freezing or settings.policy.freezing) == "freezeout":
+            asked = spec.batch_candidates(requested_count(job))
+            frozen = self._freezeout_depth(job, frozen, psi, asked, measured, model, layers)
         remaining = max(
             0.0, spec.max_epochs * spec.samples_per_epoch - job.job.progress.effective_samples_done
         )
         age = max(0.0, now - job.job.submit_time)
-        key = (len(job.view.samples), stats, cached.version, model is cached.model)
+        key = (len(job.view.samples), stats, cached.version, model is cached.model, frozen)
         if cached.tuned_for != key:
             cached.tuned, cached.tuned_for = {}, key
         out: list[Candidate] = []
+        psi_values: FloatArray | None = None  # psi of each frozen candidate, once a call
         for gpus, shared in _configurations(job, gpus_per_node, capacity, settings, cached):
             if (gpus, shared) not in cached.tuned:
-                cached.tuned[gpus, shared] = tune(
-                    batch_sizes=spec.batch_candidates(gpus),  # one m with a global batch
+                if psi_values is None:
+                    psi_values = np.array([psi(k) for k in frozen], dtype=float)
+                at = spec.batch_candidates(gpus)  # one per-GPU batch with a global batch
+                cached.tuned[gpus, shared] = tune_grid(
+                    batch_sizes=at,
                     frozen_candidates=frozen,
-                    psi=psi,
-                    throughput=measured_or_predicted(
-                        gpus=gpus, measured=measured, model=model, layers=layers
+                    psi=psi_values,
+                    throughput=measured_or_predicted_grid(
+                        gpus=gpus,
+                        batch_sizes=at,
+                        frozen_candidates=frozen,
+                        measured=measured,
+                        model=model,
+                        layers=layers,
                     ),
                     lam=settings.sharing.speed_factor if shared else 1.0,
                     current_frozen=current_frozen,
@@ -186,6 +210,63 @@ class Estimator:
                 load = cached.sharing.predict(batch=best.batch, frozen=best.frozen, layers=layers)
             out.append(Candidate(gpus, shared, best, tta, load))
         return tuple(out)
+
+    def _freezeout_depth(
+        self,
+        job: JobSnapshot,
+        frozen: tuple[int, ...],
+        psi: Callable[[int], float],
+        batches: tuple[int, ...],
+        measured: Mapping[tuple[int, int, int], float],
+        model: ThroughputModel,
+        layers: LayerTable,
+    ) -> tuple[int, ...]:
+        """The one depth FreezeOut offers now: its schedule (tuned on this job's first call
+        with statistics, at its requested GPU count) at the job's training progress."""
+        spec = job.job.spec
+        total = max(1.0, float(spec.max_epochs) * spec.samples_per_epoch)
+        progress = min(1.0, job.job.progress.samples_done / total)
+        if job.id not in self._schedules:
+            grid = measured_or_predicted_grid(
+                gpus=requested_count(job),
+                batch_sizes=batches,
+                frozen_candidates=frozen,
+                measured=measured,
+                model=model,
+                layers=layers,
+            )
+            column = {k: j for j, k in enumerate(frozen)}
+
+            def best_e(k: int) -> float:
+                j = column[k]
+                choice = tune_grid(
+                    batch_sizes=batches,
+                    frozen_candidates=(k,),
+                    psi=np.array([psi(k)]),
+                    throughput=grid[:, j : j + 1],
+                )
+                return 0.0 if choice is None else choice.effective_progress
+
+            self._schedules[job.id] = tune_freezeout(
+                candidates=frozen, num_layers=layers.num_layers, effective_progress=best_e
+            )
+        schedule = self._schedules[job.id]
+        depth = 0 if schedule is None else schedule.frozen(progress, frozen, layers.num_layers)
+        return (depth,)
+
+    def schedule(self, job_id: int) -> FreezeOut | None:
+        """The FreezeOut schedule tuned for a job (None: not tuned yet, or no freezing)."""
+        return self._schedules.get(job_id)
+
+    def _layer_table(self, job_id: int, spec: JobSpec) -> LayerTable:
+        """The job's layer table, built once while its spec is unchanged (a snapshot holds a
+        fresh but equal spec each round)."""
+        known = self._layers.get(job_id)
+        if known is not None and known[0] == spec:
+            return known[1]
+        layers = LayerTable(spec.layer_flops, spec.layer_param_bytes, spec.layer_boundaries)
+        self._layers[job_id] = (spec, layers)
+        return layers
 
     def _model(
         self, job: JobSnapshot, cached: _Cached, layers: LayerTable, gpus_per_node: int
@@ -241,6 +322,22 @@ class Estimator:
         """Drop the models of jobs that are gone."""
         for job_id in set(self._cache) - keep:
             del self._cache[job_id]
+        for job_id in set(self._schedules) - keep:
+            del self._schedules[job_id]
+        for job_id in set(self._layers) - keep:
+            del self._layers[job_id]
+
+
+def requested_count(job: JobSnapshot) -> int:
+    """The GPUs the job's Slurm job asks for (1 for a shard job), its smallest legal count
+    when unknown."""
+    state = job.slurm
+    if state is not None and state.gres is not None:
+        if state.gres.kind == "shard":
+            return 1
+        return state.gres.count * max(state.num_nodes, 1)
+    spec = job.job.spec
+    return spec.parallelism.legal_gpu_counts(spec.min_gpus, spec.max_gpus)[0]
 
 
 def modelled_parallelism(spec: JobSpec, settings: Settings) -> Parallelism:

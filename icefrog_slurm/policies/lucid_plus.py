@@ -29,7 +29,7 @@ from icefrog_slurm.policies.baseline import (
     pair_fits,
     result,
 )
-from icefrog_slurm.policies.estimate import Estimator
+from icefrog_slurm.policies.estimate import Estimator, requested_count
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.store.records import Allocation
 
@@ -37,11 +37,7 @@ from icefrog_slurm.store.records import Allocation
 def requested_gpus(job: JobSnapshot) -> int:
     """The GPUs the job's Slurm job asks for (1 for a shard job); 0 when unknown."""
     state = job.slurm
-    if state is None or state.gres is None:
-        return 0
-    if state.gres.kind == "shard":
-        return 1
-    return state.gres.count * max(state.num_nodes, 1)
+    return 0 if state is None or state.gres is None else requested_count(job)
 
 
 class LucidPlusPolicy:
@@ -50,7 +46,7 @@ class LucidPlusPolicy:
     name = "lucid+"
 
     def __init__(self) -> None:
-        self.estimator = Estimator()
+        self.estimator = Estimator(freezing="freezeout")
 
     def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
         started = time.perf_counter()

@@ -69,7 +69,7 @@ class PolluxPlusPolicy:
     name = "pollux+"
 
     def __init__(self) -> None:
-        self.estimator = Estimator()
+        self.estimator = Estimator(freezing="freezeout")
 
     def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
         started = time.perf_counter()

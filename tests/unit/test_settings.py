@@ -94,6 +94,10 @@ def test_every_field_has_a_docstring() -> None:
             {"logging": {"level": "LOUD"}},
             "logging.level: must be one of DEBUG, INFO, WARNING, ERROR",
         ),
+        (
+            {"policy": {"freezing": "freezout"}},
+            "policy.freezing: must be one of penalty, freezeout",
+        ),
         ({"slurm": "gpu"}, "slurm: must be a table"),
         ({"store": {"url": ""}}, "store.url: must be a non-empty string"),
     ],

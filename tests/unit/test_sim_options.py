@@ -48,7 +48,8 @@ def test_overrides_change_only_the_named_fields() -> None:
 @pytest.mark.parametrize(
     ("pair", "named"),
     [
-        ("policy.freezing=freezeout", "policy.freezing"),  # unknown key
+        ("policy.nosuch=1", "policy.nosuch"),  # unknown key
+        ("policy.freezing=sometimes", "policy.freezing"),  # not one of its values
         ("sharing.speed_factor=1.5", "sharing.speed_factor"),  # out of bounds
         ("controller.round_period_s=soon", "controller.round_period_s"),  # wrong type
         ("nosuch.key=1", "nosuch"),  # unknown section

@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -8,7 +9,13 @@ from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.penalty import PenaltyTable
 from icefrog_slurm.core.throughput import DdpThroughputModel, FreezeParams, LinearCurve, SyncCurve
 from icefrog_slurm.core.tta import iceshare, time_to_accuracy
-from icefrog_slurm.core.tuner import legal_frozen, measured_or_predicted, powers_of_two, tune
+from icefrog_slurm.core.tuner import (
+    legal_frozen,
+    max_freeze_speedup,
+    measured_or_predicted,
+    powers_of_two,
+    tune,
+)
 from icefrog_slurm.errors import InputError
 
 SECTION11 = {(2, 64, 0): 800.0, (2, 64, 10): 1200.0}
@@ -102,3 +109,34 @@ def test_candidates_and_batches() -> None:
     assert legal_frozen(table, 8, restrict=[0, 3, 8]) == (0, 8)
     with pytest.raises(InputError, match="max_frozen"):
         legal_frozen(table, 9)
+
+
+class _Wild:
+    """A fitted model gone wrong at deep freezes: iteration time near zero."""
+
+    def throughput(self, *, gpus: int, batch: int, frozen: int, layers: LayerTable) -> float:
+        return 1000.0 if frozen == 0 else 1000.0 * 10**frozen
+
+    def throughputs(
+        self, *, gpus: int, batch: np.ndarray, frozen: np.ndarray, layers: LayerTable
+    ) -> np.ndarray:
+        return np.broadcast_to(
+            1000.0 * 10.0 ** frozen.astype(float), np.broadcast(batch, frozen).shape
+        )
+
+
+def test_a_predicted_freeze_speedup_is_capped_by_compute_but_a_measured_one_is_not() -> None:
+    table = LayerTable.uniform(10)
+    assert max_freeze_speedup(table, 0) == pytest.approx(1.0)
+    assert max_freeze_speedup(table, 9) == pytest.approx(3.0 / 1.2)  # theta = 0.1
+    caps = [max_freeze_speedup(table, k) for k in range(10)]
+    assert caps == sorted(caps)
+    t = measured_or_predicted(gpus=1, measured={(1, 64, 5): 9999.0}, model=_Wild(), layers=table)
+    assert t(64, 9) == pytest.approx(1000.0 * 3.0 / 1.2)
+    assert t(64, 1) == pytest.approx(1000.0 * 3.0 / 2.8)  # 10x predicted, capped
+    assert t(64, 5) == 9999.0  # measured: as measured
+    assert t(64, 0) == 1000.0
+    # with the cap, a tiny psi no longer buys a deep freeze (eq 15)
+    psi = PenaltyTable((1.0,) * 9 + (0.05,)).psi
+    best = tune(batch_sizes=(64,), frozen_candidates=range(10), psi=psi, throughput=t)
+    assert best is not None and best.frozen in (0, 5)

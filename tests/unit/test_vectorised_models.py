@@ -1,0 +1,210 @@
+"""The throughput models and the Layer Tuner evaluated over a whole (batch, frozen) grid in one
+call equal the scalar formulas, configuration by configuration (random models and inputs)."""
+
+import itertools
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from icefrog_slurm.core import fit
+from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.core.parallel import (
+    Kind,
+    Parallelism,
+    PipelineModel,
+    PipelineParams,
+    SdpModel,
+    SdpParams,
+)
+from icefrog_slurm.core.penalty import PenaltyTable
+from icefrog_slurm.core.throughput import DdpThroughputModel, FreezeParams, LinearCurve, SyncCurve
+from icefrog_slurm.core.tuner import (
+    ThroughputModel,
+    measured_or_predicted,
+    measured_or_predicted_grid,
+    tune,
+    tune_grid,
+)
+
+SEEDS = range(12)
+BATCHES = (1, 2, 8, 32, 64, 256)
+
+
+def _table(rng: random.Random) -> LayerTable:
+    n = rng.randint(4, 30)
+    return LayerTable(
+        flops=tuple(rng.uniform(0.1, 10) for _ in range(n)),
+        param_bytes=tuple(rng.uniform(0.0, 10) for _ in range(n)),
+    )
+
+
+def _ddp(rng: random.Random) -> DdpThroughputModel:
+    u = rng.uniform
+    return DdpThroughputModel(
+        forward=LinearCurve(u(0, 0.02), u(1e-5, 1e-3)),
+        backward=LinearCurve(u(0, 0.04), u(1e-5, 2e-3)),
+        sync=SyncCurve(u(0, 0.05), u(0, 0.01), u(0, 0.2), u(0, 0.02)),
+        freeze=FreezeParams(u(0, 0.05), u(0.05, 5.0), u(0, 0.05), u(1.0, 10.0)),
+        gpus_per_node=rng.choice((2, 4, 8)),
+    )
+
+
+def _sdp(rng: random.Random, table: LayerTable) -> SdpModel:
+    u = rng.uniform
+    params = SdpParams(
+        u(0, 0.05), u(0, 0.05), u(0, 0.05), u(0, 0.1), u(0, 0.5), u(0, 0.1),
+        u(0, 0.05), u(0.05, 3.0), u(0, 0.1), u(1.0, 6.0),
+    )  # fmt: skip
+    return SdpModel(params, table)
+
+
+def _pipeline(rng: random.Random, table: LayerTable, kind: Kind) -> PipelineModel:
+    u = rng.uniform
+    params = PipelineParams(
+        u(0, 0.02), u(0, 0.05), u(0, 0.02), u(0, 0.1), u(0, 0.01), u(0, 0.003),
+        u(0, 0.02), u(0.05, 3.0), u(0, 0.05), u(0, 0.1), u(1.0, 6.0),
+    )  # fmt: skip
+    stages = rng.randint(2, min(4, table.num_layers))
+    return PipelineModel(params, table, Parallelism(kind, stages=stages))
+
+
+def _models(seed: int) -> list[tuple[ThroughputModel, LayerTable, list[int]]]:
+    """(model, its table, GPU counts legal for it) of every kind, drawn from ``seed``."""
+    rng = random.Random(seed)
+    table = _table(rng)
+    pp, hp = _pipeline(rng, table, Kind.PP), _pipeline(rng, table, Kind.HP)
+    return [
+        (_ddp(rng), table, [1, 2, 3, 4, 8, 16, 64]),
+        (_sdp(rng, table), table, [4, 8, 16]),
+        (pp, table, [pp.parallelism.stages]),
+        (hp, table, [hp.parallelism.stages * d for d in (1, 2, 3)]),
+    ]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_grid_throughput_equals_the_scalar_formula(seed: int) -> None:
+    for model, table, counts in _models(seed):
+        frozen = list(range(table.num_layers + 1))
+        for gpus in counts:
+            grid = model.throughputs(
+                gpus=gpus,
+                batch=np.array(BATCHES, dtype=float)[:, None],
+                frozen=np.array(frozen)[None, :],
+                layers=table,
+            )
+            assert grid.shape == (len(BATCHES), len(frozen))
+            for i, m in enumerate(BATCHES):
+                for j, k in enumerate(frozen):
+                    one = model.throughput(gpus=gpus, batch=m, frozen=k, layers=table)
+                    assert grid[i, j] == pytest.approx(one, rel=1e-12), (type(model), gpus, m, k)
+
+
+def test_grid_rejects_a_frozen_count_outside_the_table() -> None:
+    rng = random.Random(0)
+    table = _table(rng)
+    with pytest.raises(Exception, match="frozen"):
+        _ddp(rng).throughputs(
+            gpus=2, batch=np.array([8.0]), frozen=np.array([table.num_layers + 1]), layers=table
+        )
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_tune_grid_makes_the_scalar_tuners_choice(seed: int) -> None:
+    """measured_or_predicted_grid + tune_grid pick what measured_or_predicted + tune pick,
+    measured configurations, sharing lambda and the current depth (ties) included."""
+    rng = random.Random(1000 + seed)
+    for model, table, counts in _models(seed):
+        frozen = sorted(rng.sample(range(table.num_layers + 1), k=min(6, table.num_layers)))
+        frozen = sorted({0, *frozen})
+        penalty = PenaltyTable(tuple(rng.uniform(0, 1) for _ in range(table.num_layers)))
+        batches = BATCHES[rng.randint(0, 2) :]
+        gpus = rng.choice(counts)
+        measured = {
+            (gpus, rng.choice(batches), rng.choice(frozen)): rng.uniform(1, 5000) for _ in range(3)
+        }
+        measured[(gpus + 1, batches[0], 0)] = 1e9  # another GPU count: must be ignored
+        for lam, current in ((1.0, None), (0.9, rng.choice(frozen)), (0.0, 0)):
+            scalar = tune(
+                batch_sizes=batches,
+                frozen_candidates=frozen,
+                psi=penalty.psi,
+                throughput=measured_or_predicted(
+                    gpus=gpus, measured=measured, model=model, layers=table
+                ),
+                lam=lam,
+                current_frozen=current,
+            )
+            grid = tune_grid(
+                batch_sizes=batches,
+                frozen_candidates=frozen,
+                psi=np.array([penalty.psi(k) for k in frozen]),
+                throughput=measured_or_predicted_grid(
+                    gpus=gpus,
+                    batch_sizes=batches,
+                    frozen_candidates=frozen,
+                    measured=measured,
+                    model=model,
+                    layers=table,
+                ),
+                lam=lam,
+                current_frozen=current,
+            )
+            if lam == 0.0:
+                assert scalar is None and grid is None
+                continue
+            assert scalar is not None and grid is not None
+            assert (grid.batch, grid.frozen) == (scalar.batch, scalar.frozen)
+            assert grid.effective_progress == pytest.approx(scalar.effective_progress, rel=1e-12)
+            assert grid.throughput == pytest.approx(scalar.throughput, rel=1e-12)
+
+
+def test_tune_grid_breaks_ties_as_the_tuner_does() -> None:
+    """Equal E everywhere: the current depth, then fewer frozen layers, then smaller batch."""
+    flat = np.ones((3, 3))
+    psi = np.ones(3)
+    pick = tune_grid(batch_sizes=(8, 16, 32), frozen_candidates=(0, 2, 4), psi=psi, throughput=flat)
+    assert pick is not None and (pick.batch, pick.frozen) == (8, 0)
+    pick = tune_grid(
+        batch_sizes=(8, 16, 32),
+        frozen_candidates=(0, 2, 4),
+        psi=psi,
+        throughput=flat,
+        current_frozen=4,
+    )
+    assert pick is not None and (pick.batch, pick.frozen) == (8, 4)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_vectorised_fit_jacobian_gives_the_same_fit(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fit_ddp_model with the Jacobian's points evaluated in one call (``vectorised``) ends
+    at the same model as evaluating them one at a time."""
+    rng = random.Random(seed)
+    table = _table(rng)
+    true = _ddp(rng)
+    configs = [
+        (rng.choice((1, 2, 4, 8, 16)), rng.choice((8, 32, 128)), rng.randint(0, table.num_layers))
+        for _ in range(rng.randint(1, 8))
+    ]
+    samples = [
+        true.profile_sample(
+            gpus=g, batch=m, frozen=k, layers=table, noise=(rng.uniform(0.9, 1.1),) * 3
+        )
+        for g, m, k in configs
+    ]
+    models = []
+    original = fit.fit_params
+    for vectorised in (True, False):
+
+        def forced(*args: Any, _v: bool = vectorised, **kwargs: Any) -> fit.FitResult:
+            return original(*args, **{**kwargs, "vectorised": _v})
+
+        monkeypatch.setattr(fit, "fit_params", forced)
+        models.append(fit.fit_ddp_model(samples, table))
+    fast, slow = models
+    for g, m, k in itertools.product((1, 2, 8, 16), (8, 64), (0, table.num_layers // 2)):
+        one = fast.throughput(gpus=g, batch=m, frozen=k, layers=table)
+        assert one == pytest.approx(slow.throughput(gpus=g, batch=m, frozen=k, layers=table))
