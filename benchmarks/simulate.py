@@ -12,11 +12,16 @@ Usage (the 1x trace of docs/evaluation.md):
         --philly /work/shared/data/pollux/traces/philly.csv --load 1 --seed 1 --out /tmp/w1.csv
     PYTHONPATH=. python benchmarks/simulate.py --workload /tmp/w1.csv --gpus 48 \\
         --policy standin,lucid+,optimus+,pollux+
+Where the time goes at scale (cProfile, first 0.75 simulated hours of the 960-GPU 20x trace):
+    PYTHONPATH=. python benchmarks/simulate.py --workload /tmp/w20.csv --gpus 960 \
+        --policy icefrog --batch paper --hours 0.75 --cprofile /tmp/w20.prof
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import sys
 import time
@@ -60,7 +65,13 @@ def main() -> None:
                     help="as icefrog simulate --batch (default here: tuned)")  # fmt: skip
     ap.add_argument("--progress", type=float, default=0.0, metavar="S",
                     help="progress to stderr every S wall seconds")  # fmt: skip
+    ap.add_argument("--hours", type=float, default=None,
+                    help="stop after this many simulated hours (jobs left unfinished)")  # fmt: skip
+    ap.add_argument("--cprofile", type=Path, default=None, metavar="FILE",
+                    help="run under cProfile, write the stats to FILE (one policy)")  # fmt: skip
     args = ap.parse_args()
+    if args.cprofile and "," in args.policy:
+        ap.error("--cprofile profiles one policy: give --policy NAME")
     catalog = shipped_catalog()
     workload = read_workload(args.workload, catalog)
     opts = SimOptions(
@@ -77,8 +88,19 @@ def main() -> None:
         fixed = args.batch == "fixed" or (args.batch == "paper" and name != "pollux+")
         started, cpu_started = time.perf_counter(), time.process_time()
         run_opts = replace(opts, fixed_batch=fixed)
+        if args.hours is not None:
+            run_opts = replace(run_opts, max_sim_s=args.hours * 3600)
         engine = Engine(workload, policy, settings=Settings(), options=run_opts)
+        profiler = cProfile.Profile() if args.cprofile else None
+        if profiler is not None:
+            profiler.enable()
         result = engine.run(_progress(name, started, args.progress) if args.progress else None)
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.cprofile)
+            pstats.Stats(str(args.cprofile), stream=sys.stderr).sort_stats(
+                "cumulative"
+            ).print_stats(40)
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         jcts = [j.finish - j.submit for j in result.jobs if j.finish is not None]
         avg = statistics.fmean(jcts) / 3600 if jcts else float("nan")

@@ -30,7 +30,7 @@ from icefrog_slurm.controller.plan import Plan, Policy
 from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort
 from icefrog_slurm.controller.reconcile import Reconciler, ReconcileResult, StepHook, record
 from icefrog_slurm.controller.snapshot import Snapshot, build_snapshot
-from icefrog_slurm.controller.tick import tick
+from icefrog_slurm.controller.tick import round_due, tick
 from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.port import ClusterPort, SlurmUnavailable
@@ -151,7 +151,8 @@ class Controller:
             self._last_drain = now
         started = time.perf_counter()
         with self.store.transaction(consistent=True) as tx:
-            snapshot = self.snapshot(tx.snapshot(), now)
+            measure = round_due(tx.round(), now, self.settings)  # between rounds: jobs only
+            snapshot = self.snapshot(tx.snapshot(measurements=measure), now)
             plan = tick(snapshot, self.policy, self.settings)
             if not self.dry_run:
                 record(plan, tx)

@@ -50,6 +50,7 @@ class Snapshot:
     capacity: PartitionCapacity
     last_round: RoundRecord | None
     open_intents: tuple[Intent, ...] = ()
+    measured: bool = True  # False: no samples, metrics or gradient statistics (between rounds)
 
     def job(self, job_id: int) -> JobSnapshot:
         for j in self.jobs:
@@ -87,4 +88,5 @@ def build_snapshot(
         capacity=capacity,
         last_round=store.last_round,
         open_intents=store.open_intents,
+        measured=store.measured,
     )

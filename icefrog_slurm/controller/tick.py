@@ -26,14 +26,14 @@ from icefrog_slurm.controller.plan import Action, JobPlan, Plan, Policy, PolicyR
 from icefrog_slurm.controller.snapshot import JobSnapshot, Snapshot
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.port import Gres, JobState
-from icefrog_slurm.store.records import Allocation
+from icefrog_slurm.store.records import Allocation, RoundRecord
 
 EVICTED = "Evicted: unstable GPU utilization while sharing a GPU (spec section 8)"
 
 
-def round_due(snapshot: Snapshot, settings: Settings) -> bool:
-    last = snapshot.last_round
-    return last is None or snapshot.time - last.time >= settings.controller.round_period_s
+def round_due(last_round: RoundRecord | None, now: float, settings: Settings) -> bool:
+    """Whether a tick at ``now`` is a round: none yet, or the period since the last one."""
+    return last_round is None or now - last_round.time >= settings.controller.round_period_s
 
 
 def tick(snapshot: Snapshot, policy: Policy, settings: Settings) -> Plan:
@@ -41,7 +41,9 @@ def tick(snapshot: Snapshot, policy: Policy, settings: Settings) -> Plan:
     changes = state_changes(snapshot)
     ended = {job_id for job_id, state in changes if state not in ("pending", "running")}
     live = tuple(j for j in snapshot.jobs if j.id not in ended)
-    if round_due(snapshot, settings):
+    if round_due(snapshot.last_round, snapshot.time, settings):
+        if not snapshot.measured:
+            raise ValueError("a round is due but the snapshot was read without measurements")
         evicted = unstable_packed(live, settings)
         others = Snapshot(
             time=snapshot.time,

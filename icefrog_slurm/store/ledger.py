@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, fields
+from functools import cache
 from typing import Any, TypeVar
 
 from sqlalchemy import func, insert, select, update
@@ -297,8 +298,13 @@ def columns(model: type[Any]) -> list[Any]:
 
 def record(cls: type[_T], row: Any, **override: Any) -> _T:
     """An immutable record from an ORM row: same-named fields copied, some converted."""
-    values = {f.name: getattr(row, f.name) for f in fields(cls) if f.name not in override}  # type: ignore[arg-type]
+    values = {name: getattr(row, name) for name in _field_names(cls) if name not in override}  # type: ignore[arg-type]
     return cls(**values, **override)
+
+
+@cache
+def _field_names(cls: type[Any]) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
 
 
 def _allocation(r: Any) -> Allocation:

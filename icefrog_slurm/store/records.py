@@ -136,3 +136,4 @@ class StoreSnapshot:
     jobs: tuple[JobView, ...]
     last_round: RoundRecord | None
     open_intents: tuple[Intent, ...] = field(default=())
+    measured: bool = True  # False: the views hold no samples, metrics or gradient statistics

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
+from functools import cache
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+from sqlalchemy.orm.util import identity_key
 
 from icefrog_slurm.core.parallelism import Parallelism
 from icefrog_slurm.protocol import (
@@ -131,53 +135,42 @@ class StoreTx(LedgerTx):
     def add_profile_samples(
         self, *, job_id: int, slurm_job_id: str, samples: Sequence[ProfileSample], now: float
     ) -> None:
-        for sample in samples:
-            self._s.add(
-                ProfileSampleRow(
-                    job_id=job_id, slurm_job_id=slurm_job_id, time=now, **asdict(sample)
-                )
+        if samples:
+            self._s.execute(
+                insert(ProfileSampleRow),
+                [
+                    dict(job_id=job_id, slurm_job_id=slurm_job_id, time=now, **asdict(sample))
+                    for sample in samples
+                ],
             )
 
     def put_grad_stats(self, *, job_id: int, stats: GradStats, now: float) -> None:
         """Store one epoch's per-layer statistics, replacing a re-sent epoch."""
-        row = self._s.scalar(
-            select(GradStatsRow).where(
-                GradStatsRow.job_id == job_id, GradStatsRow.epoch == stats.epoch
-            )
+        self._s.execute(
+            _upsert(self._s, GradStatsRow, ("job_id", "epoch")),
+            dict(
+                job_id=job_id,
+                epoch=stats.epoch,
+                frozen=stats.frozen,
+                grad_var=list(stats.grad_var),
+                grad_sqr=list(stats.grad_sqr),
+                time=now,
+            ),
         )
-        if row is None:
-            row = GradStatsRow(job_id=job_id, epoch=stats.epoch)
-            self._s.add(row)
-        row.frozen = stats.frozen
-        row.grad_var = list(stats.grad_var)
-        row.grad_sqr = list(stats.grad_sqr)
-        row.time = now
 
     def put_metric(self, *, job_id: int, metric: MetricReport, now: float) -> None:
         """Store one epoch's validation metric, replacing a re-sent one."""
-        row = self._s.scalar(
-            select(MetricRow).where(
-                MetricRow.job_id == job_id,
-                MetricRow.epoch == metric.epoch,
-                MetricRow.name == metric.name,
-            )
+        self._s.execute(
+            _upsert(self._s, MetricRow, ("job_id", "epoch", "name")),
+            dict(job_id=job_id, epoch=metric.epoch, name=metric.name, value=metric.value, time=now),
         )
-        if row is None:
-            row = MetricRow(job_id=job_id, epoch=metric.epoch, name=metric.name)
-            self._s.add(row)
-        row.value = metric.value
-        row.time = now
 
     def set_progress(self, *, job_id: int, progress: ProgressReport, sent_time: float) -> None:
         """Keep the newest progress: an older report arriving late changes nothing."""
-        job = self._job_row(job_id)
-        if job.progress_time is not None and sent_time < job.progress_time:
-            return
-        job.epoch = progress.epoch
-        job.samples_done = progress.samples_done
-        job.effective_samples_done = progress.effective_samples_done
-        job.checkpoint_path = progress.checkpoint_path
-        job.progress_time = sent_time
+        self._s.execute(_SET_PROGRESS, dict(job_id=job_id, sent=sent_time, **asdict(progress)))
+        loaded = self._s.identity_map.get(identity_key(Job, job_id))
+        if loaded is not None:  # a Job row this transaction already read: reload it
+            self._s.expire(loaded)
 
     def mark_finished(self, *, job_id: int, report: FinishedReport, now: float) -> None:
         job = self._job_row(job_id)
@@ -188,11 +181,18 @@ class StoreTx(LedgerTx):
         )
 
     # ----- the tick's read ---------------------------------------------------------------
-    def snapshot(self, *, include_finished: bool = False) -> StoreSnapshot:
-        """Every (active) job with its measurements, the last round and open intents; a
-        fixed number of queries whatever the number of jobs."""
+    def snapshot(
+        self, *, include_finished: bool = False, measurements: bool = True
+    ) -> StoreSnapshot:
+        """Every (active) job, the last round and open intents, and unless ``measurements``
+        is false each job's samples, metrics and latest gradient statistics (a tick between
+        rounds needs none of them). A fixed number of queries whatever the number of jobs."""
         states = None if include_finished else ACTIVE_STATES
         jobs = self.jobs(states=states)
+        last_round, intents = self.round(), tuple(self.open_intents())
+        if not measurements:
+            views = tuple(JobView(job=j, samples=(), grad_stats=None, metrics=()) for j in jobs)
+            return StoreSnapshot(views, last_round, intents, measured=False)
         ids = select(Job.id)  # a subquery, not a list: no bound-parameter limit
         if states is not None:
             ids = ids.where(Job.state.in_(states))
@@ -237,9 +237,7 @@ class StoreTx(LedgerTx):
             )
             for j in jobs
         )
-        return StoreSnapshot(
-            jobs=views, last_round=self.round(), open_intents=tuple(self.open_intents())
-        )
+        return StoreSnapshot(jobs=views, last_round=last_round, open_intents=intents)
 
     # ----- helpers -----------------------------------------------------------------------
     def _job_row(self, job_id: int) -> Job:
@@ -254,6 +252,39 @@ class StoreTx(LedgerTx):
             raise StoreError(
                 f"Slurm job {slurm_job_id} already belongs to icefrog job {link.job_id}"
             )
+
+
+# Statements built once: executing a cached statement with parameters skips SQLAlchemy's
+# per-call construction and cache-key work (most of the cost of a report at 500+ jobs).
+_SET_PROGRESS = (
+    update(Job)
+    .where(
+        Job.id == bindparam("job_id"),
+        Job.progress_time.is_(None) | (Job.progress_time <= bindparam("sent")),
+    )
+    .values(
+        epoch=bindparam("epoch"),
+        samples_done=bindparam("samples_done"),
+        effective_samples_done=bindparam("effective_samples_done"),
+        checkpoint_path=bindparam("checkpoint_path"),
+        progress_time=bindparam("sent"),
+    )
+    .execution_options(synchronize_session=False)
+)
+
+
+@cache
+def _upsert_for(dialect_name: str, model: Any, key: tuple[str, ...]) -> Any:
+    """INSERT ... ON CONFLICT (key) DO UPDATE of every other column (SQLite and Postgres)."""
+    stmt = (postgresql if dialect_name == "postgresql" else sqlite).insert(model)
+    others = [c.name for c in model.__table__.columns if c.name not in key and c.name != "id"]
+    return stmt.on_conflict_do_update(
+        index_elements=list(key), set_={c: stmt.excluded[c] for c in others}
+    )
+
+
+def _upsert(session: Session, model: Any, key: tuple[str, ...]) -> Any:
+    return _upsert_for(session.get_bind().dialect.name, model, key)
 
 
 def _group(rows: Iterable[Any], convert: Any) -> dict[int, list[Any]]:

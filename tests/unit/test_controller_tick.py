@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from icefrog_slurm.controller.plan import PolicyResult, Target
 from icefrog_slurm.controller.reconcile import retry_wait_s
 from icefrog_slurm.controller.snapshot import Snapshot, build_snapshot
@@ -62,6 +64,18 @@ def test_first_tick_is_a_round_and_diffs_actions() -> None:
     released = {**states, "2": _state(2, Gres("gpu", 1), "PENDING", "", "Resources")}
     plan = tick(_snap(views, released), Everyone(), settings)
     assert {j.job_id: j.action for j in plan.jobs} == {1: "change", 2: "none"}
+
+
+def test_a_round_is_never_decided_on_a_snapshot_without_measurements() -> None:
+    views, states = [_job(1)], {"1": _state(1, Gres("gpu", 1))}
+    bare = build_snapshot(
+        store=StoreSnapshot(jobs=tuple(views), last_round=None, measured=False),
+        states=states,
+        capacity=CAP,
+        now=1000.0,
+    )
+    with pytest.raises(ValueError, match="without measurements"):
+        tick(bare, Everyone(), settings_from_mapping({}))
 
 
 def test_unstable_packed_job_submitted_later_is_evicted() -> None:

@@ -93,6 +93,26 @@ def test_measurements_replace_resent_epochs_and_keep_newest_progress(store: SqlS
     assert view.grad_stats == GradStats(2, 2, (0.7, 0.7, 0.7), (1.0, 1.0, 1.0))
     assert view.metrics == (MetricReport(1, "val_acc", 0.6), MetricReport(2, "val_acc", 0.7))
     assert view.job.progress == Progress(2, 100000, 90000.0, "/ck/2", 50.0)
+    with store.transaction() as tx:  # re-sent in a later transaction: replaced too
+        tx.put_metric(job_id=job_id, metric=MetricReport(2, "val_acc", 0.8), now=17.0)
+        tx.put_grad_stats(
+            job_id=job_id, stats=GradStats(2, 3, (0.9, 0.9, 0.9), (2.0, 2.0, 2.0)), now=18.0
+        )
+        light = tx.snapshot(measurements=False)
+    with store.transaction() as tx:  # progress written after the job's row was read: seen
+        assert tx.job(job_id).progress.epoch == 2
+        tx.set_progress(
+            job_id=job_id, progress=ProgressReport(3, 150000, 1e5, "/ck/3"), sent_time=60.0
+        )
+        assert tx.job(job_id).progress.checkpoint_path == "/ck/3"
+    (view,) = store.snapshot().jobs
+    assert view.metrics[-1] == MetricReport(2, "val_acc", 0.8) and len(view.metrics) == 2
+    assert view.grad_stats == GradStats(2, 3, (0.9, 0.9, 0.9), (2.0, 2.0, 2.0))
+    # between rounds the tick reads the jobs alone: no measurement is loaded
+    (bare,) = light.jobs
+    assert not light.measured and store.snapshot().measured
+    assert (bare.samples, bare.metrics, bare.grad_stats) == ((), (), None)
+    assert bare.job.progress.epoch == 2 and bare.job.id == view.job.id
 
 
 def test_snapshot_holds_active_jobs_last_round_and_open_intents(store: SqlStore) -> None:
