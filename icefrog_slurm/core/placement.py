@@ -122,18 +122,35 @@ def _shared_units(choices: Mapping[str, Choice]) -> list[tuple[str, ...]]:
 
 
 def solve_and_place(
-    problem: Problem, solve: Callable[[Problem], Solution]
+    problem: Problem,
+    solve: Callable[[Problem], Solution],
+    steer: Callable[[Problem], Solution] | None = None,
 ) -> tuple[Solution, Placement, Problem]:
     """Solve, place, and re-solve without each unplaceable (job, option) until all fit.
 
-    Returns the final solution, its placement and the problem it solved (with the
-    ``forbidden`` options). Terminates: every retry forbids at least one more option,
-    and waiting always places.
+    ``steer``, a cheaper solver (the fast one when ``solve`` may call the MIP): once a
+    solution does not place, the retries that only find out which options cannot be placed
+    use it, and ``solve`` runs again when its answer places. On a fragmented cluster this
+    takes tens of retries a round, each forbidding one more option; with the MIP in each
+    they were most of a large simulation's time. Returns the final solution (always from
+    ``solve``), its placement and the problem it solved (with the ``forbidden`` options).
+    Terminates: every retry forbids at least one more option, and waiting always places.
     """
-    while True:
+    solution = solve(problem)
+    placement = place(problem, solution)
+    while placement.unplaced:
+        problem = _forbid(problem, solution, placement)
+        while steer is not None:
+            cheap = steer(problem)
+            cheap_placement = place(problem, cheap)
+            if not cheap_placement.unplaced:
+                break
+            problem = _forbid(problem, cheap, cheap_placement)
         solution = solve(problem)
         placement = place(problem, solution)
-        if not placement.unplaced:
-            return solution, placement, problem
-        banned = {(jid, solution.choices[jid].index) for jid in placement.unplaced}
-        problem = replace(problem, forbidden=problem.forbidden | banned)
+    return solution, placement, problem
+
+
+def _forbid(problem: Problem, solution: Solution, placement: Placement) -> Problem:
+    banned = {(jid, solution.choices[jid].index) for jid in placement.unplaced}
+    return replace(problem, forbidden=problem.forbidden | banned)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 from icefrog_slurm.controller.plan import PolicyResult
 from icefrog_slurm.controller.snapshot import JobSnapshot, Snapshot
@@ -85,8 +86,11 @@ class IcefrogPolicy:
             workers=settings.solver.workers,
         )
         started = time.perf_counter()
+        fast = replace(solver, method="fast")
         solution, placement, _ = solve_and_place(
-            Problem(cluster=cluster, jobs=tuple(requests)), lambda p: solve(p, solver)
+            Problem(cluster=cluster, jobs=tuple(requests)),
+            lambda p: solve(p, solver),
+            steer=None if solver.method == "fast" else lambda p: solve(p, fast),
         )
         solve_s = time.perf_counter() - started
         for job in snapshot.jobs:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from icefrog_slurm.core.placement import place, solve_and_place
 from icefrog_slurm.core.solver import (
     WAIT,
@@ -103,3 +105,33 @@ def test_waiting_jobs_get_no_nodes() -> None:
     problem = Problem(_cluster(1), (JobRequest("w", (Option(4, 1.0),)),))
     sol = _solution({"w": Choice(index=WAIT, gpus=0, shared=False, share=0.0)})
     assert place(problem, sol).counts("w") == {}
+
+
+def test_cheap_solver_steers_the_retries_and_the_answer_is_the_real_solvers() -> None:
+    # Four running 3-GPU jobs leave one free GPU on each of four nodes: e's 4-, 3- and 2-GPU
+    # options each fail placement in turn. Steered, the fast solver finds that out and
+    # the MIP runs twice (the first answer, the final one) instead of four times.
+    names = _cluster(4).node_names
+    fixed = tuple(
+        JobRequest(j, (Option(3, 100.0),), current=Allocation(3, False, ((node, 3),)))
+        for j, node in zip("abcd", names, strict=True)
+    )  # running: they keep their nodes
+    e = JobRequest("e", tuple(Option(g, 400.0 / g) for g in (1, 2, 3, 4)))  # TTA: 4 best
+    problem = Problem(_cluster(4), (*fixed, e))
+    calls = {"mip": 0, "fast": 0}
+
+    def counted(method: str) -> Callable[[Problem], Solution]:
+        def run(p: Problem) -> Solution:
+            calls[method] += 1
+            return solve(p, SolverSettings(method=method))
+
+        return run
+
+    plain, plain_pl, plain_final = solve_and_place(problem, counted("mip"))
+    assert calls == {"mip": 4, "fast": 0} and plain.choices["e"].gpus == 1
+    calls.update(mip=0)
+    sol, pl, final = solve_and_place(problem, counted("mip"), steer=counted("fast"))
+    assert calls == {"mip": 2, "fast": 3}
+    assert sol.solver == "mip" and pl.unplaced == () and check_solution(final, sol) == []
+    assert sol.choices == plain.choices and final.forbidden == plain_final.forbidden
+    assert pl.counts("e") == plain_pl.counts("e") and sum(pl.counts("e").values()) == 1
