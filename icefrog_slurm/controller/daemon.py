@@ -151,8 +151,10 @@ class Controller:
             self._last_drain = now
         started = time.perf_counter()
         with self.store.transaction(consistent=True) as tx:
-            measure = round_due(tx.round(), now, self.settings)  # between rounds: jobs only
-            snapshot = self.snapshot(tx.snapshot(measurements=measure), now)
+            store_snapshot = tx.snapshot(  # between rounds: the jobs alone
+                measurements=lambda last: round_due(last, now, self.settings)
+            )
+            snapshot = self.snapshot(store_snapshot, now)
             plan = tick(snapshot, self.policy, self.settings)
             if not self.dry_run:
                 record(plan, tx)

@@ -7,7 +7,7 @@ epoch's gradient statistics or metric) replace the earlier row, so they are idem
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from functools import cache
 from typing import Any
@@ -40,6 +40,7 @@ from icefrog_slurm.store.records import (
     JobRecord,
     JobView,
     Progress,
+    RoundRecord,
     StoreSnapshot,
 )
 
@@ -182,14 +183,21 @@ class StoreTx(LedgerTx):
 
     # ----- the tick's read ---------------------------------------------------------------
     def snapshot(
-        self, *, include_finished: bool = False, measurements: bool = True
+        self,
+        *,
+        include_finished: bool = False,
+        measurements: bool | Callable[[RoundRecord | None], bool] = True,
     ) -> StoreSnapshot:
         """Every (active) job, the last round and open intents, and unless ``measurements``
         is false each job's samples, metrics and latest gradient statistics (a tick between
-        rounds needs none of them). A fixed number of queries whatever the number of jobs."""
+        rounds needs none of them). ``measurements`` may be a test of the last round (the
+        controller's: whether a round is due), so that round is read once. A fixed number
+        of queries whatever the number of jobs."""
         states = None if include_finished else ACTIVE_STATES
         jobs = self.jobs(states=states)
         last_round, intents = self.round(), tuple(self.open_intents())
+        if callable(measurements):
+            measurements = measurements(last_round)
         if not measurements:
             views = tuple(JobView(job=j, samples=(), grad_stats=None, metrics=()) for j in jobs)
             return StoreSnapshot(views, last_round, intents, measured=False)

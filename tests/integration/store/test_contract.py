@@ -99,6 +99,8 @@ def test_measurements_replace_resent_epochs_and_keep_newest_progress(store: SqlS
             job_id=job_id, stats=GradStats(2, 3, (0.9, 0.9, 0.9), (2.0, 2.0, 2.0)), now=18.0
         )
         light = tx.snapshot(measurements=False)
+        asked: list[object] = []  # the controller's test of the last round: called once
+        tested = tx.snapshot(measurements=lambda last: asked.append(last) or False)
     with store.transaction() as tx:  # progress written after the job's row was read: seen
         assert tx.job(job_id).progress.epoch == 2
         tx.set_progress(
@@ -111,6 +113,7 @@ def test_measurements_replace_resent_epochs_and_keep_newest_progress(store: SqlS
     # between rounds the tick reads the jobs alone: no measurement is loaded
     (bare,) = light.jobs
     assert not light.measured and store.snapshot().measured
+    assert asked == [None] and tested == light  # no round yet; its answer is obeyed
     assert (bare.samples, bare.metrics, bare.grad_stats) == ((), (), None)
     assert bare.job.progress.epoch == 2 and bare.job.id == view.job.id
 
