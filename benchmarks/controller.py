@@ -105,6 +105,9 @@ class MemoryCluster:
     def requeue_hold(self, *, job_id: str) -> None:
         self._set(job_id, state="PENDING", reason="job requeued in held state")
 
+    def hold(self, *, job_id: str) -> None:
+        self._set(job_id, reason="JobHeldAdmin")
+
     def cancel(self, *, job_id: str) -> None:
         self._set(job_id, state="CANCELLED")
 

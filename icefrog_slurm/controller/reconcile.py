@@ -25,7 +25,8 @@ step, so repeating a step never does harm:
   and released at once on the same node), or ended so: requeued held if it ended, and
   released again only ``launch_retry_s`` after the refused release; never failed;
 - pending and held: gpu<->shard needs a resubmission as the job's owner (Slurm 22.05 cannot
-  change a pending job's GRES type), linked into the icefrog job's chain; otherwise update
+  change a pending job's GRES type), linked into the icefrog job's chain (a job released but
+  not started yet is held first: ``scontrol hold``); otherwise update
   GRES / NumNodes=N-N / ReqNodeList; then release with StartTime=now;
 - pending and told to wait: done (it stays held).
 
@@ -250,8 +251,11 @@ class Reconciler:
             elif target.gres is None:
                 return "waits (held)" if state.held else "waits"
             elif state.gres is not None and state.gres.kind != target.gres.kind:
-                if not state.held:
-                    raise SlurmRejected(f"job {sid} is pending, not held: GRES kind cannot change")
+                if not state.held:  # released, not started yet: hold it, then resubmit
+                    self._do(
+                        intent, job_id, sid, "hold", result, lambda: self.cluster.hold(job_id=sid)
+                    )
+                    continue
                 sid = self._resubmit(intent, job_id, sid, target, result)
             else:
                 return self._update_and_release(intent, job_id, sid, state, target, result)

@@ -184,6 +184,12 @@ class SimCluster:
         job.state, job.reason = "PENDING", HELD_REASON
         job.restarts += 1
 
+    def hold(self, *, job_id: str) -> None:
+        job = self._get(job_id)
+        if job.state != "PENDING":
+            raise SlurmRejected(f"job {job_id} is {job.state}, not pending: cannot hold")
+        job.reason = HELD_REASON
+
     def cancel(self, *, job_id: str) -> None:
         job = self._jobs.get(job_id)
         if job is None or job.state in _ENDED:

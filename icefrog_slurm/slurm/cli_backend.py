@@ -203,6 +203,9 @@ class SlurmCliBackend:
     def requeue_hold(self, *, job_id: str) -> None:
         self._run(commands.requeue_hold(job_id))
 
+    def hold(self, *, job_id: str) -> None:
+        self._run(commands.hold(job_id))
+
     def release_now(self, *, job_id: str) -> None:
         self._run(commands.release(job_id))
         self._run(commands.update_job(job_id, start_now=True))

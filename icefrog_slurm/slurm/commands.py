@@ -85,6 +85,10 @@ def requeue_hold(job_id: str) -> Argv:
     return ("scontrol", "requeuehold", job_id)
 
 
+def hold(job_id: str) -> Argv:
+    return ("scontrol", "hold", job_id)
+
+
 def cancel(job_id: str) -> Argv:
     return ("scancel", job_id)
 

@@ -253,6 +253,10 @@ class ClusterPort(Protocol):
         """Requeue a running job and hold it (it is killed at once: checkpoint first)."""
         ...
 
+    def hold(self, *, job_id: str) -> None:
+        """Hold a pending job (``scontrol hold``): it stays queued but cannot start."""
+        ...
+
     def release_now(self, *, job_id: str) -> None:
         """Release a requeued job and make it eligible at once (StartTime=now)."""
         ...

@@ -248,6 +248,9 @@ class SlurmPyslurmBackend:
     def requeue_hold(self, *, job_id: str) -> None:
         self._call("requeue", lambda: self._job(job_id).requeue(hold=True))
 
+    def hold(self, *, job_id: str) -> None:
+        self._call("hold", lambda: self._job(job_id).hold())
+
     def release_now(self, *, job_id: str) -> None:
         self.release(job_id=job_id)
         self._modify(job_id, "modify begin_time", begin_time=int(time.time()))

@@ -195,6 +195,19 @@ def test_requeuehold_update_release_cycle(port: ClusterPort, script: Path) -> No
     assert _cvd_count(text) == 2
 
 
+def test_a_released_job_not_started_yet_can_be_held_again(port: ClusterPort, script: Path) -> None:
+    # what reconcile does before a gpu<->shard resubmission of a job Slurm has not started
+    jid = port.submit_held(request=_request(script, "rehold", Gres("gpu", 1)))
+    subprocess.run(["scontrol", "update", f"jobid={jid}", "StartTime=now+1hour"], check=True)
+    port.release(job_id=jid)
+    pending = _state(port, jid)
+    assert pending.state == "PENDING" and not pending.held
+    port.hold(job_id=jid)
+    assert wait_for("held", lambda: _state(port, jid).held, timeout=10)
+    port.release_now(job_id=jid)
+    assert _running(port, jid, timeout=30).gres == Gres("gpu", 1)
+
+
 def test_shard_pair_on_one_gpu(port: ClusterPort, script: Path) -> None:
     a = port.submit_held(request=_request(script, "sh-a", Gres("shard", 1), nodes=("node1",)))
     b = port.submit_held(request=_request(script, "sh-b", Gres("shard", 1), nodes=("node1",)))

@@ -151,6 +151,31 @@ def test_two_jobs_share_a_gpu_and_one_moves_back(
     assert running(cluster, new_a).gres == Gres("shard", 1)  # the other stays shared
 
 
+def test_a_released_job_not_started_yet_is_held_before_it_moves_to_a_shared_gpu(
+    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+) -> None:
+    # Slurm has not started the released job (its StartTime is an hour away) when the next
+    # round shares it: GRES kind cannot change on a pending job, so it is held, resubmitted.
+    settings = make_settings(tmp_path)
+    clock = OffsetClock()
+    job, sid, _ = submit_job(store, cluster, base, _key())
+    subprocess.run(["scontrol", "update", f"jobid={sid}", "StartTime=now+1hour"], check=True)
+    policy = FixedPolicy({job: (1, False, ("node3",))})
+    ctl = make_controller(settings, store, policy, clock)
+    converge(ctl)
+    waiting = state_of(cluster, sid)
+    assert waiting.state == "PENDING" and not waiting.held
+    policy.decisions[job] = (1, True, ("node3",))
+    clock.next_round(settings)
+    converge(ctl)
+    new = chain(store, job)[-1]
+    assert new != sid and running(cluster, new).gres == Gres("shard", 1)
+    with store.transaction() as tx:
+        steps = [a.action for a in tx.actions(job_id=job)]
+        assert tx.open_intents() == []
+    assert steps[:2] == ["update", "release"] and steps[2:4] == ["hold", "resubmit"]
+
+
 def test_a_foreign_jobs_gpus_are_left_alone(
     tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
 ) -> None:

@@ -219,6 +219,9 @@ class Job:
     def release(self) -> None:
         _run(["scontrol", "release", str(self.id)])
 
+    def hold(self, mode: str | None = None) -> None:
+        _run(["scontrol", "hold", str(self.id)])
+
     def requeue(self, hold: bool = False) -> None:
         _run(["scontrol", "requeuehold" if hold else "requeue", str(self.id)])
 
