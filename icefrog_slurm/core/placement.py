@@ -13,8 +13,9 @@ into nodes, in this order:
    where one of its jobs runs now, else best fit; both jobs of a pair get the same index.
 
 When fragmentation leaves a count unplaceable (e.g. 3+3+2 GPUs on two 4-GPU nodes), the job
-is reported in ``unplaced``; :func:`solve_and_place` then forbids that (job, option) and
-re-solves, until everything chosen is placed. Running jobs are never moved to make room.
+is reported in ``unplaced``; :func:`solve_and_place` then forbids that (job, option), and the
+job's larger exclusive options, and re-solves, until everything chosen is placed. Running
+jobs are never moved to make room.
 """
 
 from __future__ import annotations
@@ -152,5 +153,16 @@ def solve_and_place(
 
 
 def _forbid(problem: Problem, solution: Solution, placement: Placement) -> Problem:
-    banned = {(jid, solution.choices[jid].index) for jid in placement.unplaced}
+    """Forbid each unplaced choice and, for an exclusive one, the job's larger exclusive
+    options too: where ``g`` GPUs found no node with ``g`` free (or not enough empty
+    nodes), more GPUs find none either, and trying them one retry at a time cost hundreds
+    of retries in a fragmented 960-GPU round."""
+    jobs = {j.id: j for j in problem.jobs}
+    banned: set[tuple[str, int]] = set()
+    for jid in placement.unplaced:
+        ch = solution.choices[jid]
+        banned.add((jid, ch.index))
+        if not ch.shared:
+            opts = jobs[jid].options
+            banned |= {(jid, i) for i, o in enumerate(opts) if not o.shared and o.gpus >= ch.gpus}
     return replace(problem, forbidden=problem.forbidden | banned)

@@ -31,6 +31,7 @@ from icefrog_slurm.core.solver import (
     WAIT,
     Cluster,
     JobRequest,
+    Memo,
     Option,
     Problem,
     aged_weight,
@@ -87,10 +88,12 @@ class IcefrogPolicy:
         )
         started = time.perf_counter()
         fast = replace(solver, method="fast")
+        memo: Memo = {}  # this round's solved (sub)problems, by method
+        fast_memo: Memo = memo if solver.method == "fast" else {}
         solution, placement, _ = solve_and_place(
             Problem(cluster=cluster, jobs=tuple(requests)),
-            lambda p: solve(p, solver),
-            steer=None if solver.method == "fast" else lambda p: solve(p, fast),
+            lambda p: solve(p, solver, memo),
+            steer=None if solver.method == "fast" else lambda p: solve(p, fast, fast_memo),
         )
         solve_s = time.perf_counter() - started
         for job in snapshot.jobs:

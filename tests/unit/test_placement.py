@@ -135,3 +135,25 @@ def test_cheap_solver_steers_the_retries_and_the_answer_is_the_real_solvers() ->
     assert sol.solver == "mip" and pl.unplaced == () and check_solution(final, sol) == []
     assert sol.choices == plain.choices and final.forbidden == plain_final.forbidden
     assert pl.counts("e") == plain_pl.counts("e") and sum(pl.counts("e").values()) == 1
+
+
+def test_an_unplaceable_count_forbids_the_jobs_larger_counts_in_the_same_retry() -> None:
+    # Four running 3-GPU jobs leave one free GPU on each 4-GPU node. e prefers 2 GPUs, then
+    # a whole node: neither can be placed, and one retry (not two) finds that out.
+    names = _cluster(4).node_names
+    fixed = tuple(
+        JobRequest(j, (Option(3, 100.0),), current=Allocation(3, False, ((node, 3),)))
+        for j, node in zip("abcd", names, strict=True)
+    )
+    e = JobRequest("e", (Option(1, 400.0), Option(2, 150.0), Option(4, 200.0)))
+    problem = Problem(_cluster(4), (*fixed, e))
+    assert solve(problem).choices["e"].gpus == 2
+    calls = []
+
+    def mip(p: Problem) -> Solution:
+        calls.append(p.forbidden)
+        return solve(p, SolverSettings(method="mip"))
+
+    sol, pl, final = solve_and_place(problem, mip)
+    assert final.forbidden == frozenset({("e", 1), ("e", 2)}) and len(calls) == 2
+    assert sol.choices["e"].gpus == 1 and pl.unplaced == ()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -193,3 +195,25 @@ def test_partitions_keep_running_jobs_with_their_nodes() -> None:
     assert "r" in {j.id for j in parts[1].jobs}
     assert sorted(j.id for p in parts for j in p.jobs) == sorted(j.id for j in problem.jobs)
     assert abs(len(parts[0].jobs) - len(parts[1].jobs)) <= 2
+
+
+def test_a_memo_re_solves_only_the_partitions_that_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from icefrog_slurm.core.solver import api
+
+    rng = random.Random(5)
+    problem = _random_problem(rng, 40, 8)
+    settings = SolverSettings(method="fast", partition_gpus=8)
+    solved: list[Problem] = []
+    real = api.solve_one
+    monkeypatch.setattr(api, "solve_one", lambda p, s: solved.append(p) or real(p, s))
+    memo: api.Memo = {}
+    first = solve(problem, settings, memo)
+    assert len(solved) == 4 and first.notes[0].startswith("partitioned into 4")
+    job = problem.jobs[0]
+    used = first.choices[job.id].index
+    banned = replace(problem, forbidden=frozenset({(job.id, used if used >= 0 else 0)}))
+    again = solve(banned, settings, memo)
+    assert len(solved) == 5  # only job 0's group again
+    assert job.id in {j.id for j in solved[-1].jobs} and solved[-1].forbidden == banned.forbidden
+    assert again.choices == solve(banned, settings).choices  # same answer as without a memo
+    assert again.choices[job.id].index != used or used < 0

@@ -6,7 +6,7 @@
 """
 
 from icefrog_slurm.core.solver.aging import aged_weight
-from icefrog_slurm.core.solver.api import SolverSettings, picks_of, solve, solve_one
+from icefrog_slurm.core.solver.api import Memo, SolverSettings, picks_of, solve, solve_one
 from icefrog_slurm.core.solver.problem import (
     WAIT,
     Allocation,
@@ -25,6 +25,7 @@ __all__ = [
     "Choice",
     "Cluster",
     "JobRequest",
+    "Memo",
     "Option",
     "Problem",
     "Solution",

@@ -75,16 +75,27 @@ def solve_one(problem: Problem, settings: SolverSettings) -> Solution:
     return best
 
 
-def solve(problem: Problem, settings: SolverSettings | None = None) -> Solution:
-    """A round's decision: each job exactly one choice (wait, k GPUs or a shared GPU)."""
+Memo = dict[Problem, Solution]
+
+
+def solve(
+    problem: Problem, settings: SolverSettings | None = None, memo: Memo | None = None
+) -> Solution:
+    """A round's decision: each job exactly one choice (wait, k GPUs or a shared GPU).
+
+    ``memo``: solutions of (sub)problems already solved this round. Placement retries
+    forbid options of a few jobs and solve again; with partitions, only the groups whose
+    jobs or forbidden options changed are solved again, the others come from the memo."""
     settings = settings or SolverSettings()
     parts = split(problem, settings.partition_gpus) if settings.partition_gpus else [problem]
-    if len(parts) == 1:
-        return solve_one(problem, settings)
-    if settings.workers == 1:
-        return merge(problem, [solve_one(p, settings) for p in parts])
-    with ProcessPoolExecutor(max_workers=min(settings.workers, len(parts))) as pool:
-        return merge(problem, list(pool.map(partial(solve_one, settings=settings), parts)))
+    memo = {} if memo is None else memo
+    todo = [p for p in dict.fromkeys(parts) if p not in memo]
+    if settings.workers == 1 or len(todo) <= 1:
+        memo.update((p, solve_one(p, settings)) for p in todo)
+    else:
+        with ProcessPoolExecutor(max_workers=min(settings.workers, len(todo))) as pool:
+            memo.update(zip(todo, pool.map(partial(solve_one, settings=settings), todo)))
+    return memo[problem] if len(parts) == 1 else merge(problem, [memo[p] for p in parts])
 
 
 def waiting(solution: Solution) -> list[str]:

@@ -65,6 +65,7 @@ def split(problem: Problem, partition_gpus: int) -> list[Problem]:
         g = min(range(len(groups)), key=lambda i: load[i] / cap[i])
         members[g].append(job)
         load[g] += _demand(problem, job)
+    ids = [{j.id for j in m} for m in members]
     return [
         Problem(
             cluster=Cluster(
@@ -76,7 +77,7 @@ def split(problem: Problem, partition_gpus: int) -> list[Problem]:
                 mem_safety=problem.cluster.mem_safety,
             ),
             jobs=tuple(members[g]),
-            forbidden=problem.forbidden,
+            forbidden=frozenset(f for f in problem.forbidden if f[0] in ids[g]),
         )
         for g in range(len(groups))
     ]

@@ -13,8 +13,10 @@ checks that a set of choices respects the capacity (spec section 16's sanity che
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from icefrog_slurm.errors import InputError
 
@@ -97,12 +99,22 @@ class JobRequest:
         """IceShare of option ``index`` (eq 17): ``min_a' T_acc(a') / T_acc(a)``; wait -> 0."""
         if index == WAIT:
             return 0.0
-        best = min(o.tta_s for o in self.options)
-        return best / self.options[index].tta_s
+        return self._best_tta / self.options[index].tta_s
 
     def score(self, index: int) -> int:
         """The weighted share ``w_k * IceShare_k`` (eq 18's term) as an integer in 1e-6."""
-        return round(self.weight * self.share(index) * SCORE_SCALE)
+        return 0 if index == WAIT else self._scores[index]
+
+    @cached_property
+    def _best_tta(self) -> float:
+        return min(o.tta_s for o in self.options)
+
+    @cached_property
+    def _scores(self) -> tuple[int, ...]:
+        # the solvers ask for every option's score many times a round
+        return tuple(
+            round(self.weight * self.share(i) * SCORE_SCALE) for i in range(len(self.options))
+        )
 
     def keeps(self, index: int) -> bool:
         """True unless this choice changes a running job's allocation (stage 3's count)."""
@@ -168,8 +180,8 @@ class Problem:
 
     def __post_init__(self) -> None:
         ids = [j.id for j in self.jobs]
-        dup = sorted({i for i in ids if ids.count(i) > 1})
-        if dup:
+        if len(set(ids)) != len(ids):
+            dup = sorted(i for i, n in Counter(ids).items() if n > 1)
             raise InputError(f"duplicate job id: {dup[0]}")
 
     def usable(self, job: JobRequest, index: int) -> bool:
