@@ -156,9 +156,10 @@ class SolverSettings:
     time_limit_s: float = field(default=30.0, metadata=_bounds(exclusive_minimum=0.0))
     """The MIP's time limit for one (sub)problem, seconds."""
 
-    partition_gpus: int = field(default=0, metadata=_bounds(minimum=0))
-    """Split a larger cluster into groups of about this many GPUs solved apart (spec
-    section 15); 0 never splits."""
+    partition_gpus: int = field(default=240, metadata=_bounds(minimum=0))
+    """Split a cluster of at least twice this many GPUs into groups of about this many,
+    solved apart (spec section 15: what keeps a 960-GPU round within seconds); 0 never
+    splits."""
 
     workers: int = field(default=1, metadata=_bounds(minimum=1))
     """Processes solving partitions at once."""
