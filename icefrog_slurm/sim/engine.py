@@ -9,7 +9,8 @@ any ``Policy``; the controller's tick and reconcile are the production ones.
 A step of the loop: jobs whose submission time has come are submitted held and registered
 (as ``icefrog submit`` and the ``register`` report do); ``Controller.tick_once()`` runs;
 Slurm's scheduler pass starts released jobs; the world advances to the next event (the next
-round, the next arrival, or ``reconcile_poll_s`` while reconcile waits for checkpoints):
+round, or ``reconcile_poll_s`` while reconcile waits for checkpoints; jobs arriving in
+between are submitted at the next tick, as the production daemon sees them):
 every running job trains per the truth (:mod:`~icefrog_slurm.sim.jobs`) and its reports go
 into the store through the same ``StoreTx`` calls the inbox makes for verified reports.
 A job asked to checkpoint (USR1) checkpoints at once; the reallocation overhead is paid
@@ -231,10 +232,7 @@ class Engine:
             step = c.reconcile_poll_s
         else:
             step = max(last_round + c.round_period_s - now, c.reconcile_poll_s)
-        nxt = now + step
-        if self.pending:
-            nxt = min(nxt, max(self.pending[0].submit_s, now + 1e-6))
-        return nxt
+        return now + step
 
     # ----- jobs arriving -----------------------------------------------------------------
     def _arrivals(self) -> None:

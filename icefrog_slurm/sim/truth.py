@@ -55,7 +55,8 @@ PROFILE_TIME_NOISE = 0.03  # sd of log(measured / true) of each profiled time
 GRAD_VAR_NOISE = 0.2  # sd of log(observed / true) of each layer's gradient variance
 MEMORY_NOISE = 0.02  # sd of log(measured / true) peak memory
 UTIL_NOISE = 0.03  # sd of measured - true GPU utilisation (absolute, 0..1)
-WORK_NOISE = 0.05  # sd of log of the progress factor of one advance
+WORK_NOISE = 0.05  # sd of log of the frozen-progress factor of one progress quantum
+PROGRESS_QUANTUM = 0.01  # frozen training is integrated in steps of at most this progress
 JOB_WORK_NOISE = 0.05  # sd of log of a job's samples-to-target around the task's
 
 
@@ -330,17 +331,26 @@ class TrainingRun:
 
     def advance(self, *, samples: float, global_batch: float) -> float:
         """Train ``samples`` at ``global_batch`` under the current freeze; returns the
-        progress gained (fraction of the work). Unfrozen it is exactly samples / needed."""
+        progress gained (fraction of the work). Unfrozen it is exactly samples / needed.
+
+        Frozen, the progress rate (psi's effect, with ``WORK_NOISE``) is re-evaluated every
+        ``PROGRESS_QUANTUM`` of progress, so neither the rate's drift nor the noise depends
+        on how the caller slices time (the simulator's steps follow its ticks)."""
         if samples < 0 or not math.isfinite(samples):
             raise InputError(f"samples: must be a finite number >= 0, got {samples}")
         needed = self._truth.samples_to_target(global_batch) * self._job_factor
-        rate = 1.0
-        if self._frozen > 0:
-            rate = self._truth.progress_rate(self.true_psi()) * float(
-                _lognormal(self._rng, WORK_NOISE)
-            )
-        gained = samples * rate / needed
-        self.progress += gained
+        if self._frozen == 0:
+            gained = samples / needed
+            self.progress += gained
+            return gained
+        gained, left = 0.0, samples
+        while left > 0:
+            noise = float(_lognormal(self._rng, WORK_NOISE))
+            per_sample = self._truth.progress_rate(self.true_psi()) * noise / needed
+            take = min(left, PROGRESS_QUANTUM / per_sample) if per_sample > 0 else left
+            self.progress += take * per_sample
+            gained += take * per_sample
+            left = left - take if take < left else 0.0
         return gained
 
     def observe_grad_stats(self, *, epoch: int) -> GradStats:

@@ -177,3 +177,25 @@ def test_hidden_parameters_differ_by_seed_and_stay_private() -> None:
     )
     public = {n for n in dir(a) if not n.startswith("_")}
     assert public.isdisjoint({"hidden", "rho", "decay", "var0", "layer_bwd"})
+
+
+def test_frozen_progress_does_not_depend_on_how_time_is_sliced() -> None:
+    """The simulator's steps follow its ticks: one long step and many short ones over the
+    same samples must reach the same progress (the rate drifts with progress, and its noise
+    is drawn per progress quantum, not per call)."""
+    t = truth("resnet18-cifar10")
+    batch, total = 128, 0.6 * t.samples_to_target(128)
+
+    def run_in(pieces: int, seed: int) -> float:
+        run = t.start_run(seed=seed)
+        run.advance(samples=0.2 * t.samples_to_target(128), global_batch=batch)
+        run.set_frozen(t.layers.num_layers // 2)
+        start = run.progress
+        for _ in range(pieces):
+            run.advance(samples=total / pieces, global_batch=batch)
+        return run.progress - start
+
+    for seed in (1, 2, 3):
+        one, many = run_in(1, seed), run_in(500, seed)
+        assert one == pytest.approx(many, rel=0.02)
+        assert one < 0.6 * 1.3  # frozen: progress no faster than unfrozen (job factor aside)
