@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+from numpy.lib.stride_tricks import sliding_window_view
 
 from icefrog_slurm.core.solver.matching import admissible_matrix, max_pairs
 from icefrog_slurm.core.solver.problem import (
@@ -154,19 +155,22 @@ def _knapsack(problem: Problem, t: int, alone: frozenset[str]) -> tuple[int, dic
     best = np.full((2, cap + 1), NEG, dtype=np.int64)
     best[0, :] = 0
     trace: list[tuple[list[tuple[int, int, int, int]], npt.NDArray[np.int8]]] = []
+    # ext[f, p, cap + 1 + x] = best[p ^ f, x], with cap + 1 NEG cells before x = 0: the
+    # window of cap + 1 cells starting at cap + 1 - cost is best shifted right by ``cost``
+    ext = np.full((2, 2, 2 * cap + 2), NEG, dtype=np.int64)
+    windows = sliding_window_view(ext, cap + 1, axis=2)  # a view: follows ext's updates
+    parity = np.array([[0, 1]])
     for job in problem.jobs:
         cands = _choices(problem, job, t, job.id in alone)
-        stack = np.full((len(cands), 2, cap + 1), NEG, dtype=np.int64)
-        for ci, (_, cost, flip, key) in enumerate(cands):
-            if cost > cap:
-                continue
-            src = best[::-1] if flip else best
-            stack[ci, :, cost:] = np.where(
-                src[:, : cap + 1 - cost] > NEG, src[:, : cap + 1 - cost] + key, NEG
-            )
-        arg = np.argmax(stack, axis=0).astype(np.int8)
-        best = np.take_along_axis(stack, arg[None].astype(np.int64), axis=0)[0]
-        trace.append((cands, arg))
+        _, cost, flip, key = (np.array(col, dtype=np.int64) for col in zip(*cands, strict=True))
+        ext[0, :, cap + 1 :] = best
+        ext[1, :, cap + 1 :] = best[::-1]
+        start = np.maximum(cap + 1 - cost, 0)  # cost > cap: all NEG
+        # unreachable cells stay below NEG // 2 (keys are far smaller than 2**61)
+        stack = windows[flip[:, None], parity, start[:, None]] + key[:, None, None]
+        arg = np.argmax(stack, axis=0)
+        best = stack.max(axis=0)
+        trace.append((cands, arg.astype(np.int8)))
     ends = [
         (int(best[0, cap]), 0, cap),
         (int(best[1, cap - 1]) if cap >= 1 else int(NEG), 1, cap - 1),
