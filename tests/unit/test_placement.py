@@ -157,3 +157,25 @@ def test_an_unplaceable_count_forbids_the_jobs_larger_counts_in_the_same_retry()
     sol, pl, final = solve_and_place(problem, mip)
     assert final.forbidden == frozenset({("e", 1), ("e", 2)}) and len(calls) == 2
     assert sol.choices["e"].gpus == 1 and pl.unplaced == ()
+
+
+def test_after_max_solves_the_steering_solvers_placed_answer_stands() -> None:
+    names = _cluster(4).node_names
+    fixed = tuple(
+        JobRequest(j, (Option(3, 100.0),), current=Allocation(3, False, ((node, 3),)))
+        for j, node in zip("abcd", names, strict=True)
+    )
+    e = JobRequest("e", tuple(Option(g, 400.0 / g) for g in (1, 2, 3, 4)))
+    problem = Problem(_cluster(4), (*fixed, e))
+    calls = {"mip": 0, "fast": 0}
+
+    def counted(method: str) -> Callable[[Problem], Solution]:
+        def run(p: Problem) -> Solution:
+            calls[method] += 1
+            return solve(p, SolverSettings(method=method))
+
+        return run
+
+    sol, pl, final = solve_and_place(problem, counted("mip"), steer=counted("fast"), max_solves=1)
+    assert calls["mip"] == 1 and sol.solver == "fast"  # the MIP's one answer did not place
+    assert pl.unplaced == () and check_solution(final, sol) == [] and sol.choices["e"].gpus == 1

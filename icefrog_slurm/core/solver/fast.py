@@ -149,8 +149,19 @@ def _choices(
     return out
 
 
-def _knapsack(problem: Problem, t: int, alone: frozenset[str]) -> tuple[int, dict[str, int]] | None:
-    """Max total key with relaxed cost <= 2M half-GPUs (odd shared count costs one more)."""
+_Cands = tuple[list[tuple[int, int, int, int]], IntArray, IntArray, IntArray]
+
+
+def _knapsack(
+    problem: Problem,
+    t: int,
+    alone: frozenset[str],
+    cache: dict[tuple[str, bool], _Cands] | None = None,
+) -> tuple[int, dict[str, int]] | None:
+    """Max total key with relaxed cost <= 2M half-GPUs (odd shared count costs one more).
+
+    ``cache``: each job's choices as arrays, kept across the repairs of one threshold."""
+    cache = {} if cache is None else cache
     cap = 2 * problem.cluster.gpus
     best = np.full((2, cap + 1), NEG, dtype=np.int64)
     best[0, :] = 0
@@ -161,8 +172,12 @@ def _knapsack(problem: Problem, t: int, alone: frozenset[str]) -> tuple[int, dic
     windows = sliding_window_view(ext, cap + 1, axis=2)  # a view: follows ext's updates
     parity = np.array([[0, 1]])
     for job in problem.jobs:
-        cands = _choices(problem, job, t, job.id in alone)
-        _, cost, flip, key = (np.array(col, dtype=np.int64) for col in zip(*cands, strict=True))
+        known = (job.id, job.id in alone)
+        if known not in cache:
+            cands = _choices(problem, job, t, known[1])
+            cols = (np.array(col, dtype=np.int64) for col in zip(*cands, strict=True))
+            cache[known] = (cands, *list(cols)[1:])  # type: ignore[assignment]
+        cands, cost, flip, key = cache[known]
         ext[0, :, cap + 1 :] = best
         ext[1, :, cap + 1 :] = best[::-1]
         start = np.maximum(cap + 1 - cost, 0)  # cost > cap: all NEG
@@ -209,8 +224,9 @@ def _repair(
     is no better than the last; at least one more job is charged each time)."""
     alone: frozenset[str] = frozenset()
     bound: int | None = None
+    cache: dict[tuple[str, bool], _Cands] = {}
     for _ in range(max_repairs):
-        found = _knapsack(problem, t, alone)
+        found = _knapsack(problem, t, alone, cache)
         if found is None:
             return bound, None
         key, picks = found

@@ -30,9 +30,8 @@ def _demand(problem: Problem, job: JobRequest) -> int:
     return job.options[min(usable, key=lambda i: job.options[i].tta_s)].gpus
 
 
-def _groups(problem: Problem, partition_gpus: int) -> list[tuple[str, ...]]:
+def _groups(problem: Problem, partition_gpus: int, largest: int) -> list[tuple[str, ...]]:
     c = problem.cluster
-    largest = max((_demand(problem, j) for j in problem.jobs), default=1)
     per_part = max(partition_gpus, largest, c.gpus_per_node)
     n_nodes = len(c.node_names)
     parts = max(1, min(n_nodes, c.gpus // per_part))
@@ -41,7 +40,8 @@ def _groups(problem: Problem, partition_gpus: int) -> list[tuple[str, ...]]:
 
 def split(problem: Problem, partition_gpus: int) -> list[Problem]:
     """The sub-problems (one when the cluster is no larger than ``partition_gpus``)."""
-    groups = _groups(problem, partition_gpus)
+    demand = {j.id: _demand(problem, j) for j in problem.jobs}
+    groups = _groups(problem, partition_gpus, max(demand.values(), default=1))
     if len(groups) <= 1:
         return [problem]
     home = {n: g for g, nodes in enumerate(groups) for n in nodes}
@@ -58,13 +58,13 @@ def split(problem: Problem, partition_gpus: int) -> list[Problem]:
         if max(counts) > 0:
             g = counts.index(max(counts))
             members[g].append(job)
-            load[g] += _demand(problem, job)
+            load[g] += demand[job.id]
         else:
             rest.append(job)
-    for job in sorted(rest, key=lambda j: -_demand(problem, j)):
+    for job in sorted(rest, key=lambda j: -demand[j.id]):
         g = min(range(len(groups)), key=lambda i: load[i] / cap[i])
         members[g].append(job)
-        load[g] += _demand(problem, job)
+        load[g] += demand[job.id]
     ids = [{j.id for j in m} for m in members]
     return [
         Problem(

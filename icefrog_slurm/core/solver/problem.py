@@ -118,10 +118,14 @@ class JobRequest:
 
     def keeps(self, index: int) -> bool:
         """True unless this choice changes a running job's allocation (stage 3's count)."""
+        return self._keeps[index]  # WAIT = -1: the last entry
+
+    @cached_property
+    def _keeps(self) -> tuple[bool, ...]:
         if not self.running:
-            return True
+            return (True,) * (len(self.options) + 1)
         assert self.current is not None
-        return self.current.matches(None if index == WAIT else self.options[index])
+        return (*(self.current.matches(o) for o in self.options), self.current.matches(None))
 
 
 @dataclass(frozen=True)
