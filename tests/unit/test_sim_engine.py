@@ -233,3 +233,19 @@ def test_sim_cluster_never_oversubscribes_a_gpu(
         assert len(held) == len(set(held)) + sum(
             len(cluster.gpu_sharers(n, i)) - 1 for n, i in set(held) if cluster.gpu_sharers(n, i)
         )
+
+
+def test_ticks_come_with_rounds_and_reconcile_not_with_arrivals() -> None:
+    """The daemon wakes for its rounds (and every reconcile_poll_s while a job checkpoints),
+    not when a job is submitted: a job arriving between rounds waits, registered with its
+    own submission time, for the next round's tick."""
+    settings = Settings()
+    result = _run(StandInPolicy(), _jobs(5, gap=70.0), gpus=16, seed=2)
+    rounds = [r.time for r in result.rounds]
+    poll = settings.controller.reconcile_poll_s
+    ticks = [t for t, _ in result.usage]
+    assert len(ticks) == result.ticks
+    assert all(min(t - r for r in rounds if r <= t) <= 5 * poll for t in ticks)
+    by_name = {j.name: j for j in result.jobs}
+    assert [by_name[f"j{i}"].submit for i in range(5)] == [0.0, 70.0, 140.0, 210.0, 280.0]
+    assert all(by_name[f"j{i}"].start == rounds[1] for i in range(1, 5))
