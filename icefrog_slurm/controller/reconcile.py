@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from icefrog_slurm.controller.plan import Plan, Target
@@ -252,9 +253,8 @@ class Reconciler:
                 return "waits (held)" if state.held else "waits"
             elif state.gres is not None and state.gres.kind != target.gres.kind:
                 if not state.held:  # released, not started yet: hold it, then resubmit
-                    self._do(
-                        intent, job_id, sid, "hold", result, lambda: self.cluster.hold(job_id=sid)
-                    )
+                    hold = partial(self.cluster.hold, job_id=sid)
+                    self._do(intent, job_id, sid, "hold", result, hold)
                     continue
                 sid = self._resubmit(intent, job_id, sid, target, result)
             else:

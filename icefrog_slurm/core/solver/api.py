@@ -94,7 +94,8 @@ def solve(
         memo.update((p, solve_one(p, settings)) for p in todo)
     else:
         with ProcessPoolExecutor(max_workers=min(settings.workers, len(todo))) as pool:
-            memo.update(zip(todo, pool.map(partial(solve_one, settings=settings), todo)))
+            solved = pool.map(partial(solve_one, settings=settings), todo)
+            memo.update(zip(todo, solved, strict=True))
     return memo[problem] if len(parts) == 1 else merge(problem, [memo[p] for p in parts])
 
 

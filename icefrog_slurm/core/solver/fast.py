@@ -170,19 +170,19 @@ def _knapsack(
     # window of cap + 1 cells starting at cap + 1 - cost is best shifted right by ``cost``
     ext = np.full((2, 2, 2 * cap + 2), NEG, dtype=np.int64)
     windows = sliding_window_view(ext, cap + 1, axis=2)  # a view: follows ext's updates
-    parity = np.array([[0, 1]])
+    parities = np.array([[0, 1]])
     for job in problem.jobs:
         known = (job.id, job.id in alone)
         if known not in cache:
             cands = _choices(problem, job, t, known[1])
-            cols = (np.array(col, dtype=np.int64) for col in zip(*cands, strict=True))
-            cache[known] = (cands, *list(cols)[1:])  # type: ignore[assignment]
-        cands, cost, flip, key = cache[known]
+            _, costs, flips, keys = (np.array(c, dtype=np.int64) for c in zip(*cands, strict=True))
+            cache[known] = (cands, costs, flips, keys)
+        cands, costs, flips, keys = cache[known]
         ext[0, :, cap + 1 :] = best
         ext[1, :, cap + 1 :] = best[::-1]
-        start = np.maximum(cap + 1 - cost, 0)  # cost > cap: all NEG
+        start = np.maximum(cap + 1 - costs, 0)  # cost > cap: all NEG
         # unreachable cells stay below NEG // 2 (keys are far smaller than 2**61)
-        stack = windows[flip[:, None], parity, start[:, None]] + key[:, None, None]
+        stack = windows[flips[:, None], parities, start[:, None]] + keys[:, None, None]
         arg = np.argmax(stack, axis=0)
         best = stack.max(axis=0)
         trace.append((cands, arg.astype(np.int8)))
