@@ -5,16 +5,17 @@ shared machine the figure to compare, wall time depends on the others' load), of
 ``policy.decide`` (the policy's own estimation and optimisation, the same cost production
 pays each round) and the rest (engine, controller tick and reconcile, SQLite store); ticks,
 rounds, simulated hours, average JCT.
-Target (issue 7): a 48-GPU 1x trace in under 60 s.
+Targets (issue 7): a 48-GPU 1x trace in under 60 s, the 960-GPU 20x one in under 15 min.
 
 Usage (the 1x trace of docs/evaluation.md):
     PYTHONPATH=. python -m icefrog_slurm trace sample \\
         --philly /work/shared/data/pollux/traces/philly.csv --load 1 --seed 1 --out /tmp/w1.csv
     PYTHONPATH=. python benchmarks/simulate.py --workload /tmp/w1.csv --gpus 48 \\
         --policy standin,lucid+,optimus+,pollux+
-Where the time goes at scale (cProfile, first 0.75 simulated hours of the 960-GPU 20x trace):
+Where the time goes at scale (cProfile of simulated hours 3.0-3.6 of the 960-GPU 20x trace,
+the busiest stretch: every job has arrived):
     PYTHONPATH=. python benchmarks/simulate.py --workload /tmp/w20.csv --gpus 960 \
-        --policy icefrog --batch paper --hours 0.75 --cprofile /tmp/w20.prof
+        --policy icefrog --batch paper --hours 3.6 --profile-from 3.0 --cprofile /tmp/w20.prof
 """
 
 from __future__ import annotations
@@ -69,9 +70,14 @@ def main() -> None:
                     help="stop after this many simulated hours (jobs left unfinished)")  # fmt: skip
     ap.add_argument("--cprofile", type=Path, default=None, metavar="FILE",
                     help="run under cProfile, write the stats to FILE (one policy)")  # fmt: skip
+    ap.add_argument("--profile-from", type=float, default=0.0, metavar="H",
+                    help="with --cprofile: start profiling at the first round after H "
+                         "simulated hours")  # fmt: skip
     args = ap.parse_args()
     if args.cprofile and "," in args.policy:
         ap.error("--cprofile profiles one policy: give --policy NAME")
+    if args.profile_from and not args.cprofile:
+        ap.error("--profile-from needs --cprofile FILE")
     catalog = shipped_catalog()
     workload = read_workload(args.workload, catalog)
     opts = SimOptions(
@@ -92,9 +98,12 @@ def main() -> None:
             run_opts = replace(run_opts, max_sim_s=args.hours * 3600)
         engine = Engine(workload, policy, settings=Settings(), options=run_opts)
         profiler = cProfile.Profile() if args.cprofile else None
-        if profiler is not None:
+        show = _progress(name, started, args.progress) if args.progress else None
+        if profiler is not None and args.profile_from <= 0:
             profiler.enable()
-        result = engine.run(_progress(name, started, args.progress) if args.progress else None)
+        elif profiler is not None:
+            show = _profile_from(profiler, args.profile_from * 3600, show)
+        result = engine.run(show)
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.cprofile)
@@ -111,7 +120,24 @@ def main() -> None:
         )
 
 
-def _progress(name: str, started: float, every: float) -> Callable[[float, int, int], None]:
+Progress = Callable[[float, int, int], None]
+
+
+def _profile_from(profiler: cProfile.Profile, start_s: float, then: Progress | None) -> Progress:
+    """A progress callback (called after each round) that starts ``profiler`` once."""
+    on = [False]
+
+    def show(now: float, done: int, total: int) -> None:
+        if not on[0] and now >= start_s:
+            on[0] = True
+            profiler.enable()
+        if then is not None:
+            then(now, done, total)
+
+    return show
+
+
+def _progress(name: str, started: float, every: float) -> Progress:
     last = [started]
 
     def show(now: float, done: int, total: int) -> None:
