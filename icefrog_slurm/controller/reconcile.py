@@ -28,7 +28,8 @@ step, so repeating a step never does harm:
   change a pending job's GRES type), linked into the icefrog job's chain (a job released but
   not started yet is held first: ``scontrol hold``); otherwise update
   GRES / NumNodes=N-N / ReqNodeList; then release with StartTime=now;
-- pending and told to wait: done (it stays held).
+- pending and told to wait: done (it stays held; a job released but not started yet is
+  held again first).
 
 Every Slurm command is logged with its outcome in the audit log (``slurm_actions``). A
 ``SlurmUnavailable`` stops the pass and leaves the intents open for the next tick.
@@ -250,7 +251,11 @@ class Reconciler:
                 # (a signalled job is checkpointing to exit: see it through the requeue)
                 self._checkpoint_then_requeue(intent, job_id, sid, result)
             elif target.gres is None:
-                return "waits (held)" if state.held else "waits"
+                if not state.held:  # released, not started yet: it must not start now
+                    hold = partial(self.cluster.hold, job_id=sid)
+                    self._do(intent, job_id, sid, "hold", result, hold)
+                    continue
+                return "waits (held)"
             elif state.gres is not None and state.gres.kind != target.gres.kind:
                 if not state.held:  # released, not started yet: hold it, then resubmit
                     hold = partial(self.cluster.hold, job_id=sid)
@@ -332,7 +337,8 @@ class Reconciler:
         if state.held:  # both raise _Waiting: look again next pass, before any update
             self._retry_later(job_id, state)
             self._after_requeue_gap(job_id, sid)
-        if state.held or not matches(state, target):
+        if state.held or target.nodes or not matches(state, target):
+            # (an unheld pending job is moved to the round's nodes: see tick.action_for)
             nodes = target.nodes or None
             self._do(
                 intent,

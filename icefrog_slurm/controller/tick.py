@@ -11,8 +11,10 @@
    every other job, and number the round. Otherwise the last round's decision stands and
    the plan only keeps converging to it.
 3. Diff each job's decided resources against what Slurm shows into an action: ``start``
-   (pending job: update, release), ``change`` (running job with other resources:
-   checkpoint, requeue, update or resubmit, release), ``stop`` (running job told to wait).
+   (pending job: update, release; also a released job not started yet that the round
+   moved to other nodes), ``change`` (running job with other resources: checkpoint,
+   requeue, update or resubmit, release), ``stop`` (running job told to wait, or a released
+   one not started yet: held again).
 
 Nothing here reads a clock, the store or Slurm: the same tick runs in the simulator.
 """
@@ -61,13 +63,20 @@ def tick(snapshot: Snapshot, policy: Policy, settings: Settings) -> Plan:
         last = snapshot.last_round
         round_no: int | None = 1 if last is None else last.round_no + 1
         name, solve_s, min_share = policy.name, result.solve_s, result.min_share
+        before = None if last is None else {a.job_id: a.nodes for a in last.allocations}
     else:
         assert snapshot.last_round is not None
         allocations = {a.job_id: a for a in snapshot.last_round.allocations}
-        reasons, round_no = {}, None
+        reasons, round_no, before = {}, None, None
         name, solve_s, min_share = snapshot.last_round.policy, None, None
     jobs = tuple(
-        _job_plan(j, allocations[j.id], reasons.get(j.id, ""), settings)
+        _job_plan(
+            j,
+            allocations[j.id],
+            reasons.get(j.id, ""),
+            settings,
+            moved=before is not None and before.get(j.id, ()) != allocations[j.id].nodes,
+        )
         for j in live
         if j.id in allocations
     )
@@ -165,7 +174,12 @@ def matches(state: JobState, target: Target) -> bool:
     return state.gres == target.gres and state.num_nodes == target.num_nodes
 
 
-def action_for(job: JobSnapshot, target: Target) -> Action:
+def action_for(job: JobSnapshot, target: Target, moved: bool = False) -> Action:
+    """What reconcile must do to bring the job to ``target``. ``moved``: this round placed
+    the job on other nodes than the last round did. A job released but not started yet
+    (pending, not held) is pinned to the nodes it was released to: when a round moves it,
+    it is updated to the new nodes (else it could wait for ever on nodes another job got);
+    when a round tells it to wait, it is held again (else Slurm would start it anyway)."""
     state = job.slurm
     if state is not None and state.finished and launch_refused(state):
         return "stop" if target.gres is None else "change"  # requeue held, then restart
@@ -176,8 +190,8 @@ def action_for(job: JobSnapshot, target: Target) -> Action:
             return "stop"
         return "none" if matches(state, target) else "change"
     if target.gres is None:
-        return "none"
-    if state.state == "PENDING" and (state.held or not matches(state, target)):
+        return "stop" if state.state == "PENDING" and not state.held else "none"
+    if state.state == "PENDING" and (state.held or moved or not matches(state, target)):
         return "start"
     return "none"
 
@@ -188,7 +202,9 @@ def run_dir_of(checkpoint_path: str) -> str:
     return head if sep and head else ""
 
 
-def _job_plan(job: JobSnapshot, alloc: Allocation, reason: str, settings: Settings) -> JobPlan:
+def _job_plan(
+    job: JobSnapshot, alloc: Allocation, reason: str, settings: Settings, *, moved: bool
+) -> JobPlan:
     target = target_of(alloc, settings)
     return JobPlan(
         job_id=job.id,
@@ -196,7 +212,7 @@ def _job_plan(job: JobSnapshot, alloc: Allocation, reason: str, settings: Settin
         owner_uid=job.job.owner_uid,
         allocation=alloc,
         target=target,
-        action=action_for(job, target),
+        action=action_for(job, target, moved),
         reason=reason,
         run_dir=run_dir_of(job.job.progress.checkpoint_path),
     )

@@ -144,3 +144,42 @@ def test_a_refused_job_is_released_again_only_after_the_retry_delay() -> None:
     assert retry_wait_s(last_release=None, now=100.0, retry_s=130.0) == 0.0
     assert retry_wait_s(last_release=90.0, now=100.0, retry_s=130.0) == 120.0
     assert retry_wait_s(last_release=90.0, now=220.0, retry_s=130.0) == 0.0
+
+
+def test_a_released_job_not_started_yet_follows_the_round_to_new_nodes_or_is_held() -> None:
+    """A pending, unheld job is pinned to the nodes it was released to; when those went to
+    another job it would wait for ever, so a round that moves it re-pins it ("start"),
+    one that keeps its nodes leaves it alone, and one that tells it to wait holds it."""
+    from icefrog_slurm.store.records import RoundRecord
+
+    settings = settings_from_mapping({})
+    views = [_job(1)]
+    released = {"1": _state(1, Gres("gpu", 1), "PENDING", "", "Resources")}
+    on_node2 = (Allocation(1, 1, 32, 0, nodes=("node2",)),)
+    last = RoundRecord(1, 0.0, "everyone", 8, None, None, on_node2)
+
+    def plan_for(policy: object) -> str:
+        snap = build_snapshot(
+            store=StoreSnapshot(jobs=tuple(views), last_round=last),
+            states=released,
+            capacity=CAP,
+            now=1000.0,
+        )
+        return tick(snap, policy, settings).jobs[0].action  # type: ignore[arg-type]
+
+    assert plan_for(Everyone()) == "start"  # node2 -> node1: re-pinned
+
+    class Stay:
+        name = "stay"
+
+        def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
+            return PolicyResult({1: Allocation(1, 1, 32, 0, nodes=("node2",))})
+
+    class Wait:
+        name = "wait"
+
+        def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
+            return PolicyResult({1: Allocation(1, 0, 0, 0)})
+
+    assert plan_for(Stay()) == "none"
+    assert plan_for(Wait()) == "stop"

@@ -176,6 +176,32 @@ def test_a_released_job_not_started_yet_is_held_before_it_moves_to_a_shared_gpu(
     assert steps[:2] == ["update", "release"] and steps[2:4] == ["hold", "resubmit"]
 
 
+def test_a_released_job_not_started_yet_follows_its_round_and_is_held_when_told_to_wait(
+    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+) -> None:
+    settings = make_settings(tmp_path)
+    clock = OffsetClock()
+    job, sid, _ = submit_job(store, cluster, base, _key())
+    subprocess.run(["scontrol", "update", f"jobid={sid}", "StartTime=now+1hour"], check=True)
+    policy = FixedPolicy({job: (1, False, ("node3",))})
+    ctl = make_controller(settings, store, policy, clock)
+    converge(ctl)
+    assert cluster.job_detail(job_id=sid).req_nodes == "node3"
+    policy.decisions[job] = (1, False, ("node2",))  # the next round moves it
+    clock.next_round(settings)
+    converge(ctl)
+    detail = cluster.job_detail(job_id=sid)
+    assert detail.req_nodes == "node2" and detail.state == "PENDING"
+    assert not state_of(cluster, sid).held
+    del policy.decisions[job]  # the next round tells it to wait: held, not started later
+    clock.next_round(settings)
+    converge(ctl)
+    assert state_of(cluster, sid).held
+    with store.transaction() as tx:
+        steps = [a.action for a in tx.actions(job_id=job)]
+    assert steps == ["update", "release", "update", "hold"]
+
+
 def test_a_foreign_jobs_gpus_are_left_alone(
     tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
 ) -> None:
