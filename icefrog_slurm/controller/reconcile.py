@@ -147,6 +147,13 @@ def signalled_at(tx: StoreTx, intent: Intent) -> float | None:
     return max(times) if times else None
 
 
+def _kind_changes(state: JobState, target: Target) -> bool:
+    """gpu <-> shard: a pending job must be resubmitted (22.05 cannot update the kind)."""
+    return (
+        state.gres is not None and target.gres is not None and state.gres.kind != target.gres.kind
+    )
+
+
 @dataclass
 class ReconcileResult:
     """What one pass did: intents done, still waiting, failed; Slurm commands run."""
@@ -250,17 +257,14 @@ class Reconciler:
                     return f"running as {target.gres} on {state.num_nodes} node(s)"
                 # (a signalled job is checkpointing to exit: see it through the requeue)
                 self._checkpoint_then_requeue(intent, job_id, sid, result)
+            elif not state.held and (target.gres is None or _kind_changes(state, target)):
+                # released, not started yet: it must not start now (told to wait), and
+                # Slurm cannot change a pending job's GRES kind; held, the next pass goes on
+                hold = partial(self.cluster.hold, job_id=sid)
+                self._do(intent, job_id, sid, "hold", result, hold)
             elif target.gres is None:
-                if not state.held:  # released, not started yet: it must not start now
-                    hold = partial(self.cluster.hold, job_id=sid)
-                    self._do(intent, job_id, sid, "hold", result, hold)
-                    continue
                 return "waits (held)"
-            elif state.gres is not None and state.gres.kind != target.gres.kind:
-                if not state.held:  # released, not started yet: hold it, then resubmit
-                    hold = partial(self.cluster.hold, job_id=sid)
-                    self._do(intent, job_id, sid, "hold", result, hold)
-                    continue
+            elif _kind_changes(state, target):
                 sid = self._resubmit(intent, job_id, sid, target, result)
             else:
                 return self._update_and_release(intent, job_id, sid, state, target, result)

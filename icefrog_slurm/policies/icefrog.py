@@ -88,8 +88,8 @@ class IcefrogPolicy:
         )
         started = time.perf_counter()
         fast = replace(solver, method="fast")
-        memo: Memo = {}  # this round's solved (sub)problems, by method
-        fast_memo: Memo = memo if solver.method == "fast" else {}
+        memo: Memo = {}  # this round's solved (sub)problems, one memo per method
+        fast_memo: Memo = {}
         solution, placement, _ = solve_and_place(
             Problem(cluster=cluster, jobs=tuple(requests)),
             lambda p: solve(p, solver, memo),
