@@ -107,30 +107,38 @@ def test_waiting_jobs_get_no_nodes() -> None:
     assert place(problem, sol).counts("w") == {}
 
 
+def _fragmented(e: JobRequest) -> Problem:
+    """Four running 3-GPU jobs (they keep their nodes) leave one free GPU on each of four
+    4-GPU nodes; ``e`` joins them."""
+    fixed = tuple(
+        JobRequest(j, (Option(3, 100.0),), current=Allocation(3, False, ((node, 3),)))
+        for j, node in zip("abcd", _cluster(4).node_names, strict=True)
+    )
+    return Problem(_cluster(4), (*fixed, e))
+
+
+def _counting(calls: dict[str, int], method: str) -> Callable[[Problem], Solution]:
+    """``solve`` with ``method``, counting its calls in ``calls[method]``."""
+
+    def run(p: Problem) -> Solution:
+        calls[method] += 1
+        return solve(p, SolverSettings(method=method))
+
+    return run
+
+
 def test_cheap_solver_steers_the_retries_and_the_answer_is_the_real_solvers() -> None:
     # Four running 3-GPU jobs leave one free GPU on each of four nodes: e's 4-, 3- and 2-GPU
     # options each fail placement in turn. Steered, the fast solver finds that out and
     # the MIP runs twice (the first answer, the final one) instead of four times.
-    names = _cluster(4).node_names
-    fixed = tuple(
-        JobRequest(j, (Option(3, 100.0),), current=Allocation(3, False, ((node, 3),)))
-        for j, node in zip("abcd", names, strict=True)
-    )  # running: they keep their nodes
-    e = JobRequest("e", tuple(Option(g, 400.0 / g) for g in (1, 2, 3, 4)))  # TTA: 4 best
-    problem = Problem(_cluster(4), (*fixed, e))
-    calls = {"mip": 0, "fast": 0}
-
-    def counted(method: str) -> Callable[[Problem], Solution]:
-        def run(p: Problem) -> Solution:
-            calls[method] += 1
-            return solve(p, SolverSettings(method=method))
-
-        return run
-
-    plain, plain_pl, plain_final = solve_and_place(problem, counted("mip"))
+    problem = _fragmented(JobRequest("e", tuple(Option(g, 400.0 / g) for g in (1, 2, 3, 4))))
+    calls = {"mip": 0, "fast": 0}  # e's TTA: 4 GPUs best
+    plain, plain_pl, plain_final = solve_and_place(problem, _counting(calls, "mip"))
     assert calls == {"mip": 4, "fast": 0} and plain.choices["e"].gpus == 1
     calls.update(mip=0)
-    sol, pl, final = solve_and_place(problem, counted("mip"), steer=counted("fast"))
+    sol, pl, final = solve_and_place(
+        problem, _counting(calls, "mip"), steer=_counting(calls, "fast")
+    )
     assert calls == {"mip": 2, "fast": 3}
     assert sol.solver == "mip" and pl.unplaced == () and check_solution(final, sol) == []
     assert sol.choices == plain.choices and final.forbidden == plain_final.forbidden
@@ -140,13 +148,7 @@ def test_cheap_solver_steers_the_retries_and_the_answer_is_the_real_solvers() ->
 def test_an_unplaceable_count_forbids_the_jobs_larger_counts_in_the_same_retry() -> None:
     # Four running 3-GPU jobs leave one free GPU on each 4-GPU node. e prefers 2 GPUs, then
     # a whole node: neither can be placed, and one retry (not two) finds that out.
-    names = _cluster(4).node_names
-    fixed = tuple(
-        JobRequest(j, (Option(3, 100.0),), current=Allocation(3, False, ((node, 3),)))
-        for j, node in zip("abcd", names, strict=True)
-    )
-    e = JobRequest("e", (Option(1, 400.0), Option(2, 150.0), Option(4, 200.0)))
-    problem = Problem(_cluster(4), (*fixed, e))
+    problem = _fragmented(JobRequest("e", (Option(1, 400.0), Option(2, 150.0), Option(4, 200.0))))
     assert solve(problem).choices["e"].gpus == 2
     calls = []
 
@@ -160,22 +162,10 @@ def test_an_unplaceable_count_forbids_the_jobs_larger_counts_in_the_same_retry()
 
 
 def test_after_max_solves_the_steering_solvers_placed_answer_stands() -> None:
-    names = _cluster(4).node_names
-    fixed = tuple(
-        JobRequest(j, (Option(3, 100.0),), current=Allocation(3, False, ((node, 3),)))
-        for j, node in zip("abcd", names, strict=True)
-    )
-    e = JobRequest("e", tuple(Option(g, 400.0 / g) for g in (1, 2, 3, 4)))
-    problem = Problem(_cluster(4), (*fixed, e))
+    problem = _fragmented(JobRequest("e", tuple(Option(g, 400.0 / g) for g in (1, 2, 3, 4))))
     calls = {"mip": 0, "fast": 0}
-
-    def counted(method: str) -> Callable[[Problem], Solution]:
-        def run(p: Problem) -> Solution:
-            calls[method] += 1
-            return solve(p, SolverSettings(method=method))
-
-        return run
-
-    sol, pl, final = solve_and_place(problem, counted("mip"), steer=counted("fast"), max_solves=1)
+    sol, pl, final = solve_and_place(
+        problem, _counting(calls, "mip"), steer=_counting(calls, "fast"), max_solves=1
+    )
     assert calls["mip"] == 1 and sol.solver == "fast"  # the MIP's one answer did not place
     assert pl.unplaced == () and check_solution(final, sol) == [] and sol.choices["e"].gpus == 1

@@ -11,6 +11,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from icefrog_slurm.controller.daemon import Controller
 from icefrog_slurm.controller.tick import EVICTED
 from icefrog_slurm.policies.standin import StandInPolicy
 from icefrog_slurm.protocol import ProfileSample
+from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
 from icefrog_slurm.slurm.parse import expand_hostlist
 from icefrog_slurm.slurm.port import Gres
@@ -151,11 +153,26 @@ def test_two_jobs_share_a_gpu_and_one_moves_back(
     assert running(cluster, new_a).gres == Gres("shard", 1)  # the other stays shared
 
 
-def test_a_released_job_not_started_yet_is_held_before_it_moves_to_a_shared_gpu(
+@dataclass
+class _Released:
+    """A job the controller released to node3 that Slurm has not started (its StartTime is
+    an hour away), with the controller, policy and clock to play the next rounds."""
+
+    job: int
+    sid: str
+    policy: FixedPolicy
+    clock: OffsetClock
+    ctl: Controller
+    settings: Settings
+
+    def next_round(self) -> None:
+        self.clock.next_round(self.settings)
+        converge(self.ctl)
+
+
+def _released_not_started(
     tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
-) -> None:
-    # Slurm has not started the released job (its StartTime is an hour away) when the next
-    # round shares it: GRES kind cannot change on a pending job, so it is held, resubmitted.
+) -> _Released:
     settings = make_settings(tmp_path)
     clock = OffsetClock()
     job, sid, _ = submit_job(store, cluster, base, _key())
@@ -165,11 +182,21 @@ def test_a_released_job_not_started_yet_is_held_before_it_moves_to_a_shared_gpu(
     converge(ctl)
     waiting = state_of(cluster, sid)
     assert waiting.state == "PENDING" and not waiting.held
-    policy.decisions[job] = (1, True, ("node3",))
-    clock.next_round(settings)
-    converge(ctl)
+    assert cluster.job_detail(job_id=sid).req_nodes == "node3"
+    return _Released(job, sid, policy, clock, ctl, settings)
+
+
+def test_a_released_job_not_started_yet_is_held_before_it_moves_to_a_shared_gpu(
+    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+) -> None:
+    # Slurm has not started the released job when the next round shares it: GRES kind
+    # cannot change on a pending job, so it is held, then resubmitted.
+    r = _released_not_started(tmp_path, store, cluster, base)
+    job = r.job
+    r.policy.decisions[job] = (1, True, ("node3",))
+    r.next_round()
     new = chain(store, job)[-1]
-    assert new != sid and running(cluster, new).gres == Gres("shard", 1)
+    assert new != r.sid and running(cluster, new).gres == Gres("shard", 1)
     with store.transaction() as tx:
         steps = [a.action for a in tx.actions(job_id=job)]
         assert tx.open_intents() == []
@@ -179,23 +206,15 @@ def test_a_released_job_not_started_yet_is_held_before_it_moves_to_a_shared_gpu(
 def test_a_released_job_not_started_yet_follows_its_round_and_is_held_when_told_to_wait(
     tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
 ) -> None:
-    settings = make_settings(tmp_path)
-    clock = OffsetClock()
-    job, sid, _ = submit_job(store, cluster, base, _key())
-    subprocess.run(["scontrol", "update", f"jobid={sid}", "StartTime=now+1hour"], check=True)
-    policy = FixedPolicy({job: (1, False, ("node3",))})
-    ctl = make_controller(settings, store, policy, clock)
-    converge(ctl)
-    assert cluster.job_detail(job_id=sid).req_nodes == "node3"
-    policy.decisions[job] = (1, False, ("node2",))  # the next round moves it
-    clock.next_round(settings)
-    converge(ctl)
+    r = _released_not_started(tmp_path, store, cluster, base)
+    job, sid = r.job, r.sid
+    r.policy.decisions[job] = (1, False, ("node2",))  # the next round moves it
+    r.next_round()
     detail = cluster.job_detail(job_id=sid)
     assert detail.req_nodes == "node2" and detail.state == "PENDING"
     assert not state_of(cluster, sid).held
-    del policy.decisions[job]  # the next round tells it to wait: held, not started later
-    clock.next_round(settings)
-    converge(ctl)
+    del r.policy.decisions[job]  # the next round tells it to wait: held, not started later
+    r.next_round()
     assert state_of(cluster, sid).held
     with store.transaction() as tx:
         steps = [a.action for a in tx.actions(job_id=job)]
