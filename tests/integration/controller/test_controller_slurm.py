@@ -153,10 +153,30 @@ def test_two_jobs_share_a_gpu_and_one_moves_back(
     assert running(cluster, new_a).gres == Gres("shard", 1)  # the other stays shared
 
 
+def _foreign_job_on(node: str) -> str:
+    """A job outside icefrog holding all four GPUs of ``node``, running."""
+    sid = subprocess.run(
+        ["sbatch", "--parsable", "-p", "gpu", "--gres=gpu:4", "-N1", "-w", node,
+         "-o", "/dev/null", "--wrap", "sleep 110"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    running(backend(), sid)
+    return sid
+
+
+@pytest.fixture
+def blockers(cluster: SlurmCliBackend) -> Iterator[dict[str, str]]:
+    """Foreign jobs a test puts on nodes (node -> Slurm id), cancelled after it."""
+    taken: dict[str, str] = {}
+    yield taken
+    for sid in taken.values():
+        cluster.cancel(job_id=sid)
+
+
 @dataclass
 class _Released:
-    """A job the controller released to node3 that Slurm has not started (its StartTime is
-    an hour away), with the controller, policy and clock to play the next rounds."""
+    """A job the controller released to node3 that Slurm cannot start (a foreign job holds
+    node3's four GPUs), with the controller, policy and clock to play the next rounds."""
 
     job: int
     sid: str
@@ -171,32 +191,40 @@ class _Released:
 
 
 def _released_not_started(
-    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+    tmp_path: Path,
+    store: SqlStore,
+    cluster: SlurmCliBackend,
+    base: Path,
+    blockers: dict[str, str],
 ) -> _Released:
+    # release_now sets StartTime=now, so only a full node keeps a released job pending
+    blockers["node3"] = _foreign_job_on("node3")
     settings = make_settings(tmp_path)
     clock = OffsetClock()
     job, sid, _ = submit_job(store, cluster, base, _key())
-    subprocess.run(["scontrol", "update", f"jobid={sid}", "StartTime=now+1hour"], check=True)
     policy = FixedPolicy({job: (1, False, ("node3",))})
     ctl = make_controller(settings, store, policy, clock)
     converge(ctl)
     waiting = state_of(cluster, sid)
-    if waiting.state != "PENDING":  # release_now's StartTime=now can win over the hour
-        pytest.skip(f"Slurm started the job at once ({waiting.state}): premise not set up")
-    assert not waiting.held
+    assert waiting.state == "PENDING" and not waiting.held
     assert cluster.job_detail(job_id=sid).req_nodes == "node3"
     return _Released(job, sid, policy, clock, ctl, settings)
 
 
 def test_a_released_job_not_started_yet_is_held_before_it_moves_to_a_shared_gpu(
-    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+    tmp_path: Path,
+    store: SqlStore,
+    cluster: SlurmCliBackend,
+    base: Path,
+    blockers: dict[str, str],
 ) -> None:
     # Slurm has not started the released job when the next round shares it: GRES kind
     # cannot change on a pending job, so it is held, then resubmitted.
-    r = _released_not_started(tmp_path, store, cluster, base)
+    r = _released_not_started(tmp_path, store, cluster, base, blockers)
     job = r.job
     r.policy.decisions[job] = (1, True, ("node3",))
     r.next_round()
+    cluster.cancel(job_id=blockers.pop("node3"))  # node3 free: the shard job can start
     new = chain(store, job)[-1]
     assert new != r.sid and running(cluster, new).gres == Gres("shard", 1)
     with store.transaction() as tx:
@@ -206,10 +234,15 @@ def test_a_released_job_not_started_yet_is_held_before_it_moves_to_a_shared_gpu(
 
 
 def test_a_released_job_not_started_yet_follows_its_round_and_is_held_when_told_to_wait(
-    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+    tmp_path: Path,
+    store: SqlStore,
+    cluster: SlurmCliBackend,
+    base: Path,
+    blockers: dict[str, str],
 ) -> None:
-    r = _released_not_started(tmp_path, store, cluster, base)
+    r = _released_not_started(tmp_path, store, cluster, base, blockers)
     job, sid = r.job, r.sid
+    blockers["node2"] = _foreign_job_on("node2")  # so it cannot start on node2 either
     r.policy.decisions[job] = (1, False, ("node2",))  # the next round moves it
     r.next_round()
     detail = cluster.job_detail(job_id=sid)
