@@ -5,7 +5,7 @@
 Tables: ``main`` (average JCT and ICEFROG's speedup over each baseline at 48 GPUs, 1x/2x/3x
 load, 3 seeds), ``size`` (JCT by size class), ``tta`` (time to accuracy per task, ICEFROG vs
 Pollux+), ``solver`` (solver time per round per policy and cluster size), ``scale`` (5x/10x/20x
-load on 240/480/960 GPUs), ``ablation`` (ICEFROG at 2x load with one thing changed),
+load on 240/480/960 GPUs), ``ablation`` (ICEFROG at 2x load with one thing changed, 3 seeds),
 ``faithful`` (Optimus+/Pollux+ on Pollux's workloads); ``all`` is every one. ``size``,
 ``tta`` and ``solver`` read the runs of ``main`` (and ``solver`` those of ``scale``).
 
@@ -247,6 +247,7 @@ class Grid:
     base_jobs: int = 120
     tasks: str = ""
     ablation_load: float = 2.0
+    ablation_seeds: tuple[int, ...] = (1, 2, 3)
     scale: tuple[tuple[float, int], ...] = SCALE_POINTS
     faithful_loads: tuple[float, ...] = (0.5, 1.5, 2.0)
     workloads: int = 3
@@ -271,15 +272,19 @@ def scale_runs(g: Grid) -> list[Run]:
     ]  # fmt: skip
 
 
-def ablation_rows(g: Grid, freezeout_known: bool) -> list[tuple[str, Run | None]]:
-    """(row label, run); run None: skipped (the label says why)."""
+def ablation_rows(g: Grid, freezeout_known: bool) -> list[tuple[str, tuple[Run, ...] | None]]:
+    """(row label, one run a seed of ``g.ablation_seeds``); None: skipped (the label says why).
+    Rows that equal the defaults (lambda 0.9, period 5 min) reuse the "as is" runs."""
 
-    def run(tag: str, *extra: str) -> Run:
-        label = f"ablation-{g.gpus}g-load{g.ablation_load:g}-seed1-icefrog-{tag}"
-        return Run(label, g.trace(g.ablation_load, 1), "icefrog", g.gpus, 1, (*g.common, *extra))
+    def run(tag: str, *extra: str) -> tuple[Run, ...]:
+        return tuple(
+            Run(f"ablation-{g.gpus}g-load{g.ablation_load:g}-seed{s}-icefrog-{tag}",
+                g.trace(g.ablation_load, s), "icefrog", g.gpus, s, (*g.common, *extra))
+            for s in g.ablation_seeds
+        )  # fmt: skip
 
     base = run("asis")
-    rows: list[tuple[str, Run | None]] = [
+    rows: list[tuple[str, tuple[Run, ...] | None]] = [
         ("as is (frozen penalty, sharing, lambda 0.9, period 5 min)", base),
         ("freezing off (`--no-freeze`)", run("nofreeze", "--no-freeze")),
         ("sharing off (`--no-share`)", run("noshare", "--no-share")),
@@ -489,26 +494,30 @@ def table_solver(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
 
 
 def table_ablation(
-    rows_in: Sequence[tuple[str, Run | None]], res: dict[str, dict[str, Any] | None]
+    rows_in: Sequence[tuple[str, tuple[Run, ...] | None]], res: dict[str, dict[str, Any] | None]
 ) -> Table:
-    header = ["ICEFROG variant", "avg JCT h", "JCT / as-is JCT", "jobs unfinished",
+    """One row a variant: its figures as mean (min-max) over the seeds; the JCT ratio is taken
+    per seed against the "as is" run on the same trace (the first row)."""
+    header = ["ICEFROG variant", "seeds", "avg JCT h", "JCT / as-is JCT", "jobs unfinished",
               "reallocations", "GPU-hours", "sim wall s"]  # fmt: skip
-    base_run = rows_in[0][1]
-    base = _totals(res[base_run.key]).get("avg_jct_s") if base_run else None
+    base = {r.seed: _totals(res.get(r.key)).get("avg_jct_s") for r in rows_in[0][1] or ()}
     rows, raw = [], {}
-    for label, run in rows_in:
-        if run is None:
-            rows.append([label, "-", "-", "-", "-", "-", "-"])
+    for label, runs in rows_in:
+        if runs is None:
+            rows.append([label, *["-"] * (len(header) - 1)])
             continue
-        doc = res[run.key]
-        t = _totals(doc)
-        jct = t.get("avg_jct_s")
-        raw[label] = t
+        docs = [res.get(r.key) for r in runs]
+        ts = [_totals(d) for d in docs]
+        jct = [t.get("avg_jct_s") for t in ts]
+        ratio = [j / base[r.seed] if j and base.get(r.seed) else None
+                 for r, j in zip(runs, jct, strict=True)]  # fmt: skip
+        raw[label] = {"seeds": [r.seed for r in runs], "totals": ts, "ratio": ratio}
         rows.append([
-            label, _spread([_h(jct)]),
-            "-" if not (jct and base) else f"{jct / base:.2f}",
-            _unfinished([doc]), str(t.get("reallocations", "-")),
-            _spread([t.get("gpu_hours")], "{:.0f}"), _spread([t.get("wall_s")], "{:.0f}"),
+            label, str(sum(d is not None for d in docs)), _spread(map(_h, jct)),
+            _spread(ratio), _unfinished(docs),
+            _spread([t.get("reallocations") for t in ts], "{:.0f}"),
+            _spread([t.get("gpu_hours") for t in ts], "{:.0f}"),
+            _spread([t.get("wall_s") for t in ts], "{:.0f}"),
         ])  # fmt: skip
     return header, rows, raw
 
@@ -554,18 +563,19 @@ def markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def grid_from(args: argparse.Namespace) -> Grid:
     g = Grid()
     if args.quick:
-        g = Grid(loads=(0.25,), seeds=(1,), gpus=16, ablation_load=0.25, scale=((0.5, 32),),
-                 faithful_loads=(0.5,), workloads=1)  # fmt: skip
+        g = Grid(loads=(0.25,), seeds=(1,), gpus=16, ablation_load=0.25, ablation_seeds=(1,),
+                 scale=((0.5, 32),), faithful_loads=(0.5,), workloads=1)  # fmt: skip
     common = ("--batch", "paper", *[x for kv in args.set for x in ("--set", kv)])
     scale = tuple(p for p in g.scale if p[1] <= args.max_scale)
     return Grid(
         loads=_floats(args.loads) if args.loads else g.loads,
-        seeds=tuple(int(s) for s in args.seeds.split(",")) if args.seeds else g.seeds,
+        seeds=_ints(args.seeds) if args.seeds else g.seeds,
         gpus=args.gpus or g.gpus,
         policies=tuple(args.policies.split(",")) if args.policies else g.policies,
         base_jobs=args.base_jobs,
         tasks=args.tasks,
         ablation_load=args.ablation_load or g.ablation_load,
+        ablation_seeds=_ints(args.ablation_seeds) if args.ablation_seeds else g.ablation_seeds,
         scale=scale,
         faithful_loads=g.faithful_loads,
         workloads=args.workloads or g.workloads,
@@ -576,6 +586,10 @@ def grid_from(args: argparse.Namespace) -> Grid:
 
 def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in text.split(","))
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
 
 
 def build(table: str, g: Grid, runner: Runner) -> tuple[list[str], list[list[str]], dict[str, Any]]:
@@ -593,7 +607,7 @@ def build(table: str, g: Grid, runner: Runner) -> tuple[list[str], list[list[str
             runner.log(f"ablation: skipping the FreezeOut row: `--set {FREEZEOUT_SET}` is not "
                        "a setting in this build (branch freeze adds policy.freezing)")  # fmt: skip
         rows = ablation_rows(g, known)
-        res = runner.ensure([r for _, r in rows if r is not None])
+        res = runner.ensure([r for _, runs in rows for r in runs or ()])
         return table_ablation(rows, res)
     if table == "faithful":
         return table_faithful(g, runner.ensure(faithful_runs(g)))
@@ -616,6 +630,7 @@ def make_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tasks", default="", help="trace sample --tasks (default: its own)")
     ap.add_argument("--max-scale", type=int, default=960, help="scale: largest GPUs (960)")
     ap.add_argument("--ablation-load", type=float, help="ablation: load factor (2: the paper's)")
+    ap.add_argument("--ablation-seeds", help="ablation: seeds, e.g. 1,2,3 (1,2,3)")
     ap.add_argument("--workloads", type=int, help="faithful: workloads per load (3)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="passed to every simulation (part of the run key)")  # fmt: skip

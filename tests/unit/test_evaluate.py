@@ -84,14 +84,35 @@ def test_ablation_rows_skip_freezeout_when_unknown_and_reuse_the_default_run() -
     assert len(skipped) == 1 and "SKIPPED" in skipped[0] and "FreezeOut" in skipped[0]
     base = rows["as is (frozen penalty, sharing, lambda 0.9, period 5 min)"]
     assert rows["lambda 0.9"] is base and rows["period 5 min"] is base
-    assert "sharing.speed_factor=0.6" in rows["lambda 0.6"].extra
-    assert "controller.round_period_s=600" in rows["period 10 min"].extra
-    assert rows["throughput noise sd 0.5"].extra[-2:] == ("--profile-noise", "0.5")
-    assert all(r.workload.load == 2.0 and r.policy == "icefrog" for r in rows.values() if r)
+    assert all("sharing.speed_factor=0.6" in r.extra for r in rows["lambda 0.6"])
+    assert all("controller.round_period_s=600" in r.extra for r in rows["period 10 min"])
+    assert rows["throughput noise sd 0.5"][0].extra[-2:] == ("--profile-noise", "0.5")
+    runs = [r for rs in rows.values() if rs for r in rs]
+    assert all(r.workload.load == 2.0 and r.policy == "icefrog" for r in runs)
+    assert all([r.seed for r in rs] == [1, 2, 3] for rs in rows.values() if rs)
+    assert all(r.workload.seed == r.seed for r in runs)  # each seed on its own trace
     known = dict(ev.ablation_rows(g, True))
-    assert ev.FREEZEOUT_SET in known["frozen penalty -> tuned FreezeOut"].extra
-    keys = {r.key for r in known.values() if r}
-    assert len(keys) == len(ev.ablation_rows(g, True)) - 2  # lambda 0.9, period 5 = as is
+    assert all(ev.FREEZEOUT_SET in r.extra for r in known["frozen penalty -> tuned FreezeOut"])
+    keys = {r.key for rs in known.values() if rs for r in rs}
+    assert len(keys) == 3 * (len(known) - 2)  # lambda 0.9, period 5 = as is
+
+
+def test_ablation_ratio_is_per_seed_against_the_as_is_run_of_that_seed() -> None:
+    g = ev.Grid(ablation_seeds=(1, 2))
+    rows_in = ev.ablation_rows(g, True)
+    (_, base), (off_label, off) = rows_in[0], rows_in[1]
+    assert base and off
+    res = {base[0].key: _doc(1.0), base[1].key: _doc(4.0),
+           off[0].key: _doc(1.5), off[1].key: _doc(4.0)}  # fmt: skip
+    header, rows, raw = ev.table_ablation(rows_in, res)
+    assert raw[off_label]["ratio"] == [1.5, 1.0]
+    cells = dict(zip(header, rows[1], strict=True))
+    assert cells["JCT / as-is JCT"] == "1.25 (1.00-1.50)"  # not 5.5 h / 5.0 h = 1.10
+    assert cells["avg JCT h"] == "2.75 (1.50-4.00)" and cells["seeds"] == "2"
+    assert dict(zip(header, rows[0], strict=True))["JCT / as-is JCT"] == "1.00 (1.00-1.00)"
+    missing = next(r for r in rows if r[0].startswith("sharing off"))
+    assert missing[1] == "0" and missing[2] == "-" and "2 run(s) missing" in missing[4]
+    _parse(ev.markdown(header, rows))
 
 
 def test_faithful_runs_are_pollux_workloads_without_freezing_or_sharing() -> None:
