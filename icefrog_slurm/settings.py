@@ -194,6 +194,14 @@ class PolicySettings:
     baselines' "+"; the paper's ablation "frozen penalty -> tuned FreezeOut", spec
     section 15). The baselines always use FreezeOut."""
 
+    batch_scaling: bool = False
+    """true: the icefrog policy's Layer Tuner maximises goodput, E x the statistical
+    efficiency of the global batch (Pollux's, ``core/goodput.py``), instead of E alone, so
+    it may grow a job's global batch when that pays for the extra samples it needs (the
+    paper's batch-elasticity ablation, spec section 15). A job that declares a fixed global
+    batch keeps it either way. false (default): the paper's protocol, E alone. The
+    baselines ignore it (Pollux+ always scores goodput)."""
+
 
 @dataclass(frozen=True)
 class MetricsSettings:

@@ -69,8 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch",
         choices=("paper", "fixed", "tuned"),
         default="paper",
-        help="global batch: the workload's, fixed, for every policy but pollux+ (paper, spec "
-        "section 12); fixed for all; or the batch each policy decides for all (tuned)",
+        help="global batch: the workload's, fixed, for every policy but pollux+ (and icefrog "
+        "with policy.batch_scaling) (paper, spec section 12); fixed for all; or the batch "
+        "each policy decides for all (tuned)",
     )
     parser.add_argument("--config", type=Path, help="controller settings TOML (defaults)")
     parser.add_argument(
@@ -137,7 +138,9 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     results: list[SimResult] = []
     for policy in policies:
-        fixed = args.batch == "fixed" or (args.batch == "paper" and policy.name != "pollux+")
+        fixed = args.batch == "fixed" or (
+            args.batch == "paper" and not adapts_batch(policy.name, settings)
+        )
         opts = replace(options, fixed_batch=fixed)
         engine = Engine(workload, policy, settings=settings, options=opts, catalog=catalog)
         results.append(engine.run(None if args.quiet else _progress(policy.name)))
@@ -156,6 +159,12 @@ def run(args: argparse.Namespace) -> int:
     note = "" if plots else " (no plots: install the `sim` extra for matplotlib)"
     print(f"wrote {path}{note}")
     return 0
+
+
+def adapts_batch(policy: str, settings: Settings) -> bool:
+    """Whether, under ``--batch paper``, a policy picks its jobs' global batch: Pollux+
+    always (spec section 12), ICEFROG with ``policy.batch_scaling`` (spec section 15)."""
+    return policy == "pollux+" or (policy == "icefrog" and settings.policy.batch_scaling)
 
 
 def _policies(choice: str) -> list[Policy]:

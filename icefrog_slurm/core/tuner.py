@@ -55,7 +55,8 @@ class TunerChoice:
     frozen: int
     psi: float
     throughput: float  # T(a, s, m, l), samples/s, lambda included
-    effective_progress: float  # E = psi x T
+    effective_progress: float  # E = psi x T (x efficiency, when the tuner was given one)
+    efficiency: float = 1.0  # statistical efficiency of the global batch (core/goodput.py)
 
 
 def powers_of_two(min_batch: int, max_batch: int) -> tuple[int, ...]:
@@ -203,16 +204,23 @@ def tune_grid(
     throughput: FloatArray,
     lam: float = 1.0,
     current_frozen: int | None = None,
+    efficiency: FloatArray | None = None,
 ) -> TunerChoice | None:
     """:func:`tune` on arrays: ``psi[j]`` = psi(frozen_candidates[j]) and ``throughput[i, j]``
     = T alone at (batch_sizes[i], frozen_candidates[j]) (see
-    :func:`measured_or_predicted_grid`). The same choice, ties included."""
+    :func:`measured_or_predicted_grid`). The same choice, ties included.
+
+    ``efficiency[i, j]``, when given, is the statistical efficiency of the global batch at
+    (batch_sizes[i], frozen_candidates[j]) (``core/goodput.py``): the tuner then maximises
+    the goodput psi x T x efficiency, so a larger batch must pay for the extra samples it
+    needs (``[policy] batch_scaling``, spec section 15's batch elasticity)."""
     if not (0 <= lam <= 1 and math.isfinite(lam)):
         raise InputError(f"lambda: must be within [0, 1], got {lam}")
     if not (batch_sizes and frozen_candidates):
         return None
     t = np.asarray(throughput, dtype=float) * lam
-    e = np.asarray(psi, dtype=float)[None, :] * t
+    eff = np.ones_like(t) if efficiency is None else np.broadcast_to(efficiency, t.shape)
+    e = np.asarray(psi, dtype=float)[None, :] * t * eff
     e = np.where(np.isnan(e), -math.inf, e)
     best_e = float(np.max(e))
     if not best_e > 0:
@@ -227,5 +235,10 @@ def tune_grid(
         ),
     )
     return TunerChoice(
-        batch_sizes[i], frozen_candidates[j], float(psi[j]), float(t[i, j]), float(e[i, j])
+        batch_sizes[i],
+        frozen_candidates[j],
+        float(psi[j]),
+        float(t[i, j]),
+        float(e[i, j]),
+        float(eff[i, j]),
     )

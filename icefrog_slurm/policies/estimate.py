@@ -29,6 +29,10 @@ For each job of a snapshot, from what the job reported:
   train with (``JobSpec.batch_candidates``: m = ceil(B/a) clipped to its range, the rule
   the simulated jobs and the trainer follow); its T is that of (a, m) in samples/s
   (accumulating gradients keeps the samples/s of m).
+- with ``policy.batch_scaling`` (ICEFROG's batch-elasticity ablation; the baselines build
+  their estimator with it off) the tuner maximises goodput, E x the statistical efficiency
+  of the global batch a x m (``core/goodput.py``, from the same gradient statistics), for
+  a job whose global batch is free, so E and T_acc are in base-batch samples.
 
 Models are cached per job and refitted only when a new configuration is measured.
 """
@@ -45,6 +49,7 @@ import numpy as np
 from icefrog_slurm.controller.snapshot import JobSnapshot
 from icefrog_slurm.core.fit import ProfileHistory
 from icefrog_slurm.core.freezeout import FreezeOut, tune_freezeout
+from icefrog_slurm.core.goodput import efficiency_grid
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.parallel_fit import fitter_for
 from icefrog_slurm.core.parallelism import DDP, Kind, Parallelism
@@ -61,7 +66,7 @@ from icefrog_slurm.core.tuner import (
     tune_grid,
 )
 from icefrog_slurm.errors import IcefrogError
-from icefrog_slurm.protocol import JobSpec, ProfileSample
+from icefrog_slurm.protocol import GradStats, JobSpec, ProfileSample
 from icefrog_slurm.settings import Freezing, Settings
 
 log = logging.getLogger(__name__)
@@ -105,11 +110,12 @@ class Estimator:
     none, until a later round; its measured configurations are used as measured anyway.
     """
 
-    def __init__(self, freezing: Freezing | None = None) -> None:
+    def __init__(self, freezing: Freezing | None = None, batch_scaling: bool | None = None) -> None:
         self._cache: dict[int, _Cached] = {}
         self._budget = -1  # fits left this round; -1: unlimited
         self._priors: dict[tuple[object, ...], ThroughputModel] = {}
         self._freezing = freezing  # None: the setting policy.freezing
+        self._batch_scaling = batch_scaling  # None: the setting policy.batch_scaling
         self._schedules: dict[int, FreezeOut | None] = {}  # FreezeOut, tuned once a job
         self._layers: dict[int, tuple[JobSpec, LayerTable]] = {}
 
@@ -169,7 +175,9 @@ class Estimator:
             0.0, spec.max_epochs * spec.samples_per_epoch - job.job.progress.effective_samples_done
         )
         age = max(0.0, now - job.job.submit_time)
-        key = (len(job.view.samples), stats, cached.version, model is cached.model, frozen)
+        goodput = self._goodput(spec, stats, frozen, layers, settings)
+        key = (len(job.view.samples), stats, cached.version, model is cached.model, frozen,
+               goodput is None)  # fmt: skip
         if cached.tuned_for != key:
             cached.tuned, cached.tuned_for = {}, key
         out: list[Candidate] = []
@@ -193,6 +201,7 @@ class Estimator:
                     ),
                     lam=settings.sharing.speed_factor if shared else 1.0,
                     current_frozen=current_frozen,
+                    efficiency=None if goodput is None else goodput(gpus, at),
                 )
             best = cached.tuned[gpus, shared]
             if best is None:
@@ -210,6 +219,33 @@ class Estimator:
                 load = cached.sharing.predict(batch=best.batch, frozen=best.frozen, layers=layers)
             out.append(Candidate(gpus, shared, best, tta, load))
         return tuple(out)
+
+    def _goodput(
+        self,
+        spec: JobSpec,
+        stats: GradStats | None,
+        frozen: tuple[int, ...],
+        layers: LayerTable,
+        settings: Settings,
+    ) -> Callable[[int, Sequence[int]], FloatArray] | None:
+        """With batch scaling on (``policy.batch_scaling``, or as constructed), for a job
+        whose global batch is free and whose gradient statistics have come: (gpus, per-GPU
+        batches) -> the efficiency grid over (batch, frozen) the tuner weighs E by. None
+        otherwise (E alone)."""
+        on = settings.policy.batch_scaling if self._batch_scaling is None else self._batch_scaling
+        if not on or spec.global_batch > 0 or stats is None:
+            return None
+        if not len(stats.grad_var) == len(stats.grad_sqr) == layers.num_layers:
+            return None
+
+        def grid(gpus: int, batches: Sequence[int]) -> FloatArray:
+            return efficiency_grid(
+                grad_var=stats.grad_var, grad_sqr=stats.grad_sqr, frozen_candidates=frozen,
+                global_batches=[gpus * m for m in batches],
+                base_batch=spec.min_gpus * spec.min_batch,
+            )  # fmt: skip
+
+        return grid
 
     def _freezeout_depth(
         self,

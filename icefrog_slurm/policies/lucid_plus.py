@@ -46,7 +46,7 @@ class LucidPlusPolicy:
     name = "lucid+"
 
     def __init__(self) -> None:
-        self.estimator = Estimator(freezing="freezeout")
+        self.estimator = Estimator(freezing="freezeout", batch_scaling=False)
 
     def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
         started = time.perf_counter()

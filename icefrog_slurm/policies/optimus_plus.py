@@ -37,7 +37,7 @@ class OptimusPlusPolicy:
     name = "optimus+"
 
     def __init__(self) -> None:
-        self.estimator = Estimator(freezing="freezeout")
+        self.estimator = Estimator(freezing="freezeout", batch_scaling=False)
 
     def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
         started = time.perf_counter()

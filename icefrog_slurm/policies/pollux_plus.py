@@ -6,9 +6,10 @@ the global batch, with the batch chosen per allocation; its cluster optimiser (A
 jobs' speedups, speedup = goodput(allocation) / goodput(a fair-share allocation).
 
 Here (simplified; docs/evaluation.md says why):
-- efficiency follows AdaptDL's ``goodput.py``: scale = M / M0 (M0 the job's smallest global
-  batch), gain = (var + sqr) / (var / scale + sqr), efficiency = gain / scale, with var and
-  sqr the sums of the trainable layers' reported gradient variance and squared norm;
+- efficiency (``core/goodput.py``) follows AdaptDL's ``goodput.py``: scale = M / M0 (M0
+  the job's smallest global batch), gain = (var + sqr) / (var / scale + sqr), efficiency =
+  gain / scale, with var and sqr the sums of the trainable layers' reported gradient
+  variance and squared norm;
   jobs with no statistics yet count efficiency 1;
 - goodput(a) = E(a) x efficiency(a x m), (m, l) the tuner's choice at a (the "+");
 - speedup(a) = goodput(a) / goodput(fair share), the fair share ceil(GPUs / jobs) as in
@@ -24,6 +25,7 @@ import time
 
 from icefrog_slurm.controller.plan import PolicyResult
 from icefrog_slurm.controller.snapshot import Snapshot
+from icefrog_slurm.core.goodput import efficiency
 from icefrog_slurm.policies.baseline import (
     Free,
     JobOptions,
@@ -36,15 +38,6 @@ from icefrog_slurm.policies.estimate import Estimator
 from icefrog_slurm.settings import Settings
 
 NO_SPEEDUP = 1e12  # -1/speedup for a job that would make no progress
-
-
-def efficiency(*, var: float, sqr: float, batch: float, base_batch: float) -> float:
-    """Statistical efficiency of global batch M (AdaptDL goodput.py): scale = M / M0,
-    gain = (var + sqr) / (var / scale + sqr), efficiency = gain / scale (1 at M = M0)."""
-    if not (var > 0 and sqr > 0 and batch > 0 and base_batch > 0):
-        return 1.0
-    scale = batch / base_batch
-    return (var + sqr) / (var / scale + sqr) / scale
 
 
 def goodput(o: JobOptions, gpus: int) -> float:
@@ -69,7 +62,7 @@ class PolluxPlusPolicy:
     name = "pollux+"
 
     def __init__(self) -> None:
-        self.estimator = Estimator(freezing="freezeout")
+        self.estimator = Estimator(freezing="freezeout", batch_scaling=False)
 
     def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
         started = time.perf_counter()

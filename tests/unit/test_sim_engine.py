@@ -11,11 +11,12 @@ from hypothesis import settings as settings_hyp
 from hypothesis import strategies as st
 
 from icefrog_slurm.cli import main
+from icefrog_slurm.core.goodput import efficiency
 from icefrog_slurm.core.penalty import effective_progress
 from icefrog_slurm.core.tuner import powers_of_two, tune
 from icefrog_slurm.policies.lucid_plus import LucidPlusPolicy
 from icefrog_slurm.policies.optimus_plus import OptimusPlusPolicy
-from icefrog_slurm.policies.pollux_plus import PolluxPlusPolicy, efficiency
+from icefrog_slurm.policies.pollux_plus import PolluxPlusPolicy
 from icefrog_slurm.policies.standin import StandInPolicy
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.sim.calibration import shipped_calibration

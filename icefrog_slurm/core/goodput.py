@@ -1,0 +1,53 @@
+"""Statistical efficiency of a global batch (Pollux, Qiao et al., OSDI 2021; AdaptDL's
+``goodput.py``): how much one sample at global batch M is worth against one at the job's
+base batch M0.
+
+    scale = M / M0
+    gain = (var + sqr) / (var / scale + sqr)      (var, sqr: gradient variance and squared norm)
+    efficiency = gain / scale                      (1 at M = M0, falling above it)
+
+var and sqr are sums of the per-layer statistics the trainer reports over the layers that
+train. Pollux+ multiplies a GPU count's effective progress by it (goodput); ICEFROG's
+Layer Tuner does too with ``[policy] batch_scaling`` (the paper's batch-elasticity
+ablation, spec section 15), so the per-GPU batch it picks is the one of the best goodput.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def efficiency(*, var: float, sqr: float, batch: float, base_batch: float) -> float:
+    """The efficiency of global batch ``batch`` (module docstring); 1 when a statistic or a
+    batch is not positive (nothing to judge it by)."""
+    grid = efficiency_grid(
+        grad_var=(var,), grad_sqr=(sqr,), frozen_candidates=(0,), global_batches=(batch,),
+        base_batch=base_batch,
+    )  # fmt: skip
+    return float(grid[0, 0])
+
+
+def efficiency_grid(
+    *,
+    grad_var: Sequence[float],
+    grad_sqr: Sequence[float],
+    frozen_candidates: Sequence[int],
+    global_batches: Sequence[float],
+    base_batch: float,
+) -> FloatArray:
+    """:func:`efficiency` with one row a global batch and one column a frozen count l, the
+    statistics summed over the layers that train at l (l.. of the per-layer lists)."""
+    var = np.array([sum(grad_var[k:]) for k in frozen_candidates], dtype=float)[None, :]
+    sqr = np.array([sum(grad_sqr[k:]) for k in frozen_candidates], dtype=float)[None, :]
+    batch = np.array(global_batches, dtype=float)[:, None]
+    ok = (var > 0) & (sqr > 0) & (batch > 0) & (base_batch > 0)
+    scale = np.where(batch > 0, batch, 1.0) / (base_batch if base_batch > 0 else 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        eff = (var + sqr) / (var / scale + sqr) / scale
+    out: FloatArray = np.where(ok, eff, 1.0)
+    return out

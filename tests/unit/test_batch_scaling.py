@@ -1,0 +1,94 @@
+"""Batch scaling (``[policy] batch_scaling``, spec section 15): Pollux's statistical
+efficiency (core/goodput.py) weighs the Layer Tuner's E, for ICEFROG only."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from icefrog_slurm.commands.simulate import adapts_batch
+from icefrog_slurm.controller.snapshot import Current, JobSnapshot
+from icefrog_slurm.core.goodput import efficiency, efficiency_grid
+from icefrog_slurm.core.tuner import tune_grid
+from icefrog_slurm.policies.estimate import Estimator
+from icefrog_slurm.protocol import GradStats, JobSpec, ProfileSample
+from icefrog_slurm.settings import Settings, settings_from_mapping
+from icefrog_slurm.store.records import JobRecord, JobView, Progress
+
+L = 4
+SPEC = JobSpec(1, 4, 32, 64, 0.9, "acc", ">=", 0.9, 10, 10000, (1.0,) * L, (1.0,) * L)
+ON = settings_from_mapping({"policy": {"batch_scaling": True}})
+OFF = Settings()
+# the squared norm dominates the variance: a doubled batch is worth little more than one
+LOW_NOISE = GradStats(epoch=3, frozen=0, grad_var=(0.01,) * L, grad_sqr=(1.0,) * L)
+
+
+def test_efficiency_grid_is_the_scalar_over_the_layers_that_train() -> None:
+    var, sqr = (4.0, 2.0, 1.0), (0.5, 0.25, 0.25)
+    grid = efficiency_grid(grad_var=var, grad_sqr=sqr, frozen_candidates=(0, 2),
+                           global_batches=(64, 256), base_batch=64)  # fmt: skip
+    for i, batch in enumerate((64, 256)):
+        for j, k in enumerate((0, 2)):
+            want = efficiency(var=sum(var[k:]), sqr=sum(sqr[k:]), batch=batch, base_batch=64)
+            assert grid[i, j] == pytest.approx(want)
+    assert grid[0].tolist() == pytest.approx([1.0, 1.0])  # the base batch is worth 1
+    assert 0 < grid[1, 0] < 1 and grid[1, 0] != pytest.approx(grid[1, 1])
+    # no statistics to judge by: 1, never nan
+    zero = efficiency_grid(grad_var=(0.0,), grad_sqr=(0.0,), frozen_candidates=(0,),
+                           global_batches=(0, 512), base_batch=64)  # fmt: skip
+    assert zero.tolist() == [[1.0], [1.0]]
+
+
+def test_the_tuner_maximises_goodput_when_given_an_efficiency() -> None:
+    args = {"batch_sizes": (32, 64), "frozen_candidates": (0,), "psi": np.array([1.0]),
+            "throughput": np.array([[400.0], [700.0]])}  # fmt: skip
+    plain = tune_grid(**args)  # type: ignore[arg-type]
+    assert plain is not None and plain.batch == 64 and plain.efficiency == 1.0
+    scaled = tune_grid(**args, efficiency=np.array([[1.0], [0.5]]))  # type: ignore[arg-type]
+    assert scaled is not None and scaled.batch == 32
+    assert scaled.effective_progress == pytest.approx(400.0)
+    mild = tune_grid(**args, efficiency=np.array([[1.0], [0.9]]))  # type: ignore[arg-type]
+    assert mild is not None and mild.batch == 64
+    assert mild.effective_progress == pytest.approx(630.0) and mild.throughput == 700.0
+
+
+def _job(spec: JobSpec = SPEC) -> JobSnapshot:
+    samples = tuple(
+        ProfileSample(1, m, 0, False, 0.0, 0.0, 0.0, m / rate, rate, 20e9, 0.4)
+        for m, rate in ((32, 400.0), (64, 700.0))
+    )
+    rec = JobRecord(1, "j", 0, "root", "pending", 0.0, None, None, spec, ("7",), Progress())
+    return JobSnapshot(JobView(rec, samples, LOW_NOISE), None, Current())
+
+
+def _one_gpu(est: Estimator, settings: Settings, job: JobSnapshot | None = None) -> object:
+    got = est.candidates(job or _job(), now=100.0, gpus_per_node=4, capacity=4,
+                         settings=settings)  # fmt: skip
+    return next(c.choice for c in got if (c.gpus, c.shared) == (1, False))
+
+
+def test_icefrog_with_batch_scaling_keeps_the_batch_whose_samples_are_worth_more() -> None:
+    off = _one_gpu(Estimator(), OFF)
+    assert (off.batch, off.efficiency) == (64, 1.0)  # type: ignore[attr-defined]
+    on = _one_gpu(Estimator(), ON)
+    assert on.batch == 32 and on.efficiency == pytest.approx(1.0)  # type: ignore[attr-defined]
+    # at 2 GPUs even the smallest per-GPU batch doubles the global batch: efficiency < 1
+    two = Estimator().candidates(_job(), now=100.0, gpus_per_node=4, capacity=4, settings=ON)
+    at2 = next(c.choice for c in two if (c.gpus, c.shared) == (2, False))
+    assert at2.efficiency < 0.6 and at2.effective_progress < at2.throughput
+
+
+def test_baselines_and_fixed_global_batches_ignore_batch_scaling() -> None:
+    baseline = _one_gpu(Estimator(freezing="freezeout", batch_scaling=False), ON)
+    assert baseline.batch == 64 and baseline.efficiency == 1.0  # type: ignore[attr-defined]
+    fixed = _job(replace(SPEC, global_batch=64))
+    chosen = _one_gpu(Estimator(), ON, fixed)
+    assert chosen.batch == 64 and chosen.efficiency == 1.0  # type: ignore[attr-defined]
+
+
+def test_under_the_paper_protocol_icefrog_adapts_the_batch_only_with_batch_scaling() -> None:
+    assert adapts_batch("pollux+", OFF) and adapts_batch("pollux+", ON)
+    assert not adapts_batch("icefrog", OFF) and adapts_batch("icefrog", ON)
+    assert not adapts_batch("optimus+", ON) and not adapts_batch("lucid+", ON)
