@@ -288,7 +288,9 @@ def ablation_rows(g: Grid, freezeout_known: bool) -> list[tuple[str, tuple[Run, 
         ("as is (frozen penalty, sharing, lambda 0.9, period 5 min)", base),
         ("freezing off (`--no-freeze`)", run("nofreeze", "--no-freeze")),
         ("sharing off (`--no-share`)", run("noshare", "--no-share")),
-    ]
+        ("batch scaling on (`--set policy.batch_scaling=true`: goodput tuner, decided batch)",
+         run("batchscaling", "--set", "policy.batch_scaling=true")),
+    ]  # fmt: skip
     if freezeout_known:
         rows.append(("frozen penalty -> tuned FreezeOut", run("freezeout", "--set", FREEZEOUT_SET)))
     else:

@@ -87,6 +87,8 @@ def test_ablation_rows_skip_freezeout_when_unknown_and_reuse_the_default_run() -
     assert all("sharing.speed_factor=0.6" in r.extra for r in rows["lambda 0.6"])
     assert all("controller.round_period_s=600" in r.extra for r in rows["period 10 min"])
     assert rows["throughput noise sd 0.5"][0].extra[-2:] == ("--profile-noise", "0.5")
+    scaling = next(rs for label, rs in rows.items() if label.startswith("batch scaling on"))
+    assert all("policy.batch_scaling=true" in r.extra for r in scaling or ())
     runs = [r for rs in rows.values() if rs for r in rs]
     assert all(r.workload.load == 2.0 and r.policy == "icefrog" for r in runs)
     assert all([r.seed for r in rs] == [1, 2, 3] for rs in rows.values() if rs)
