@@ -55,8 +55,7 @@ class TunerChoice:
     frozen: int
     psi: float
     throughput: float  # T(a, s, m, l), samples/s, lambda included
-    effective_progress: float  # E = psi x T (x efficiency, when the tuner was given one)
-    efficiency: float = 1.0  # statistical efficiency of the global batch (core/goodput.py)
+    effective_progress: float  # E = psi x T (x the batch's efficiency, when given one)
 
 
 def powers_of_two(min_batch: int, max_batch: int) -> tuple[int, ...]:
@@ -235,10 +234,5 @@ def tune_grid(
         ),
     )
     return TunerChoice(
-        batch_sizes[i],
-        frozen_candidates[j],
-        float(psi[j]),
-        float(t[i, j]),
-        float(e[i, j]),
-        float(eff[i, j]),
+        batch_sizes[i], frozen_candidates[j], float(psi[j]), float(t[i, j]), float(e[i, j])
     )

@@ -45,7 +45,7 @@ def test_the_tuner_maximises_goodput_when_given_an_efficiency() -> None:
     args = {"batch_sizes": (32, 64), "frozen_candidates": (0,), "psi": np.array([1.0]),
             "throughput": np.array([[400.0], [700.0]])}  # fmt: skip
     plain = tune_grid(**args)  # type: ignore[arg-type]
-    assert plain is not None and plain.batch == 64 and plain.efficiency == 1.0
+    assert plain is not None and plain.batch == 64 and plain.effective_progress == 700.0
     scaled = tune_grid(**args, efficiency=np.array([[1.0], [0.5]]))  # type: ignore[arg-type]
     assert scaled is not None and scaled.batch == 32
     assert scaled.effective_progress == pytest.approx(400.0)
@@ -63,29 +63,28 @@ def _job(spec: JobSpec = SPEC) -> JobSnapshot:
     return JobSnapshot(JobView(rec, samples, LOW_NOISE), None, Current())
 
 
-def _one_gpu(est: Estimator, settings: Settings, job: JobSnapshot | None = None) -> object:
+def _choice(
+    est: Estimator, settings: Settings, job: JobSnapshot | None = None, gpus: int = 1
+) -> tuple[int, float]:
+    """The tuner's batch at ``gpus`` exclusive GPUs and its E / (psi x T): the efficiency."""
     got = est.candidates(job or _job(), now=100.0, gpus_per_node=4, capacity=4,
                          settings=settings)  # fmt: skip
-    return next(c.choice for c in got if (c.gpus, c.shared) == (1, False))
+    c = next(c.choice for c in got if (c.gpus, c.shared) == (gpus, False))
+    return c.batch, c.effective_progress / (c.psi * c.throughput)
 
 
 def test_icefrog_with_batch_scaling_keeps_the_batch_whose_samples_are_worth_more() -> None:
-    off = _one_gpu(Estimator(), OFF)
-    assert (off.batch, off.efficiency) == (64, 1.0)  # type: ignore[attr-defined]
-    on = _one_gpu(Estimator(), ON)
-    assert on.batch == 32 and on.efficiency == pytest.approx(1.0)  # type: ignore[attr-defined]
+    assert _choice(Estimator(), OFF) == (64, 1.0)
+    assert _choice(Estimator(), ON) == (32, pytest.approx(1.0))
     # at 2 GPUs even the smallest per-GPU batch doubles the global batch: efficiency < 1
-    two = Estimator().candidates(_job(), now=100.0, gpus_per_node=4, capacity=4, settings=ON)
-    at2 = next(c.choice for c in two if (c.gpus, c.shared) == (2, False))
-    assert at2.efficiency < 0.6 and at2.effective_progress < at2.throughput
+    batch, eff = _choice(Estimator(), ON, gpus=2)
+    assert batch == 32 and eff < 0.6
+    assert _choice(Estimator(), OFF, gpus=2)[1] == 1.0
 
 
 def test_baselines_and_fixed_global_batches_ignore_batch_scaling() -> None:
-    baseline = _one_gpu(Estimator(freezing="freezeout", batch_scaling=False), ON)
-    assert baseline.batch == 64 and baseline.efficiency == 1.0  # type: ignore[attr-defined]
-    fixed = _job(replace(SPEC, global_batch=64))
-    chosen = _one_gpu(Estimator(), ON, fixed)
-    assert chosen.batch == 64 and chosen.efficiency == 1.0  # type: ignore[attr-defined]
+    assert _choice(Estimator(freezing="freezeout", batch_scaling=False), ON) == (64, 1.0)
+    assert _choice(Estimator(), ON, _job(replace(SPEC, global_batch=64))) == (64, 1.0)
 
 
 def test_under_the_paper_protocol_icefrog_adapts_the_batch_only_with_batch_scaling() -> None:
