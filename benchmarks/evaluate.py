@@ -42,7 +42,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ("icefrog", "lucid+", "optimus+", "pollux+")
 BASELINES = {"lucid+": "Lucid", "optimus+": "Optimus", "pollux+": "Pollux"}
 SIZES = ("small", "medium", "large", "xlarge")
-TABLES = ("main", "size", "tta", "solver", "scale", "ablation", "faithful")
+TABLES = ("main", "size", "tta", "solver", "scale", "ablation", "batch", "faithful")
 PAPER_PHYSICAL = {"lucid+": 1.94, "optimus+": 1.84, "pollux+": 1.51}  # 48 GPUs (spec 14)
 PAPER_SIMULATED = {"lucid+": "1.71-2.20", "optimus+": "1.34-4.21", "pollux+": "1.10-2.80"}
 PAPER_TTA = "1.2-1.8"
@@ -61,6 +61,8 @@ ABLATION_PERIODS_MIN = (1, 2, 5, 10)
 ABLATION_NOISE = (0.0, 0.1, 0.25, 0.5)
 ABLATION_SHARE_NOISE = (0.5, 1.0)
 FREEZEOUT_SET = "policy.freezing=freezeout"
+BATCH_SCALING_SET = "policy.batch_scaling=true"
+PAPER_BATCH_SCALING = "1.16-1.21"  # ICEFROG with batch scaling over without (spec 15)
 DEFAULT_LAMBDA, DEFAULT_PERIOD_S = 0.9, 300.0
 
 
@@ -289,7 +291,7 @@ def ablation_rows(g: Grid, freezeout_known: bool) -> list[tuple[str, tuple[Run, 
         ("freezing off (`--no-freeze`)", run("nofreeze", "--no-freeze")),
         ("sharing off (`--no-share`)", run("noshare", "--no-share")),
         ("batch scaling on (`--set policy.batch_scaling=true`: goodput tuner, decided batch)",
-         run("batchscaling", "--set", "policy.batch_scaling=true")),
+         run("batchscaling", "--set", BATCH_SCALING_SET)),
     ]  # fmt: skip
     if freezeout_known:
         rows.append(("frozen penalty -> tuned FreezeOut", run("freezeout", "--set", FREEZEOUT_SET)))
@@ -311,6 +313,16 @@ def ablation_rows(g: Grid, freezeout_known: bool) -> list[tuple[str, tuple[Run, 
         rows.append((f"memory/utilisation noise sd {sd:g}",
                      run(f"sharenoise{sd:g}", "--share-noise", f"{sd:g}")))  # fmt: skip
     return rows
+
+
+def batch_runs(g: Grid) -> list[Run]:
+    """ICEFROG with batch scaling on main's traces (what ``main --policies icefrog --set
+    policy.batch_scaling=true`` runs: the same labels and arguments)."""
+    return [
+        Run(f"main-{g.gpus}g-load{w:g}-seed{s}-icefrog", g.trace(w, s), "icefrog", g.gpus, s,
+            (*g.common, "--set", BATCH_SCALING_SET))
+        for w in g.loads for s in g.seeds
+    ]  # fmt: skip
 
 
 def faithful_runs(g: Grid) -> list[Run]:
@@ -465,7 +477,7 @@ def table_scale(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
             raw[f"{n}/{p}"] = t
             rows.append([
                 f"{w:g}x", str(n), p,
-                f"{t['jobs']} ({t['jobs'] - t['finished']})" if t else "failed",
+                f"{t['jobs']} ({t['jobs'] - t['finished']})" if t else "no run",
                 _spread([_h(jct)]), "-" if speed is None else f"{speed:.2f}x",
                 _spread([t.get("solver_s_mean")], "{:.3f}"),
                 _spread([t.get("solver_s_max")], "{:.3f}"),
@@ -522,6 +534,47 @@ def table_ablation(
             _spread([t.get("wall_s") for t in ts], "{:.0f}"),
         ])  # fmt: skip
     return header, rows, raw
+
+
+def table_batch(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
+    """ICEFROG as is, ICEFROG with batch scaling, Pollux+: average JCT per load, and per seed
+    the as-is JCT / its JCT (the paper's batch-elasticity gain) and Pollux+'s JCT / its."""
+    header = ["load", "policy", "avg JCT h, mean (min-max)",
+              "ICEFROG as is / it", "Pollux+ / it", "paper (batch scaling over as is)",
+              "jobs unfinished"]  # fmt: skip
+    scaled = {(r.workload.load, r.seed): r.key for r in batch_runs(g)}  # type: ignore[union-attr]
+    rows, raw = [], {}
+    for w in g.loads:
+        docs = {
+            "icefrog": [res.get(_key(g, w, s, "icefrog")) for s in g.seeds],
+            "icefrog + batch scaling": [res.get(scaled[w, s]) for s in g.seeds],
+            "pollux+": [res.get(_key(g, w, s, "pollux+")) for s in g.seeds],
+        }
+        jct = {k: [_totals(d).get("avg_jct_s") for d in ds] for k, ds in docs.items()}
+        for name, ds in docs.items():
+            mine = jct[name]
+            over_ice = [
+                a / b if a and b else None for a, b in zip(jct["icefrog"], mine, strict=True)
+            ]
+            pollux = [a / b if a and b else None for a, b in zip(jct["pollux+"], mine, strict=True)]
+            raw[f"load{w:g}/{name}"] = {
+                "seeds": list(g.seeds),
+                "avg_jct_s": mine,
+                "icefrog_over": over_ice,
+                "pollux_over": pollux,
+            }
+            rows.append([
+                f"{w:g}x", name, _spread(map(_h, mine)),
+                "-" if name == "icefrog" else _spread(over_ice, unit="x"),
+                "-" if name == "pollux+" else _spread(pollux, unit="x"),
+                f"{PAPER_BATCH_SCALING}x" if name == "icefrog + batch scaling" else "",
+                _unfinished(ds),
+            ])  # fmt: skip
+    return header, rows, raw
+
+
+def _ratios(top: Sequence[float | None], bottom: Sequence[float | None]) -> list[float | None]:
+    return [a / b if a and b else None for a, b in zip(top, bottom, strict=True)]
 
 
 def table_faithful(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
@@ -611,6 +664,9 @@ def build(table: str, g: Grid, runner: Runner) -> tuple[list[str], list[list[str
         rows = ablation_rows(g, known)
         res = runner.ensure([r for _, runs in rows for r in runs or ()])
         return table_ablation(rows, res)
+    if table == "batch":
+        pair = replace(g, policies=("icefrog", "pollux+"))
+        return table_batch(g, runner.ensure([*main_runs(pair), *batch_runs(g)]))
     if table == "faithful":
         return table_faithful(g, runner.ensure(faithful_runs(g)))
     raise SystemExit(f"unknown table {table!r}; choose from {', '.join(TABLES)}, all")

@@ -117,6 +117,26 @@ def test_ablation_ratio_is_per_seed_against_the_as_is_run_of_that_seed() -> None
     _parse(ev.markdown(header, rows))
 
 
+def test_batch_table_compares_batch_scaling_with_icefrog_and_pollux_per_seed() -> None:
+    g = ev.Grid(loads=(1.0,), seeds=(1, 2))
+    scaled = ev.batch_runs(g)
+    assert [r.label for r in scaled] == [ev.main_runs(g)[0].label, ev.main_runs(g)[4].label]
+    assert all(r.extra[-2:] == ("--set", ev.BATCH_SCALING_SET) for r in scaled)
+    assert {r.key for r in scaled}.isdisjoint(r.key for r in ev.main_runs(g))  # own runs
+    res = {
+        ev._key(g, 1.0, 1, "icefrog"): _doc(3.0), ev._key(g, 1.0, 2, "icefrog"): _doc(2.0),
+        ev._key(g, 1.0, 1, "pollux+"): _doc(2.0), ev._key(g, 1.0, 2, "pollux+"): _doc(1.0),
+        scaled[0].key: _doc(2.0), scaled[1].key: _doc(2.0),
+    }  # fmt: skip
+    header, rows, raw = ev.table_batch(g, res)
+    assert raw["load1/icefrog + batch scaling"]["icefrog_over"] == [1.5, 1.0]
+    assert raw["load1/icefrog + batch scaling"]["pollux_over"] == [1.0, 0.5]
+    cells = dict(zip(header, rows[1], strict=True))
+    assert cells["ICEFROG as is / it"] == "1.25x (1.00-1.50)"
+    assert cells["Pollux+ / it"] == "0.75x (0.50-1.00)"
+    _parse(ev.markdown(header, rows))
+
+
 def test_faithful_runs_are_pollux_workloads_without_freezing_or_sharing() -> None:
     g = ev.Grid(workloads=2)
     runs = ev.faithful_runs(g)
