@@ -143,6 +143,7 @@ def test_faithful_runs_are_pollux_workloads_without_freezing_or_sharing() -> Non
     assert len(runs) == 3 * 2 * 2
     assert {r.gpus for r in runs} == {64} and {r.policy for r in runs} == {"optimus+", "pollux+"}
     assert all({"--no-freeze", "--no-share", "paper"} <= set(r.extra) for r in runs)
+    assert all("controller.round_period_s=60" in r.extra for r in runs)  # AdaptDL's interval
     assert str(runs[0].workload).endswith("workloads-0.5/workload-1.csv")
     assert str(runs[-1].workload).endswith("workloads-2.0/workload-2.csv")  # the folder's name
 
