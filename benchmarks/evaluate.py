@@ -366,6 +366,11 @@ def _h(seconds: float | None) -> float | None:
     return None if seconds is None else seconds / 3600
 
 
+def _ratios(top: Sequence[float | None], bottom: Sequence[float | None]) -> list[float | None]:
+    """top / bottom pairwise; None where either is missing or 0."""
+    return [a / b if a and b else None for a, b in zip(top, bottom, strict=True)]
+
+
 def _spread(values: Iterable[float | None], fmt: str = "{:.2f}", unit: str = "") -> str:
     """``mean (min-max)`` over the values that exist; ``-`` when none."""
     vs = [v for v in values if v is not None and math.isfinite(v)]
@@ -398,10 +403,7 @@ def table_main(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
         for p in g.policies:
             docs = [res[_key(g, w, s, p)] for s in g.seeds]
             jct = [_totals(d).get("avg_jct_s") for d in docs]
-            speed = [
-                (j / ice[s]) if j and ice.get(s) else None
-                for s, j in zip(g.seeds, jct, strict=True)
-            ]
+            speed = _ratios(jct, [ice[s] for s in g.seeds])
             raw[f"load{w:g}/{p}"] = {"seeds": list(g.seeds), "avg_jct_s": jct, "speedup": speed}
             rows.append([
                 f"{w:g}x", p, _spread(map(_h, jct)),
@@ -458,7 +460,7 @@ def table_tta(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
         for t in tasks:
             a = [ice[s].get(t) for s in g.seeds]
             b = [pol[s].get(t) for s in g.seeds]
-            ratio = [y / x if x and y else None for x, y in zip(a, b, strict=True)]
+            ratio = _ratios(b, a)
             n = [sum(j["task"] == t for j in d["jobs"]) for s in g.seeds
                  if (d := res[_key(g, w, s, "icefrog")]) is not None]  # fmt: skip
             raw[f"load{w:g}/{t}"] = {"icefrog_s": a, "pollux_s": b, "ratio": ratio}
@@ -530,8 +532,7 @@ def table_ablation(
         docs = [res.get(r.key) for r in runs]
         ts = [_totals(d) for d in docs]
         jct = [t.get("avg_jct_s") for t in ts]
-        ratio = [j / base[r.seed] if j and base.get(r.seed) else None
-                 for r, j in zip(runs, jct, strict=True)]  # fmt: skip
+        ratio = _ratios(jct, [base.get(r.seed) for r in runs])
         raw[label] = {"seeds": [r.seed for r in runs], "totals": ts, "ratio": ratio}
         rows.append([
             label, str(sum(d is not None for d in docs)), _spread(map(_h, jct)),
@@ -560,10 +561,7 @@ def table_batch(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
         jct = {k: [_totals(d).get("avg_jct_s") for d in ds] for k, ds in docs.items()}
         for name, ds in docs.items():
             mine = jct[name]
-            over_ice = [
-                a / b if a and b else None for a, b in zip(jct["icefrog"], mine, strict=True)
-            ]
-            pollux = [a / b if a and b else None for a, b in zip(jct["pollux+"], mine, strict=True)]
+            over_ice, pollux = _ratios(jct["icefrog"], mine), _ratios(jct["pollux+"], mine)
             raw[f"load{w:g}/{name}"] = {
                 "seeds": list(g.seeds),
                 "avg_jct_s": mine,
@@ -578,10 +576,6 @@ def table_batch(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
                 _unfinished(ds),
             ])  # fmt: skip
     return header, rows, raw
-
-
-def _ratios(top: Sequence[float | None], bottom: Sequence[float | None]) -> list[float | None]:
-    return [a / b if a and b else None for a, b in zip(top, bottom, strict=True)]
 
 
 def table_faithful(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
