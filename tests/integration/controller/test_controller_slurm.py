@@ -153,14 +153,20 @@ def test_two_jobs_share_a_gpu_and_one_moves_back(
     assert running(cluster, new_a).gres == Gres("shard", 1)  # the other stays shared
 
 
-def _foreign_job_on(node: str) -> str:
-    """A job outside icefrog holding all four GPUs of ``node``, running."""
+def _foreign_job(node: str | None = None) -> str:
+    """A job outside icefrog holding all four GPUs of a node (``node``, or Slurm's choice)
+    for 120 s, running."""
+    pin = ["-w", node] if node else []
     sid = subprocess.run(
-        ["sbatch", "--parsable", "-p", "gpu", "--gres=gpu:4", "-N1", "-w", node,
-         "-o", "/dev/null", "--wrap", "sleep 110"],
+        ["sbatch", "--parsable", "-p", "gpu", "--gres=gpu:4", "-N1", *pin,
+         "-o", "/dev/null", "--wrap", "sleep 120"],
         check=True, capture_output=True, text=True,
     ).stdout.strip()  # fmt: skip
-    running(backend(), sid)
+    try:
+        running(backend(), sid)
+    except BaseException:
+        backend().cancel(job_id=sid)  # not left behind to block the next test
+        raise
     return sid
 
 
@@ -190,7 +196,8 @@ class _Released:
         converge(self.ctl)
 
 
-def _released_not_started(
+@pytest.fixture
+def released(
     tmp_path: Path,
     store: SqlStore,
     cluster: SlurmCliBackend,
@@ -198,7 +205,7 @@ def _released_not_started(
     blockers: dict[str, str],
 ) -> _Released:
     # release_now sets StartTime=now, so only a full node keeps a released job pending
-    blockers["node3"] = _foreign_job_on("node3")
+    blockers["node3"] = _foreign_job("node3")
     settings = make_settings(tmp_path)
     clock = OffsetClock()
     job, sid, _ = submit_job(store, cluster, base, _key())
@@ -212,15 +219,11 @@ def _released_not_started(
 
 
 def test_a_released_job_not_started_yet_is_held_before_it_moves_to_a_shared_gpu(
-    tmp_path: Path,
-    store: SqlStore,
-    cluster: SlurmCliBackend,
-    base: Path,
-    blockers: dict[str, str],
+    released: _Released, store: SqlStore, cluster: SlurmCliBackend, blockers: dict[str, str]
 ) -> None:
     # Slurm has not started the released job when the next round shares it: GRES kind
     # cannot change on a pending job, so it is held, then resubmitted.
-    r = _released_not_started(tmp_path, store, cluster, base, blockers)
+    r = released
     job = r.job
     r.policy.decisions[job] = (1, True, ("node3",))
     r.next_round()
@@ -234,15 +237,11 @@ def test_a_released_job_not_started_yet_is_held_before_it_moves_to_a_shared_gpu(
 
 
 def test_a_released_job_not_started_yet_follows_its_round_and_is_held_when_told_to_wait(
-    tmp_path: Path,
-    store: SqlStore,
-    cluster: SlurmCliBackend,
-    base: Path,
-    blockers: dict[str, str],
+    released: _Released, store: SqlStore, cluster: SlurmCliBackend, blockers: dict[str, str]
 ) -> None:
-    r = _released_not_started(tmp_path, store, cluster, base, blockers)
+    r = released
     job, sid = r.job, r.sid
-    blockers["node2"] = _foreign_job_on("node2")  # so it cannot start on node2 either
+    blockers["node2"] = _foreign_job("node2")  # so it cannot start on node2 either
     r.policy.decisions[job] = (1, False, ("node2",))  # the next round moves it
     r.next_round()
     detail = cluster.job_detail(job_id=sid)
@@ -260,11 +259,7 @@ def test_a_foreign_jobs_gpus_are_left_alone(
     tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
 ) -> None:
     settings = make_settings(tmp_path)
-    out = subprocess.run(
-        ["sbatch", "--parsable", "-p", "gpu", "--gres=gpu:4", "-N1", "-o", "/dev/null",
-         "--wrap", "sleep 120"],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
+    out = _foreign_job()
     try:
         foreign = running(cluster, out)
         taken = set(expand_hostlist(foreign.nodelist))
