@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,19 +18,143 @@ from icefrog_slurm.errors import InputError
 JsonObject = Mapping[str, Any]
 
 
+MAX_DEPTH = 32
+"""Deepest nesting of arrays and objects any JSON input may have."""
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+"""Every JSON integer must fit a signed 64-bit column (SQLite and Postgres BIGINT)."""
+MAX_INPUT_BYTES = 64 * 1024 * 1024
+"""Largest JSON document a user may hand the CLI."""
+
+_STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+_BAD_CHARS = re.compile("[\x00\ud800-\udfff]")
+
+
+def loads(raw: str | bytes, where: str = "input") -> Any:
+    """Parse untrusted JSON: nesting at most :data:`MAX_DEPTH`, integers within 64 bits,
+    no NaN/Infinity, no duplicate keys, no NUL or lone surrogate in any string. Every
+    failure is :class:`InputError` naming ``where``; nothing else escapes."""
+    if isinstance(raw, bytes | bytearray):
+        try:
+            text = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{where}: not UTF-8 (byte {exc.start})") from None
+    else:
+        text = raw
+    depth = 0
+    for m in _STRING_OR_BRACKET.finditer(text):
+        ch = m.group()
+        if ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise InputError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+        elif ch in "]}":
+            depth -= 1
+    try:
+        value = json.loads(
+            text,
+            parse_int=_bounded_int,
+            parse_float=_finite_float,
+            parse_constant=_no_constant,
+            object_pairs_hook=_unique_keys,
+        )
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        raise InputError(f"{where}: not valid JSON: {_printable(str(exc), 200)}") from None
+    _check_strings(value, where)
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > 19:
+        raise InputError(f"integer of {len(text)} digits: out of the 64-bit range")
+    value = int(text)
+    if not INT_MIN <= value <= INT_MAX:
+        raise InputError(f"integer {text}: out of the 64-bit range")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise InputError(f"number {text[:40]}: out of the floating-point range")
+    return value
+
+
+def _no_constant(text: str) -> Any:
+    raise InputError(f"{text} is not a JSON number")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise InputError(f"duplicate key {_show(key)}")
+        out[key] = value
+    return out
+
+
+def _check_strings(value: Any, where: str) -> None:
+    """No NUL and no lone surrogate anywhere (neither can be stored, logged or encoded)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _BAD_CHARS.search(item):
+                raise InputError(f"{where}: a string holds NUL or a lone surrogate")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def printable(text: str, limit: int = 500) -> str:
+    """``text`` safe to log and to store: valid UTF-8, no control character, no NUL, no lone
+    surrogate (each such character written as ``\\xNN`` / ``\\uNNNN``), cut to ``limit``."""
+    return _printable(text, limit)
+
+
+def _printable(text: str, limit: int) -> str:
+    out: list[str] = []
+    size = 0
+    for ch in text:
+        code = ord(ch)
+        if ch.isprintable() and not 0xD800 <= code <= 0xDFFF:
+            piece = ch
+        elif code < 0x100:
+            piece = f"\\x{code:02x}"
+        else:
+            piece = f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+        size += len(piece)
+        if size > limit:
+            out.append("...")
+            break
+        out.append(piece)
+    return "".join(out)
+
+
 def load_json_file(path: str | Path) -> Any:
-    """Parse a JSON file, or stdin when ``path`` is ``-``."""
+    """Parse a JSON file given on the command line (``-``: stdin) with :func:`loads`; a
+    missing file, a folder, an unreadable or oversized file is :class:`InputError`."""
     import sys
 
+    name = printable(str(path), 200)
     try:
         if str(path) == "-":
-            return json.load(sys.stdin)
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+            raw = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        else:
+            with open(path, "rb") as fh:
+                raw = fh.read(MAX_INPUT_BYTES + 1)
     except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: not valid JSON: {exc}") from None
+        raise InputError(f"{name}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{name}: is a folder, not a JSON file") from None
+    except OSError as exc:
+        raise InputError(f"{name}: cannot read: {exc.strerror}") from None
+    if len(raw) > MAX_INPUT_BYTES:
+        raise InputError(f"{name}: larger than {MAX_INPUT_BYTES} bytes")
+    return loads(raw, name)
 
 
 def expect_object(value: Any, where: str) -> JsonObject:

@@ -28,6 +28,7 @@ from icefrog_slurm.core.tuner import powers_of_two
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.jsonio import check_int as _int
 from icefrog_slurm.jsonio import check_number as _num
+from icefrog_slurm.jsonio import loads as _loads
 from icefrog_slurm.jsonio import reject_unknown as _only
 
 PROTOCOL_VERSION = 1
@@ -195,10 +196,7 @@ def parse_decision(raw: str | bytes) -> Decision:
     """Parse and validate a ``decision.json`` document; InputError names the bad field."""
     if len(raw) > MAX_REPORT_BYTES:
         raise InputError(f"decision: {len(raw)} bytes, more than the limit {MAX_REPORT_BYTES}")
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"decision: not valid JSON: {exc}") from None
+    data = _loads(raw, "decision")
     if not isinstance(data, dict):
         raise InputError("decision: must be a JSON object")
     _only(data, ("round", "gpus", "batch", "frozen", "shared", "extra"), "decision")
@@ -228,10 +226,7 @@ def parse_envelope(raw: bytes | str) -> Envelope:
     """Parse and validate an inbox document: size, fields and the payload of its kind."""
     if len(raw) > MAX_REPORT_BYTES:
         raise InputError(f"report: {len(raw)} bytes, more than the limit {MAX_REPORT_BYTES}")
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"report: not valid JSON: {exc}") from None
+    data = _loads(raw, "report")
     if not isinstance(data, dict):
         raise InputError("report: must be a JSON object")
     _only(

@@ -51,7 +51,7 @@ def test_digest_covers_the_payload() -> None:
         (lambda d: d.update(kind="drop_tables"), "report.kind"),
         (lambda d: d.update(slurm_job_id="42; rm"), "slurm_job_id"),
         (lambda d: d.update(extra=1), "report.extra: unknown field"),
-        (lambda d: d["payload"].update(value=float("inf")), "value"),
+        (lambda d: d["payload"].update(value=float("inf")), "Infinity is not a JSON number"),
         (lambda d: d["payload"].update(epoch=-1), "epoch"),
     ],
 )
