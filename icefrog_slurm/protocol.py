@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -29,12 +30,21 @@ from icefrog_slurm.errors import InputError
 from icefrog_slurm.jsonio import check_int as _int
 from icefrog_slurm.jsonio import check_number as _num
 from icefrog_slurm.jsonio import loads as _loads
+from icefrog_slurm.jsonio import printable as _printable
 from icefrog_slurm.jsonio import reject_unknown as _only
 
 PROTOCOL_VERSION = 1
 MAX_REPORT_BYTES = 256 * 1024  # a report larger than this is rejected unread
 MAX_LAYERS = 4096
 MAX_SAMPLES_PER_REPORT = 1024
+INT32_MAX = 2**31 - 1
+"""Largest value of a field stored in a 32-bit column (Postgres ``integer``): GPU counts,
+batches, epochs, frozen layers. Fields in 64-bit columns are bounded by jsonio.loads."""
+MAX_SEQ = 10**18 - 1
+"""Largest report sequence number: it must fit the 18 digits of a report's file name."""
+MAX_JOB_ID_DIGITS = 18
+JOB_ID = re.compile(f"[0-9]{{1,{MAX_JOB_ID_DIGITS}}}")
+"""A Slurm job id as reports, inbox folders and the store spell it (ASCII digits only)."""
 
 ReportKind = Literal["register", "profile", "grad_stats", "metric", "progress", "finished"]
 REPORT_KINDS: tuple[str, ...] = (
@@ -207,10 +217,10 @@ def parse_decision(raw: str | bytes) -> Decision:
     if not isinstance(shared, bool):
         raise InputError("decision.shared: must be true or false")
     return Decision(
-        round=_int(data.get("round"), "decision.round", minimum=0),
-        gpus=_int(data.get("gpus"), "decision.gpus", minimum=0),
-        batch=_int(data.get("batch"), "decision.batch", minimum=1),
-        frozen=_int(data.get("frozen"), "decision.frozen", minimum=0),
+        round=_int32(data.get("round"), "decision.round"),
+        gpus=_int32(data.get("gpus"), "decision.gpus"),
+        batch=_int32(data.get("batch"), "decision.batch", minimum=1),
+        frozen=_int32(data.get("frozen"), "decision.frozen"),
         shared=shared,
         extra=extra,
     )
@@ -247,7 +257,7 @@ def parse_envelope(raw: bytes | str) -> Envelope:
         kind=kind,
         slurm_job_id=_job_id(data.get("slurm_job_id")),
         job_name=_short_str(data.get("job_name"), "report.job_name"),
-        seq=_int(data.get("seq"), "report.seq", minimum=0),
+        seq=_int(data.get("seq"), "report.seq", minimum=0, maximum=MAX_SEQ),
         time=_num(data.get("time"), "report.time", minimum=0.0),
         payload=payload,
         credential=_short_str(
@@ -275,7 +285,7 @@ def parse_payload(kind: str, payload: Mapping[str, Any]) -> Any:
         if len(var) != len(sqr):
             raise InputError(f"{where}.grad_sqr: length differs from grad_var")
         return GradStats(
-            epoch=_int(payload.get("epoch"), f"{where}.epoch", minimum=0),
+            epoch=_int32(payload.get("epoch"), f"{where}.epoch"),
             frozen=_int(payload.get("frozen"), f"{where}.frozen", minimum=0, maximum=len(var)),
             grad_var=var,
             grad_sqr=sqr,
@@ -283,7 +293,7 @@ def parse_payload(kind: str, payload: Mapping[str, Any]) -> Any:
     if kind == "metric":
         _only(payload, ("epoch", "name", "value"), where)
         return MetricReport(
-            epoch=_int(payload.get("epoch"), f"{where}.epoch", minimum=0),
+            epoch=_int32(payload.get("epoch"), f"{where}.epoch"),
             name=_short_str(payload.get("name"), f"{where}.name"),
             value=_num(payload.get("value"), f"{where}.value"),
         )
@@ -292,7 +302,7 @@ def parse_payload(kind: str, payload: Mapping[str, Any]) -> Any:
             payload, ("epoch", "samples_done", "effective_samples_done", "checkpoint_path"), where
         )
         return ProgressReport(
-            epoch=_int(payload.get("epoch"), f"{where}.epoch", minimum=0),
+            epoch=_int32(payload.get("epoch"), f"{where}.epoch"),
             samples_done=_int(payload.get("samples_done"), f"{where}.samples_done", minimum=0),
             effective_samples_done=_num(
                 payload.get("effective_samples_done"),
@@ -312,7 +322,7 @@ def parse_payload(kind: str, payload: Mapping[str, Any]) -> Any:
         raise InputError(f"{where}.reason: must be target_reached, max_epochs or failed")
     return FinishedReport(
         reason=reason,
-        epoch=_int(payload.get("epoch"), f"{where}.epoch", minimum=0),
+        epoch=_int32(payload.get("epoch"), f"{where}.epoch"),
         final_metric=_num(payload.get("final_metric"), f"{where}.final_metric"),
     )
 
@@ -326,20 +336,20 @@ def _parse_spec(p: Mapping[str, Any], where: str) -> JobSpec:
     spec = JobSpec(
         min_gpus=_int(p.get("min_gpus"), f"{where}.min_gpus", minimum=1, maximum=4096),
         max_gpus=_int(p.get("max_gpus"), f"{where}.max_gpus", minimum=1, maximum=4096),
-        min_batch=_int(p.get("min_batch"), f"{where}.min_batch", minimum=1),
-        max_batch=_int(p.get("max_batch"), f"{where}.max_batch", minimum=1),
+        min_batch=_int32(p.get("min_batch"), f"{where}.min_batch", minimum=1),
+        max_batch=_int32(p.get("max_batch"), f"{where}.max_batch", minimum=1),
         max_frozen_fraction=_num(
             p.get("max_frozen_fraction"), f"{where}.max_frozen_fraction", minimum=0.0, maximum=1.0
         ),
         target_metric=_short_str(p.get("target_metric"), f"{where}.target_metric"),
         target_op=op,
         target_value=_num(p.get("target_value"), f"{where}.target_value"),
-        max_epochs=_int(p.get("max_epochs"), f"{where}.max_epochs", minimum=1),
+        max_epochs=_int32(p.get("max_epochs"), f"{where}.max_epochs", minimum=1),
         samples_per_epoch=_int(p.get("samples_per_epoch"), f"{where}.samples_per_epoch", minimum=1),
         layer_flops=_floats(p.get("layer_flops"), f"{where}.layer_flops"),
         layer_param_bytes=_floats(p.get("layer_param_bytes"), f"{where}.layer_param_bytes"),
         layer_boundaries=tuple(
-            _int(b, f"{where}.layer_boundaries[{i}]", minimum=0)
+            _int(b, f"{where}.layer_boundaries[{i}]", minimum=0, maximum=MAX_LAYERS)
             for i, b in enumerate(_list(p.get("layer_boundaries", []), f"{where}.layer_boundaries"))
         ),
         accepts_shared=bool(p.get("accepts_shared", True)),
@@ -370,9 +380,9 @@ def _parse_sample(s: Any, where: str) -> ProfileSample:
     names = [f.name for f in ProfileSample.__dataclass_fields__.values()]
     _only(s, names, where)
     return ProfileSample(
-        gpus=_int(s.get("gpus"), f"{where}.gpus", minimum=1),
-        batch=_int(s.get("batch"), f"{where}.batch", minimum=1),
-        frozen=_int(s.get("frozen"), f"{where}.frozen", minimum=0),
+        gpus=_int32(s.get("gpus"), f"{where}.gpus", minimum=1),
+        batch=_int32(s.get("batch"), f"{where}.batch", minimum=1),
+        frozen=_int32(s.get("frozen"), f"{where}.frozen"),
         shared=bool(s.get("shared", False)),
         t_fwd_s=_num(s.get("t_fwd_s"), f"{where}.t_fwd_s", minimum=0.0),
         t_bwd_s=_num(s.get("t_bwd_s"), f"{where}.t_bwd_s", minimum=0.0),
@@ -401,11 +411,21 @@ def _short_str(value: Any, where: str, limit: int = 256, allow_empty: bool = Fal
         raise InputError(f"{where}: must be a non-empty string")
     if len(value) > limit:
         raise InputError(f"{where}: longer than {limit} characters")
+    if not value.isprintable():  # it is shown in logs and tables: no control characters
+        raise InputError(f"{where}: holds a control character: {_printable(value, 60)!r}")
     return value
+
+
+def _int32(value: Any, where: str, *, minimum: int = 0) -> int:
+    """An integer for a 32-bit column: within [minimum, INT32_MAX]."""
+    return _int(value, where, minimum=minimum, maximum=INT32_MAX)
 
 
 def _job_id(value: Any) -> str:
     text = _short_str(value, "report.slurm_job_id", 32)
-    if not text.isdigit():
-        raise InputError("report.slurm_job_id: must be a number")
+    if not JOB_ID.fullmatch(text):
+        raise InputError(
+            f"report.slurm_job_id: must be 1 to {MAX_JOB_ID_DIGITS} ASCII digits, "
+            f"got {_printable(text, 40)!r}"
+        )
     return text
