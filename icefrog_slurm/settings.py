@@ -103,6 +103,25 @@ class InboxSettings:
     """At most this many report files are read in one pass (each costs one ``unmunge``);
     the rest wait for the next pass."""
 
+    max_reports_per_owner: int = field(default=1000, metadata=_bounds(minimum=1))
+    """At most this many files of one user (the owner of the folder) are read in one pass,
+    taken in turn with other users' files: one user's flood cannot starve the others."""
+
+    munge_socket: str = ""
+    """The socket of the munged that decodes credentials. Default: munge's own."""
+
+    munge_retry_s: float = field(default=30.0, metadata=_bounds(exclusive_minimum=0.0))
+    """When munged cannot be reached, reports stay in the inbox and munged is asked again
+    after this many seconds, doubling at each failure up to 20 times this value."""
+
+    folder_grace_s: float = field(default=86400.0, metadata=_bounds(minimum=0.0))
+    """An empty job folder is removed once its job has ended (or is unknown to Slurm and to
+    icefrog) and the folder was not modified for this many seconds."""
+
+    retention_days: float = field(default=30.0, metadata=_bounds(exclusive_minimum=0.0))
+    """Archived report files and the ledger rows of accepted (of ended jobs) and rejected
+    reports older than this are deleted, at most once an hour."""
+
 
 @dataclass(frozen=True)
 class SlurmSettings:
