@@ -11,7 +11,7 @@ from dataclasses import asdict, fields
 from functools import cache
 from typing import Any, TypeVar
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session
 
@@ -20,11 +20,13 @@ from icefrog_slurm.store.models import (
     AcceptedReportRow,
     AllocationRow,
     IntentRow,
+    Job,
     RejectedReportRow,
     RoundRow,
     SlurmActionRow,
 )
 from icefrog_slurm.store.records import (
+    ACTIVE_STATES,
     INTENT_END_STATES,
     OPEN_INTENT_STATES,
     Allocation,
@@ -283,6 +285,21 @@ class LedgerTx:
     def rejected_reports(self) -> list[RejectedReport]:
         rows = self._s.scalars(select(RejectedReportRow).order_by(RejectedReportRow.id))
         return [record(RejectedReport, r) for r in rows]
+
+    def prune_reports(self, *, before: float) -> int:
+        """Delete ledger rows received before ``before``: every rejected report, and the
+        accepted reports of jobs that have ended (an active job's rows keep refusing a
+        replay of its sequence numbers). Returns the number of rows deleted."""
+        ended = select(Job.id).where(Job.state.not_in(ACTIVE_STATES))
+        done = self._s.execute(
+            delete(AcceptedReportRow).where(
+                AcceptedReportRow.received_at < before, AcceptedReportRow.job_id.in_(ended)
+            )
+        )
+        gone = self._s.execute(
+            delete(RejectedReportRow).where(RejectedReportRow.received_at < before)
+        )
+        return int(done.rowcount or 0) + int(gone.rowcount or 0)  # type: ignore[attr-defined]
 
     def _intent_row(self, intent_id: int) -> IntentRow:
         row = self._s.get(IntentRow, intent_id)

@@ -261,6 +261,19 @@ class StoreTx(LedgerTx):
                 f"Slurm job {slurm_job_id} already belongs to icefrog job {link.job_id}"
             )
 
+    # ----- the inbox's batched lookups ----------------------------------------------------
+    def slurm_job_owners(self, *, slurm_job_ids: Iterable[str]) -> dict[str, tuple[int, str]]:
+        """(owner uid, job state) of the icefrog job of each Slurm job id the store knows."""
+        ids, out = sorted(set(slurm_job_ids)), {}
+        for start in range(0, len(ids), 500):  # bounded IN lists
+            rows = self._s.execute(
+                select(SlurmJob.slurm_job_id, Job.owner_uid, Job.state)
+                .join(Job, Job.id == SlurmJob.job_id)
+                .where(SlurmJob.slurm_job_id.in_(ids[start : start + 500]))
+            )
+            out.update({r.slurm_job_id: (r.owner_uid, r.state) for r in rows})
+        return out
+
 
 # Statements built once: executing a cached statement with parameters skips SQLAlchemy's
 # per-call construction and cache-key work (most of the cost of a report at 500+ jobs).
