@@ -1,8 +1,14 @@
 """``Controller``: the daemon loop (spec section 9, step 5; Airflow-style scheduler loop).
 
-``run(max_ticks=None)``: take the leader lock (one active controller: a Postgres advisory
-lock, or ``flock`` beside SQLite; a second controller waits), then tick until told to
-stop. A tick:
+``run(max_ticks=None)``: take the lead (one active controller: a Postgres advisory lock,
+or ``flock`` beside SQLite, plus a lease whose epoch, the fencing token, each new leader
+increases; a second controller waits), then tick until told to stop. The lead is proved, not
+assumed: every tick runs inside ``Lease.hold()`` (the lock still held, the epoch still
+ours; on Postgres the lease row stays locked until the tick ends, so a standby cannot take
+over in the middle of one), and once the daemon leads, every write transaction of the store
+checks the epoch again (the store is fenced), so a reconcile step of a controller that lost
+the lead is refused before its Slurm command. A controller that lost the lead logs it
+loudly, abandons the tick and waits for the lock again (store/leader.py). A tick:
 
 1. drains the report inbox when ``inbox.poll_s`` has passed (``drain``, optional);
 2. in ONE store transaction: reads the snapshot, polls Slurm for the jobs' state and the
@@ -31,10 +37,10 @@ from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort
 from icefrog_slurm.controller.reconcile import Reconciler, ReconcileResult, StepHook, record
 from icefrog_slurm.controller.snapshot import Snapshot, build_snapshot
 from icefrog_slurm.controller.tick import round_due, tick
-from icefrog_slurm.errors import IcefrogError
+from icefrog_slurm.errors import IcefrogError, InputError
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.port import ClusterPort, SlurmUnavailable
-from icefrog_slurm.store.leader import LeaderLock
+from icefrog_slurm.store.leader import Lease, LostLead
 from icefrog_slurm.store.records import StoreSnapshot
 
 log = logging.getLogger(__name__)
@@ -84,48 +90,73 @@ class Controller:
         self.last: TickReport | None = None
 
     def run(self, max_ticks: int | None = None) -> int:
-        """Lead, then tick until ``max_ticks`` ticks were made (forever when None)."""
-        lock = self._lead()
-        ticks, failures = 0, 0
-        try:
-            while max_ticks is None or ticks < max_ticks:
-                try:
-                    report = self.tick_once()
-                    failures = 0
-                except (SlurmUnavailable, IcefrogError, OSError) as exc:
-                    failures += 1
-                    log.error("tick abandoned (%s): %s", type(exc).__name__, exc)
-                    report = None
-                except Exception as exc:  # a bug or a database error: log it, keep running
-                    failures += 1
-                    log.exception("tick failed: %s", exc)
-                    report = None
-                ticks += 1
-                if max_ticks is not None and ticks >= max_ticks:
-                    break
-                self.clock.sleep(self._pause(report, failures))
-        finally:
-            lock.release()
+        """Lead, then tick until ``max_ticks`` ticks were made (forever when None); a lost
+        lead sends it back to waiting for the lock."""
+        ticks = 0
+        while max_ticks is None or ticks < max_ticks:
+            lease = self._lead()
+            try:
+                ticks = self._tick_while_leading(lease, ticks, max_ticks)
+            finally:
+                lease.release()
         return ticks
 
-    def _lead(self) -> LeaderLock:
+    def _tick_while_leading(self, lease: Lease, ticks: int, max_ticks: int | None) -> int:
+        """Tick under ``lease`` until ``max_ticks`` or until the lead is lost; the count."""
+        failures = 0
+        while max_ticks is None or ticks < max_ticks:
+            ticks += 1
+            pause = 0.0
+            try:
+                with lease.hold():
+                    report = self.tick_once()
+                    pause = self._pause(report)
+                failures = 0
+            except LostLead as exc:
+                log.critical(
+                    "NOT THE ACTIVE CONTROLLER ANY MORE (led as epoch %d): %s; tick abandoned, "
+                    "nothing more is enacted until this controller leads again",
+                    lease.epoch,
+                    exc,
+                )
+                return ticks
+            except (SlurmUnavailable, IcefrogError, OSError) as exc:
+                failures += 1
+                log.error("tick abandoned (%s): %s", type(exc).__name__, exc)
+            except Exception as exc:  # a bug or a database error: log it, keep running
+                failures += 1
+                log.exception("tick failed: %s", exc)
+            if max_ticks is not None and ticks >= max_ticks:
+                break
+            self.clock.sleep(self._backoff(failures) if failures else pause)
+        return ticks
+
+    def _lead(self) -> Lease:
+        """Wait for the lead; a database that cannot be reached yet is retried."""
         waited = False
         while True:
-            lock = self.store.try_lead()
-            if lock is not None:
+            try:
+                lease = self.store.try_lead()
+            except InputError:
+                raise  # no lock can guard this database: refuse to run at all
+            except Exception as exc:
+                log.error("cannot take the lead yet (%s): %s", type(exc).__name__, exc)
+                lease = None
+            if lease is not None:
                 if waited:
-                    log.info("now the active controller")
-                return lock
+                    log.info("now the active controller (epoch %d)", lease.epoch)
+                return lease
             if not waited:
                 log.warning("another controller is active; waiting for its lock")
                 waited = True
             self.clock.sleep(min(self.settings.controller.round_period_s, 10.0))
 
-    def _pause(self, report: TickReport | None, failures: int) -> float:
+    def _backoff(self, failures: int) -> float:
         c = self.settings.controller
-        if failures:
-            return float(min(BACKOFF_FIRST_S * 2 ** (failures - 1), c.round_period_s))
-        assert report is not None
+        return float(min(BACKOFF_FIRST_S * 2 ** (failures - 1), c.round_period_s))
+
+    def _pause(self, report: TickReport) -> float:
+        c = self.settings.controller
         if report.reconcile.busy and not self.dry_run:
             return c.reconcile_poll_s
         now = self.clock.now()

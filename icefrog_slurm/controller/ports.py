@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from icefrog_slurm.protocol import Decision
-from icefrog_slurm.store.leader import LeaderLock
+from icefrog_slurm.store.leader import Lease
 from icefrog_slurm.store.records import StoreSnapshot
 from icefrog_slurm.store.tx import StoreTx
 
@@ -52,7 +52,10 @@ class StorePort(Protocol):
 
     def snapshot(self, *, include_finished: bool = False) -> StoreSnapshot: ...
 
-    def try_lead(self) -> LeaderLock | None: ...
+    def try_lead(self) -> Lease | None:
+        """Take the lead (a lease whose epoch every later write transaction checks), or None
+        while another controller holds it."""
+        ...
 
 
 class JobFiles(Protocol):

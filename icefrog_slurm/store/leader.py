@@ -1,65 +1,256 @@
-"""The one-active-controller lock: a Postgres advisory lock, or a file lock beside SQLite.
+"""The one active controller: a lock, and a lease with a fencing token, re-proved every tick.
 
-``try_lead(engine)`` returns a held :class:`LeaderLock`, or None when another controller
-holds it. The Postgres lock lives on a dedicated connection (it ends with the session, so
-a killed controller's lock goes with its connection); the SQLite one is ``flock`` on
-``<database>.leader``, released by the kernel when the process dies.
+The lease is the single row of ``leader_lease``: ``epoch``, a fencing token every controller
+that takes the lead increases by one, and ``holder`` (host and pid, for the logs).
+``try_lead(engine)`` takes the lock, then bumps the epoch while holding it, and returns the
+held :class:`Lease` (None while another controller holds the lock):
+
+- Postgres: ``pg_try_advisory_lock`` on a dedicated connection (the lock ends with that
+  session, so a killed controller's lock goes with its connection);
+- SQLite: ``flock`` on ``<real path of the database>.leader``: the path is resolved first, so
+  a symlink or another spelling of the path finds the same lock. A URL with no file to lock
+  (``sqlite://`` in memory, a URI filename) or of another dialect is refused (InputError):
+  nothing would keep a second controller out.
+
+A lock that was taken once proves nothing later: its connection can drop (a network blip,
+a Postgres restart, ``pg_terminate_backend``) while the controller runs on, and a standby
+then takes the lock. So the lease is proved again and again:
+
+- :meth:`Lease.hold` wraps every tick of the daemon. It checks that the lock is still held
+  (Postgres: the lock's session is alive and still owns the advisory lock; SQLite: the lock
+  file is still the file the path names) and that the epoch is still ours, else it raises
+  :class:`LostLead` and the tick does not start. On Postgres it keeps the lease row locked
+  ``FOR SHARE`` on a guard connection until the tick ends: a new leader's bump waits for
+  that tick (at most ``TAKEOVER_WAIT_S``, then it lets go of the lock and tries later), so
+  the two never enact at the same time.
+- :meth:`Lease.check` runs first in every write transaction of a store that leads
+  (``SqlStore.transaction``: the tick's, every reconcile step's, the inbox's): the epoch is
+  read inside that transaction (``FOR SHARE`` on Postgres; under ``BEGIN IMMEDIATE`` on
+  SQLite) and a stale one raises :class:`LostLead`, so the transaction rolls back before a
+  step's Slurm command runs.
+
+Once lost, a lease stays lost. ``release`` lets go of the lock; the store then writes as an
+ordinary client again (what a controller that stopped leading on purpose may do).
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
-from typing import Protocol
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import NoReturn
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import URL, Connection, Engine, select, text, update
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+
+from icefrog_slurm.errors import IcefrogError, InputError
+from icefrog_slurm.store.models import LeaderLease
+
+log = logging.getLogger(__name__)
 
 # pg_advisory_lock key: any fixed 64-bit number, the same for every icefrog controller.
 ADVISORY_KEY = 0x1CEF_0000_0001
+TAKEOVER_WAIT_S = 10
+"""How long a new leader's epoch bump waits for the previous leader's tick to end (Postgres)
+before it lets go of the lock and tries again later."""
+_LOCK_NOT_AVAILABLE = "55P03"  # Postgres SQLSTATE of a lock_timeout
 
 
-class LeaderLock(Protocol):
-    def release(self) -> None: ...
+class LostLead(IcefrogError):
+    """This controller no longer leads: its lock is gone or another controller took the
+    lease. Nothing more may be enacted until it leads again."""
 
 
-class _PgLock:
-    def __init__(self, conn: Connection) -> None:
-        self._conn: Connection | None = conn
+class Lease:
+    """A held lead: the epoch this controller took, and the lock behind it."""
+
+    def __init__(self, engine: Engine, epoch: int) -> None:
+        self.engine, self.epoch = engine, epoch
+        self.lost: str | None = None  # why, once lost
+        self.released = False
+
+    def check(self, conn: Connection) -> None:
+        """Raise LostLead unless the lease row, read in ``conn``'s transaction, holds our
+        epoch (locked ``FOR SHARE`` on Postgres until that transaction ends)."""
+        if self.released:
+            return
+        if self.lost is not None:
+            raise LostLead(self.lost)
+        query = select(LeaderLease.epoch, LeaderLease.holder).where(LeaderLease.id == 1)
+        row = conn.execute(query.with_for_update(read=True)).one_or_none()
+        if row is None or row.epoch != self.epoch:
+            now = "no lease row" if row is None else f"epoch {row.epoch} ({row.holder})"
+            self._lose(f"the lease is at {now}; this controller led as epoch {self.epoch}")
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """Prove the lead, and keep it proved for the block (module docstring)."""
+        if self.lost is not None or self.released:
+            raise LostLead(self.lost or "the lease was released")
+        self._check_lock()
+        with self.engine.connect() as conn, conn.begin():
+            self.check(conn)
+            if self.engine.dialect.name == "postgresql":
+                yield  # the row stays locked FOR SHARE: no bump until the block ends
+                return
+        yield
 
     def release(self) -> None:
-        if self._conn is not None:
-            self._conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": ADVISORY_KEY})
-            self._conn.close()
-            self._conn = None
+        """Let go of the lock (idempotent); the store no longer checks the epoch."""
+        self.released = True
+
+    def _check_lock(self) -> None:
+        """Raise LostLead unless the lock is still held (by subclasses)."""
+
+    def _lose(self, why: str) -> NoReturn:
+        self.lost = why
+        log.error("lost the lead (epoch %d): %s", self.epoch, why)
+        raise LostLead(why)
 
 
-class _FileLock:
-    def __init__(self, fd: int | None) -> None:
-        self._fd = fd
+class _PgLease(Lease):
+    def __init__(self, engine: Engine, epoch: int, conn: Connection) -> None:
+        super().__init__(engine, epoch)
+        self._conn = conn
+
+    def _check_lock(self) -> None:
+        held = text(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND pid = pg_backend_pid() AND objsubid = 1"
+            " AND classid = CAST(:hi AS oid) AND objid = CAST(:lo AS oid)"
+        )
+        key = {"hi": ADVISORY_KEY >> 32, "lo": ADVISORY_KEY & 0xFFFFFFFF}
+        try:
+            count = self._conn.execute(held, key).scalar()
+        except SQLAlchemyError as exc:
+            self._lose(f"the advisory lock's connection is gone ({type(exc).__name__})")
+        if not count:
+            self._lose("the advisory lock is no longer held by this controller's session")
 
     def release(self) -> None:
-        if self._fd is not None:
+        if not self.released:
+            super().release()
+            _drop(self._conn)
+
+
+class _FileLease(Lease):
+    def __init__(self, engine: Engine, epoch: int, fd: int, path: str) -> None:
+        super().__init__(engine, epoch)
+        self._fd, self._path = fd, path
+
+    def _check_lock(self) -> None:
+        if not _same_file(self._fd, self._path):
+            self._lose(f"the lock file {self._path} was removed or replaced")
+
+    def release(self) -> None:
+        if not self.released:
+            super().release()
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
-            self._fd = None
 
 
-def try_lead(engine: Engine) -> LeaderLock | None:
-    """Take the controller lock if it is free; None if another controller holds it."""
-    if engine.dialect.name == "postgresql":
-        conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": ADVISORY_KEY}).scalar()
-        if got:
-            return _PgLock(conn)
-        conn.close()
+def try_lead(engine: Engine) -> Lease | None:
+    """Take the lock and a new epoch; None while another controller holds the lock."""
+    path = lock_path(engine.url)
+    if path is None:
+        return _lead_postgres(engine)
+    return _lead_sqlite(engine, path)
+
+
+def lock_path(url: URL) -> str | None:
+    """Where the lead is locked: None on Postgres (an advisory lock), else the file beside
+    the SQLite database's real path; InputError for a URL no lock can guard."""
+    where = url.render_as_string(hide_password=True)
+    backend = url.get_backend_name()
+    if backend == "postgresql":
         return None
-    database = engine.url.database
-    if engine.dialect.name != "sqlite" or database in (None, "", ":memory:"):
-        return _FileLock(None)  # one process only: nothing to exclude
-    fd = os.open(f"{database}.leader", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    if backend != "sqlite":
+        raise InputError(f"database {where}: the controller leads only on SQLite or Postgres")
+    if url.database in (None, "", ":memory:") or url.query.get("uri"):
+        raise InputError(
+            f"database {where}: the controller needs a database file or Postgres "
+            "(an in-memory or URI database cannot be locked against a second controller)"
+        )
+    return os.path.realpath(url.database) + ".leader"
+
+
+def _lead_postgres(engine: Engine) -> Lease | None:
+    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": ADVISORY_KEY}).scalar()
+        if not got:
+            conn.close()
+            return None
+        epoch = _bump(engine)
+    except BaseException:
+        _drop(conn)
+        raise
+    if epoch is None:
+        _drop(conn)
+        return None
+    return _PgLease(engine, epoch, conn)
+
+
+def _lead_sqlite(engine: Engine, path: str) -> Lease | None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if not _same_file(fd, path):  # replaced between open and flock: try again later
+            os.close(fd)
+            return None
+        epoch = _bump(engine)
     except BlockingIOError:
         os.close(fd)
         return None
-    return _FileLock(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    assert epoch is not None  # under the flock nothing else holds the row
+    return _FileLease(engine, epoch, fd, path)
+
+
+def _bump(engine: Engine) -> int | None:
+    """The new epoch, written under the caller's lock; None when the previous leader's tick
+    still holds the row after TAKEOVER_WAIT_S (Postgres)."""
+    holder = f"{socket.gethostname()} pid {os.getpid()}"
+    bump = (
+        update(LeaderLease)
+        .where(LeaderLease.id == 1)
+        .values(epoch=LeaderLease.epoch + 1, holder=holder)
+        .returning(LeaderLease.epoch)
+    )
+    with engine.connect() as conn, conn.begin():
+        if engine.dialect.name == "postgresql":
+            conn.execute(text(f"SET LOCAL lock_timeout = '{TAKEOVER_WAIT_S}s'"))
+        try:
+            epoch = conn.execute(bump).scalar()
+        except OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+                raise
+            log.warning("the previous controller is still in a tick; taking the lead later")
+            return None
+        if epoch is None:
+            raise IcefrogError("the leader_lease row is missing: run `icefrog db upgrade`")
+    log.info("leading as epoch %d (%s)", epoch, holder)
+    return int(epoch)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _drop(conn: Connection) -> None:
+    """Unlock, and close the lock's connection for good (its session ends, and with it the
+    lock, should the unlock fail)."""
+    with suppress(SQLAlchemyError):
+        conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": ADVISORY_KEY})
+    with suppress(SQLAlchemyError):
+        conn.invalidate()

@@ -12,6 +12,7 @@
   command with its outcome).
 - The inbox's ledger: ``accepted_reports`` (one row per (Slurm job, seq): a replay changes
   nothing) and ``rejected_reports`` (with the reason).
+- ``leader_lease``: the one active controller's fencing token (store/leader.py).
 
 Times are seconds since the epoch, passed in by the caller (the store reads no clock).
 """
@@ -24,6 +25,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    CheckConstraint,
     Double,
     ForeignKey,
     Index,
@@ -256,3 +258,15 @@ class RejectedReportRow(Base):
     uid: Mapped[int | None]
     size: Mapped[int] = mapped_column(BigInteger)
     reason: Mapped[str] = mapped_column(Text)
+
+
+class LeaderLease(Base):
+    """The one controller lease (store/leader.py): a single row, id 1, whose ``epoch`` is the
+    fencing token every new leader increases."""
+
+    __tablename__ = "leader_lease"
+    __table_args__ = (CheckConstraint("id = 1", name="single_row"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    holder: Mapped[str] = mapped_column(String(256))

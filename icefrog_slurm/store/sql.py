@@ -19,6 +19,13 @@ default would not open a transaction for reads); write transactions take ``BEGIN
 IMMEDIATE`` so two writers queue instead of failing on a lock upgrade. On Postgres a
 snapshot (and a ``consistent`` transaction) runs at REPEATABLE READ so all its queries see
 the same state.
+
+A store that leads (``try_lead`` returned its lease) is *fenced*: every write transaction
+first proves the lease is still this controller's (``Lease.check``: the epoch read inside
+the transaction) and rolls back with ``LostLead`` otherwise, so a controller that lost the
+lead writes nothing more, and no reconcile step gets as far as its Slurm command. A store
+that never led (the simulator, the CLI's reports, tests) or whose lease was released writes
+unchecked.
 """
 
 from __future__ import annotations
@@ -27,14 +34,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
 from icefrog_slurm.errors import IcefrogError, InputError
 from icefrog_slurm.settings import Settings
-from icefrog_slurm.store.leader import LeaderLock, try_lead
+from icefrog_slurm.store.leader import Lease, lock_path, try_lead
 from icefrog_slurm.store.records import StoreSnapshot
 from icefrog_slurm.store.tx import StoreTx
 
@@ -77,6 +84,7 @@ class SqlStore:
         self.engine = make_engine(url)
         self._is_sqlite = self.engine.dialect.name == "sqlite"
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._lease: Lease | None = None
         if check_schema:
             try:
                 self.check_schema()
@@ -98,14 +106,28 @@ class SqlStore:
                 f"revision {current or 'none'}, the code needs {head}: run `icefrog db upgrade`"
             )
 
-    def try_lead(self) -> LeaderLock | None:
-        """Become the one active controller: a held lock, or None if another holds it
-        (a Postgres advisory lock; ``flock`` on a file beside a SQLite database)."""
-        return try_lead(self.engine)
+    def try_lead(self) -> Lease | None:
+        """Become the one active controller: a held lease, or None while another controller
+        holds the lock (store/leader.py). From then on every write transaction checks the
+        lease (fenced), until it is released; a lost lease refuses them all.
+        InputError for a database no lock can guard (``sqlite://`` in memory)."""
+        lease = try_lead(self.engine)
+        if lease is not None:
+            self._lease = lease
+        return lease
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SqlStore:
-        return cls(settings.store.url)
+        """The controller's store: a database a lock can guard (InputError for ``sqlite://``
+        in memory, before anything else), migrated to the code's head."""
+        store = cls(settings.store.url, check_schema=False)
+        try:
+            lock_path(store.engine.url)
+            store.check_schema()
+        except BaseException:
+            store.close()
+            raise
+        return store
 
     @contextmanager
     def transaction(self, *, consistent: bool = False) -> Iterator[StoreTx]:
@@ -117,7 +139,9 @@ class SqlStore:
         updates makes it fail (serialization error) rather than overwrite.
         """
         with self._sessions() as session, session.begin():
-            self._first_connection(session, write=True, consistent=consistent)
+            conn = self._first_connection(session, write=True, consistent=consistent)
+            if self._lease is not None:
+                self._lease.check(conn)
             yield StoreTx(session)
 
     def snapshot(self, *, include_finished: bool = False) -> StoreSnapshot:
@@ -134,10 +158,11 @@ class SqlStore:
             self._first_connection(session, write=False, consistent=True)
             yield session
 
-    def _first_connection(self, session: Session, *, write: bool, consistent: bool) -> None:
+    def _first_connection(self, session: Session, *, write: bool, consistent: bool) -> Connection:
         """Open the transaction's connection with the right BEGIN / isolation level."""
         if self._is_sqlite:
             begin = "BEGIN IMMEDIATE" if write else "BEGIN"
-            session.connection(execution_options={_BEGIN_OPTION: begin})
-        elif consistent:
-            session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+            return session.connection(execution_options={_BEGIN_OPTION: begin})
+        if consistent:
+            return session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        return session.connection()

@@ -1,0 +1,240 @@
+"""The leader lease on both databases: one lead a database, whatever path or connection
+reaches it; a stolen lead is noticed by the old leader's next tick and refused by its next
+write; databases no lock can guard are refused for the controller."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, text
+
+from icefrog_slurm.errors import InputError
+from icefrog_slurm.settings import settings_from_mapping
+from icefrog_slurm.store import leader
+from icefrog_slurm.store.leader import Lease, LostLead
+from icefrog_slurm.store.models import Job, LeaderLease
+from icefrog_slurm.store.sql import SqlStore, make_engine
+from tests.integration.store.helpers import spec
+
+
+POSTGRES_ONLY = pytest.mark.parametrize(
+    "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)  # the tick's guard is Postgres's: SQLite's flock cannot be taken while a tick runs
+
+
+@pytest.fixture
+def stores(db_url: str) -> Iterator[tuple[SqlStore, SqlStore]]:
+    """Two controllers' stores on one database."""
+    first, second = SqlStore(db_url), SqlStore(db_url)
+    try:
+        yield first, second
+    finally:
+        first.close()
+        second.close()
+
+
+def steal_the_lead(url: str) -> None:
+    """What takes a lock from under a running controller: its Postgres session killed
+    (pg_terminate_backend, as a restart or a network cut does), its SQLite lock file
+    removed."""
+    engine = make_engine(url)
+    try:
+        path = leader.lock_path(engine.url)
+        if path is not None:
+            os.unlink(path)
+            return
+        with engine.connect() as conn:
+            killed = conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
+                    " AND objid = :lo AND classid = :hi AND database = (SELECT oid FROM"
+                    " pg_database WHERE datname = current_database())"
+                ),
+                {"hi": leader.ADVISORY_KEY >> 32, "lo": leader.ADVISORY_KEY & 0xFFFFFFFF},
+            ).all()
+            assert killed == [(True,)]
+    finally:
+        engine.dispose()
+
+
+def add_job(store: SqlStore, sid: str) -> None:
+    with store.transaction() as tx:
+        tx.create_job(
+            name=f"j{sid}", owner_uid=1, owner_user="u", slurm_job_id=sid, spec=spec(), now=1.0
+        )
+
+
+def job_count(url: str) -> int:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return len(conn.execute(select(Job.id)).all())
+    finally:
+        engine.dispose()
+
+
+def test_each_lead_takes_a_new_epoch(stores: tuple[SqlStore, SqlStore]) -> None:
+    first, second = stores
+    a = first.try_lead()
+    assert a is not None and second.try_lead() is None
+    a.release()
+    b = second.try_lead()
+    assert b is not None and b.epoch == a.epoch + 1
+    with b.hold():
+        add_job(second, "1")  # the leader writes
+    add_job(first, "2")  # a store that released its lease writes as a plain client
+    b.release()
+    assert job_count(first.url) == 2
+
+
+def test_a_stolen_lead_refuses_the_old_leaders_writes(
+    stores: tuple[SqlStore, SqlStore],
+) -> None:
+    first, second = stores
+    old = first.try_lead()
+    assert old is not None
+    add_job(first, "1")
+    steal_the_lead(first.url)
+    new = second.try_lead()
+    assert new is not None and new.epoch == old.epoch + 1
+    with pytest.raises(LostLead, match=f"led as epoch {old.epoch}"):
+        add_job(first, "2")  # the stale token: rolled back, nothing written
+    with pytest.raises(LostLead), old.hold():
+        pytest.fail("a tick ran under a lost lease")
+    with pytest.raises(LostLead):
+        with first.transaction() as tx:  # once lost, every write transaction is refused
+            tx.round()
+    with new.hold():
+        add_job(second, "3")
+    assert job_count(first.url) == 2
+    old.release()
+    new.release()
+
+
+def test_the_next_tick_finds_its_lock_gone(stores: tuple[SqlStore, SqlStore]) -> None:
+    """Lost before anyone else led: the lock check alone stops the tick."""
+    first, _ = stores
+    lease = first.try_lead()
+    assert lease is not None
+    steal_the_lead(first.url)
+    with pytest.raises(LostLead, match="lock"), lease.hold():
+        pytest.fail("a tick ran without its lock")
+    lease.release()
+
+
+@POSTGRES_ONLY
+def test_a_new_leader_waits_for_the_old_leaders_tick(
+    stores: tuple[SqlStore, SqlStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Postgres: the lock's session dies in the middle of a tick; a standby gets the lock
+    but cannot take the lease until that tick ends."""
+    first, second = stores
+    monkeypatch.setattr(leader, "TAKEOVER_WAIT_S", 1)
+    old = first.try_lead()
+    assert old is not None
+    with old.hold():
+        steal_the_lead(first.url)
+        assert second.try_lead() is None  # its bump timed out behind the tick's row lock
+        add_job(first, "1")  # the old leader's tick goes on: nobody else leads yet
+    new = second.try_lead()
+    assert new is not None and new.epoch == old.epoch + 1
+    with pytest.raises(LostLead):
+        add_job(first, "2")
+    assert job_count(first.url) == 1
+    old.release()
+    new.release()
+
+
+@POSTGRES_ONLY
+def test_a_bump_that_waits_does_not_block_the_tick(
+    stores: tuple[SqlStore, SqlStore],
+) -> None:
+    """The old leader's own write transactions share the row lock with its guard: a tick
+    never waits for the standby that waits for it."""
+    first, second = stores
+    old = first.try_lead()
+    assert old is not None
+    got: list[Lease | None] = []
+    with old.hold():
+        steal_the_lead(first.url)
+        standby = threading.Thread(target=lambda: got.append(second.try_lead()))
+        standby.start()
+        _wait_for_a_lock_wait(first.url)
+        add_job(first, "1")
+    standby.join()
+    assert got and got[0] is not None and got[0].epoch == old.epoch + 1
+    got[0].release()
+    old.release()
+
+
+def _wait_for_a_lock_wait(url: str) -> None:
+    from tests.integration.conftest import wait_for
+
+    engine = make_engine(url)
+    try:
+
+        def waiting() -> bool:
+            with engine.connect() as conn:
+                n = conn.execute(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND datname = current_database()"
+                    )
+                ).scalar()
+            return bool(n)
+
+        wait_for("the standby's bump to wait for the lease row", waiting, timeout=8.0)
+    finally:
+        engine.dispose()
+
+
+def test_a_second_path_to_a_sqlite_file_gives_no_second_lead(
+    tmp_path: Path, sqlite_template: Path
+) -> None:
+    real = tmp_path / "state" / "icefrog.db"
+    real.parent.mkdir()
+    shutil.copyfile(sqlite_template, real)
+    (tmp_path / "link.db").symlink_to(real)
+    (tmp_path / "linked-dir").symlink_to(real.parent)
+    paths = [real, tmp_path / "link.db", tmp_path / "linked-dir" / "icefrog.db"]
+    paths.append(tmp_path / "state" / ".." / "state" / "icefrog.db")
+    stores = [SqlStore(f"sqlite:///{p}") for p in paths]
+    try:
+        lease = stores[0].try_lead()
+        assert lease is not None
+        assert [s.try_lead() for s in stores[1:]] == [None, None, None]
+        lease.release()
+        again = stores[1].try_lead()  # through the symlink: the same lock, a new epoch
+        assert again is not None and again.epoch == lease.epoch + 1
+        assert stores[0].try_lead() is None
+        again.release()
+    finally:
+        for s in stores:
+            s.close()
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file:x?uri=true"])
+def test_the_controller_refuses_a_database_no_lock_guards(url: str) -> None:
+    store = SqlStore(url, check_schema=False)
+    try:
+        with pytest.raises(InputError, match="needs a database file or Postgres"):
+            store.try_lead()
+    finally:
+        store.close()
+    settings = settings_from_mapping({"store": {"url": url}})
+    with pytest.raises(InputError, match="cannot be locked against a second controller"):
+        SqlStore.from_settings(settings)
+
+
+def test_the_lease_row_is_one_row(db_url: str) -> None:
+    engine = make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(select(LeaderLease.id, LeaderLease.epoch)).all() == [(1, 0)]
+    finally:
+        engine.dispose()
