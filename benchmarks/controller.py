@@ -106,18 +106,19 @@ class MemoryCluster:
         self._set(job_id, state="PENDING", reason="job requeued in held state")
 
     def hold(self, *, job_id: str) -> None:
-        self._set(job_id, reason="JobHeldAdmin")
+        self._set(job_id, reason="JobHeldUser")
 
     def cancel(self, *, job_id: str) -> None:
         self._set(job_id, state="CANCELLED")
 
-    def find_successor(self, *, job_id: str) -> str | None:
+    def find_successor(self, *, job_id: str, owner_uid: int) -> str | None:
         return None
 
     def resubmit(
         self,
         *,
         job_id: str,
+        owner_uid: int,
         gres: Gres,
         num_nodes: int | None = None,
         nodes: tuple[str, ...] | None = None,
@@ -138,17 +139,16 @@ class MemoryCluster:
             j.reason,
             0,
             j.gres,
-            "1",
+            1,
             None,
             None,
             "gpu",
             "/nonexistent",
             None,
             None,
-            "UNLIMITED",
+            None,
             j.comment,
             j.tag,
-            {},
         )
 
     def gres_allocation(self, *, job_id: str) -> tuple[GresAllocation, ...]:
@@ -170,7 +170,7 @@ class NoFiles:
     def write_decision(self, *, run_dir: str, decision: Decision, owner_uid: int) -> None:
         return None
 
-    def checkpoint_marked(self, *, run_dir: str, since: float) -> bool:
+    def checkpoint_marked(self, *, run_dir: str, since: float, owner_uid: int) -> bool:
         return False
 
 

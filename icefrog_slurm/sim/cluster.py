@@ -205,10 +205,10 @@ class SimCluster:
         return JobDetail(
             job_id=job.job_id, name=job.name, user_id=job.user_id, group_id=job.user_id,
             state=job.state, reason=job.reason, restarts=job.restarts, gres=job.gres,
-            num_nodes=str(job.num_nodes), req_nodes=",".join(job.req_nodes) or None,
+            num_nodes=job.num_nodes, req_nodes=",".join(job.req_nodes) or None,
             nodelist=self._nodelist(job) or None, partition=self.partition,
-            work_dir=job.work_dir, std_out=None, std_err=None, time_limit="UNLIMITED",
-            comment=job.tag.comment(), tag=job.tag, fields={},
+            work_dir=job.work_dir, std_out=None, std_err=None, time_limit_min=None,
+            comment=job.tag.comment(), tag=job.tag, priority=1,
         )  # fmt: skip
 
     def gres_allocation(self, *, job_id: str) -> tuple[GresAllocation, ...]:
@@ -235,11 +235,14 @@ class SimCluster:
         self,
         *,
         job_id: str,
+        owner_uid: int,
         gres: Gres,
         num_nodes: int | None = None,
         nodes: tuple[str, ...] | None = None,
     ) -> str:
         old = self._get(job_id)
+        if old.user_id != owner_uid:
+            raise SlurmRejected(f"job {job_id} belongs to uid {old.user_id}, not {owner_uid}")
         self.cancel(job_id=job_id)
         request = SubmitRequest(
             script="", tag=IcefrogTag(old.tag.key, previous_id=job_id), name=old.name,
@@ -250,11 +253,11 @@ class SimCluster:
     def hostnames(self, *, nodelist: str) -> tuple[str, ...]:
         return expand_hostlist(nodelist)
 
-    def find_successor(self, *, job_id: str) -> str | None:
+    def find_successor(self, *, job_id: str, owner_uid: int) -> str | None:
         live = [
             j.job_id
             for j in self._jobs.values()
-            if j.tag.previous_id == job_id and j.state not in _ENDED
+            if j.tag.previous_id == job_id and j.user_id == owner_uid and j.state not in _ENDED
         ]
         return max(live, key=int) if live else None
 
@@ -269,7 +272,7 @@ class SimCluster:
         return JobState(
             job_id=job.job_id, state=job.state, gres=job.gres, num_nodes=job.num_nodes,
             nodelist=self._nodelist(job), reason=job.reason, priority=1, user_id=job.user_id,
-            partition=self.partition, comment=job.tag.comment(), tag=job.tag,
+            partition=self.partition, comment=job.tag.comment(), tag=job.tag, name=job.name,
         )  # fmt: skip
 
     def _nodelist(self, job: _Job) -> str:

@@ -5,17 +5,26 @@ socket timeout, the command's own timeout) it is retried with exponential backof
 number of times, then ``SlurmUnavailable`` is raised: the caller keeps its decision and tries
 again next round. A refusal is ``SlurmRejected`` at once. Nothing here exits the process.
 
-``sbatch`` is not idempotent, so submissions are made idempotent by their icefrog tag: before
-every sbatch the backend looks for a live job with the same name and comment (one
-``squeue -n NAME`` call) and returns it instead, so a submission that timed out but did
-reach slurmctld is never duplicated, neither by a retry here nor by the next round.
+Jobs are read from ``squeue --json`` (``parse``): identity (uid, gid, job id, state) comes
+from its numeric fields, never from user text. ``sbatch`` is not idempotent, so submissions
+are made idempotent by their tag: before every sbatch the backend looks for a live job of
+the same owner with the same name and comment (``identity.earlier_submission``) and returns
+it instead, so a submission that timed out but did reach slurmctld is never duplicated.
 
-Resubmission as the job's owner (``resubmit``): the controller runs as root; it reads the
-pending job's batch script (``scontrol write batch_script``) and submits it again through
-``setpriv --reuid/--regid --init-groups sbatch`` with a minimal environment (PATH, HOME,
-USER, LOGNAME, SLURM_CONF), so the new job is the user's own submission with the user's
-credential; name, partition, working directory, output paths and time limit are kept, the
-comment links to the old id, the new job is held, and then the old job is cancelled.
+Resubmission as the job's owner (``resubmit``): the controller runs as root. The owner is
+taken only when two independent sources agree: Slurm's numeric uid of the job and the uid
+icefrog recorded from the job's munge-signed registration. The pending job's batch script
+(``scontrol write batch_script``) is submitted again through ``setpriv --reuid --regid
+--init-groups --no-new-privs sbatch`` with a minimal environment (PATH, HOME, USER, LOGNAME,
+SLURM_CONF): the new job is the user's own submission with the user's uid, gid and login
+groups and nothing of root's, so it can do nothing its owner could not do with sbatch. Never
+as root for another user's job, and never for a user the system does not know. Name,
+partition, working directory, output paths and time limit are kept; the comment names the
+old id under the controller's signature (``identity.TagSigner``); the new job is held; then
+the old job is cancelled.
+
+Holds: icefrog's own holds are user holds (``scontrol uhold``); a job an administrator holds
+(``JobHeldAdmin``) is never released.
 """
 
 from __future__ import annotations
@@ -31,11 +40,11 @@ from dataclasses import dataclass
 
 from icefrog_slurm.slurm import capacity, commands, parse
 from icefrog_slurm.slurm.commands import Argv
+from icefrog_slurm.slurm.identity import TagSigner, earlier_submission, successor_of
 from icefrog_slurm.slurm.port import (
     ClusterPort,
     Gres,
     GresAllocation,
-    IcefrogTag,
     JobDetail,
     JobNotFound,
     JobState,
@@ -85,11 +94,16 @@ class SlurmCliBackend:
     """ClusterPort over the Slurm command-line tools (22.05 and 24.11)."""
 
     def __init__(
-        self, settings: CliSettings | None = None, *, sleep: Callable[[float], None] = time.sleep
+        self,
+        settings: CliSettings | None = None,
+        *,
+        signer: TagSigner | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.settings = settings or CliSettings()
         if self.settings.attempts < 1:
             raise ValueError("CliSettings.attempts must be >= 1")
+        self.signer = signer or TagSigner.ephemeral()
         self._sleep = sleep
 
     # ---- running commands -------------------------------------------------------------
@@ -148,16 +162,25 @@ class SlurmCliBackend:
         raise AssertionError("unreachable")
 
     def _submit(
-        self, argv: Argv, *, script: str, name: str, comment: str, env: Mapping[str, str]
+        self,
+        argv: Argv,
+        *,
+        script: str,
+        name: str,
+        comment: str,
+        owner_uid: int,
+        env: Mapping[str, str],
     ) -> str:
-        """sbatch at most once a tag: a live job with the same name and comment (an earlier
-        submission that timed out but reached slurmctld) is returned instead."""
+        """sbatch at most once a tag: a live job of the owner with the same name and comment
+        (an earlier submission that timed out but reached slurmctld) is returned instead."""
         last: SlurmUnavailable | None = None
         for attempt in range(self.settings.attempts):
             if attempt:
                 self._wait(attempt - 1)
             try:
-                found = self._find_live(name=name, comment=comment)
+                found = earlier_submission(
+                    self._jobs_once().values(), name=name, comment=comment, owner_uid=owner_uid
+                )
                 if found is not None:
                     return found
                 return parse.parse_sbatch_parsable(self._once(argv, stdin=script, env=env))
@@ -168,11 +191,15 @@ class SlurmCliBackend:
             f"{last} (gave up after {self.settings.attempts} tries)", command=argv
         )
 
-    def _find_live(self, *, name: str, comment: str) -> str | None:
-        out = self._once(commands.squeue_named(name), stdin=None, env=None)
-        jobs = parse.parse_squeue(out).values()
-        live = [j.job_id for j in jobs if j.comment == comment and not j.finished]
-        return max(live, key=int) if live else None
+    def _jobs_once(self) -> dict[str, JobState]:
+        out = self._once(commands.squeue_json(), stdin=None, env=None)
+        return {k: d.state_view() for k, d in parse.parse_squeue_json(out).items()}
+
+    def _details(self) -> dict[str, JobDetail]:
+        return parse.parse_squeue_json(self._run(commands.squeue_json()))
+
+    def _jobs(self) -> dict[str, JobState]:
+        return {k: d.state_view() for k, d in self._details().items()}
 
     # ---- ClusterPort ------------------------------------------------------------------
 
@@ -181,11 +208,26 @@ class SlurmCliBackend:
             script = fh.read()
         argv = commands.sbatch_held(request)
         return self._submit(
-            argv, script=script, name=request.name, comment=request.tag.comment(), env=self._env()
+            argv,
+            script=script,
+            name=request.name,
+            comment=request.tag.comment(),
+            owner_uid=os.getuid(),
+            env=self._env(),
         )
 
     def release(self, *, job_id: str) -> None:
+        self._refuse_admin_hold(job_id)
         self._run(commands.release(job_id))
+
+    def _refuse_admin_hold(self, job_id: str) -> None:
+        job = self._jobs().get(job_id)
+        if job is None:
+            raise JobNotFound(f"job {job_id}: unknown to Slurm")
+        if job.admin_held:
+            raise SlurmRejected(
+                f"job {job_id} is held by an administrator (JobHeldAdmin): not released"
+            )
 
     def update_pending(
         self,
@@ -207,7 +249,7 @@ class SlurmCliBackend:
         self._run(commands.hold(job_id))
 
     def release_now(self, *, job_id: str) -> None:
-        self._run(commands.release(job_id))
+        self.release(job_id=job_id)
         self._run(commands.update_job(job_id, start_now=True))
 
     def cancel(self, *, job_id: str) -> None:
@@ -222,26 +264,30 @@ class SlurmCliBackend:
     def poll(self, *, job_ids: Collection[str]) -> Mapping[str, JobState]:
         if not job_ids:
             return {}
-        try:
-            out = self._run(commands.squeue_jobs(job_ids))
-        except JobNotFound:  # every id is unknown (squeue fails only then)
-            return {}
-        return {k: v for k, v in parse.parse_squeue(out).items() if k in job_ids}
+        wanted = set(job_ids)
+        return {k: v for k, v in self._jobs().items() if k in wanted}
 
     def job_detail(self, *, job_id: str) -> JobDetail:
-        return parse.parse_job_detail(self._run(commands.show_job(job_id)))
+        detail = self._details().get(job_id)
+        if detail is None:
+            raise JobNotFound(f"job {job_id}: unknown to Slurm")
+        return detail
 
     def gres_allocation(self, *, job_id: str) -> tuple[GresAllocation, ...]:
         return parse.parse_gres_detail(self._run(commands.show_job_detail(job_id)))
 
     def partition_capacity(self, *, partition: str) -> PartitionCapacity:
         nodes = parse.parse_sinfo_nodes(self._run(commands.sinfo_partition(partition)))
-        jobs = parse.parse_squeue(self._run(commands.squeue_all())).values()
+        details = self._details()
+        jobs = [d.state_view() for d in details.values()]
         shard_gpus: dict[str, dict[str, int]] = {}
         for jid in capacity.foreign_shard_jobs(jobs):
+            if details[jid].multiline_text:  # its -d text could be spoofed: count by shards
+                continue
             try:
                 allocs = self.gres_allocation(job_id=jid)
-            except JobNotFound:
+            except (JobNotFound, parse.ParseError) as exc:
+                log.warning("GPU indices of job %s unknown (%s): counted by shards", jid, exc)
                 continue
             per_node: dict[str, set[int]] = {}
             for a in allocs:
@@ -259,19 +305,16 @@ class SlurmCliBackend:
     def hostnames(self, *, nodelist: str) -> tuple[str, ...]:
         return parse.parse_hostnames(self._run(commands.hostnames(nodelist)))
 
-    def find_successor(self, *, job_id: str) -> str | None:
-        jobs = parse.parse_squeue(self._run(commands.squeue_all())).values()
-        live = [
-            j.job_id
-            for j in jobs
-            if j.tag is not None and j.tag.previous_id == job_id and not j.finished
-        ]
-        return max(live, key=int) if live else None
+    def find_successor(self, *, job_id: str, owner_uid: int) -> str | None:
+        return successor_of(
+            self._jobs().values(), job_id=job_id, owner_uid=owner_uid, signer=self.signer
+        )
 
     def resubmit(
         self,
         *,
         job_id: str,
+        owner_uid: int,
         gres: Gres,
         num_nodes: int | None = None,
         nodes: tuple[str, ...] | None = None,
@@ -283,45 +326,54 @@ class SlurmCliBackend:
             )
         if old.tag is None:
             raise SlurmRejected(f"job {job_id} carries no icefrog comment: not resubmitted")
+        if old.user_id != owner_uid:
+            raise SlurmRejected(
+                f"job {job_id}: Slurm says uid {old.user_id} owns it, icefrog recorded uid "
+                f"{owner_uid}: not resubmitted"
+            )
+        if old.state_view().admin_held:
+            raise SlurmRejected(f"job {job_id} is held by an administrator: not resubmitted")
         script = self._run(commands.batch_script(job_id))
-        comment = IcefrogTag(key=old.tag.key, previous_id=job_id).comment()
+        tag = self.signer.successor_tag(key=old.tag.key, previous_id=job_id, owner_uid=owner_uid)
         argv = commands.resubmit(
             old.name,
-            comment=comment,
+            comment=tag.comment(),
             gres=gres,
-            num_nodes=num_nodes if num_nodes is not None else _min_nodes(old.num_nodes),
+            num_nodes=num_nodes if num_nodes is not None else old.num_nodes,
             nodes=nodes if nodes is not None else parse.expand_hostlist(old.req_nodes or ""),
             partition=old.partition,
             work_dir=old.work_dir,
             std_out=_job_pattern(old.std_out, job_id),
             std_err=_job_pattern(old.std_err, job_id),
-            time_limit=old.time_limit,
+            time_limit_min=old.time_limit_min,
         )
-        argv, env = self._as_owner(argv, uid=old.user_id, gid=old.group_id)
-        new_id = self._submit(argv, script=script, name=old.name, comment=comment, env=env)
-        log.info("resubmitted job %s as %s (uid %d, %s)", job_id, new_id, old.user_id, gres)
+        argv, env = self._as_owner(argv, uid=owner_uid, gid=old.group_id)
+        new_id = self._submit(
+            argv, script=script, name=old.name, comment=tag.comment(), owner_uid=owner_uid, env=env
+        )
+        log.info("resubmitted job %s as %s (uid %d, %s)", job_id, new_id, owner_uid, gres)
         self.cancel(job_id=job_id)
         return new_id
 
     def _as_owner(self, argv: Argv, *, uid: int, gid: int) -> tuple[Argv, dict[str, str]]:
-        """Wrap ``argv`` to run as ``uid`` (unless that is us) with a minimal environment."""
+        """Wrap ``argv`` to run as ``uid`` (unless that is us) with a minimal environment; a
+        uid the user database does not know is refused (its groups cannot be known)."""
         try:
-            pw: pwd.struct_passwd | None = pwd.getpwuid(uid)
+            pw = pwd.getpwuid(uid)
         except KeyError:
-            pw = None
-        name = pw.pw_name if pw else str(uid)
+            raise SlurmRejected(f"uid {uid} is not in the user database: not resubmitted") from None
         base = {
             "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
-            "HOME": pw.pw_dir if pw else "/",
-            "USER": name,
-            "LOGNAME": name,
+            "HOME": pw.pw_dir,
+            "USER": pw.pw_name,
+            "LOGNAME": pw.pw_name,
         }
         if "SLURM_CONF" in os.environ:  # the controller's own config source, passed through
             base["SLURM_CONF"] = os.environ["SLURM_CONF"]
         env = self._env(base)
         if uid == os.geteuid():
             return argv, env
-        return commands.as_user(argv, uid=uid, gid=gid, user=pw.pw_name if pw else None), env
+        return commands.as_user(argv, uid=uid, gid=gid), env
 
 
 def _job_pattern(path: str | None, job_id: str) -> str | None:
@@ -331,12 +383,6 @@ def _job_pattern(path: str | None, job_id: str) -> str | None:
         return None
     head, sep, name = path.rpartition("/")
     return head + sep + re.sub(rf"(?<!\d){job_id}(?!\d)", "%j", name)
-
-
-def _min_nodes(num_nodes: str) -> int:
-    """``NumNodes=2-2`` / ``2`` / ``1-1`` -> 2 / 2 / 1."""
-    head = num_nodes.split("-")[0].split(":")[0]
-    return int(head) if head.isdigit() else 1
 
 
 def _conforms(backend: SlurmCliBackend) -> ClusterPort:

@@ -8,14 +8,12 @@ submitted with -N1, a requeued job needs ``StartTime=now`` or it waits ~120 s, a
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 from icefrog_slurm.slurm.port import Gres, SubmitRequest
 
 Argv = tuple[str, ...]
 
-# squeue fields, '|'-separated; the comment (%k) is last because it may contain '|'.
-SQUEUE_FORMAT = "%i|%T|%b|%D|%N|%r|%Q|%U|%P|%k"
 SINFO_FORMAT = "%N|%t|%G"
 
 
@@ -44,10 +42,20 @@ def sbatch_held(request: SubmitRequest) -> Argv:
     return tuple(argv)
 
 
-def as_user(argv: Argv, *, uid: int, gid: int, user: str | None) -> Argv:
-    """Run ``argv`` as another user (root only): ``setpriv`` with that uid, gid and groups."""
-    groups = "--init-groups" if user is not None else "--clear-groups"
-    return ("setpriv", f"--reuid={uid}", f"--regid={gid}", groups, "--", *argv)
+def as_user(argv: Argv, *, uid: int, gid: int) -> Argv:
+    """Run ``argv`` as exactly that user (root only): ``setpriv`` sets the real and effective
+    uid and gid, the user's own supplementary groups from the group database
+    (``--init-groups``: the groups the user has at login, no more, none of root's), and
+    ``no_new_privs``; it execs the command directly (no shell, no PAM session)."""
+    return (
+        "setpriv",
+        f"--reuid={uid}",
+        f"--regid={gid}",
+        "--init-groups",
+        "--no-new-privs",
+        "--",
+        *argv,
+    )
 
 
 def release(job_id: str) -> Argv:
@@ -86,30 +94,19 @@ def requeue_hold(job_id: str) -> Argv:
 
 
 def hold(job_id: str) -> Argv:
-    return ("scontrol", "hold", job_id)
+    """A user hold (JobHeldUser), even as root: ``scontrol hold`` by root would be an
+    administrator's hold, which icefrog never releases."""
+    return ("scontrol", "uhold", job_id)
 
 
 def cancel(job_id: str) -> Argv:
     return ("scancel", job_id)
 
 
-def squeue_jobs(job_ids: Collection[str]) -> Argv:
-    """One squeue call for many jobs, every state (finished ones until MinJobAge)."""
-    return ("squeue", "-h", "-t", "all", "-j", ",".join(sorted(job_ids)), "-o", SQUEUE_FORMAT)
-
-
-def squeue_all() -> Argv:
-    """Every job Slurm knows, for capacity and for finding a submission by its comment."""
-    return ("squeue", "-h", "-t", "all", "-o", SQUEUE_FORMAT)
-
-
-def squeue_named(name: str) -> Argv:
-    """Jobs of one name (every user, every state): finds a submission by name and comment."""
-    return ("squeue", "-h", "-t", "all", "-n", name, "-o", SQUEUE_FORMAT)
-
-
-def show_job(job_id: str) -> Argv:
-    return ("scontrol", "-o", "show", "job", job_id)
+def squeue_json() -> Argv:
+    """Every job Slurm knows (every state, until MinJobAge) as JSON: one call serves polls,
+    capacity and look-ups (22.05 ignores filters with --json; later versions honour them)."""
+    return ("squeue", "--json", "--states=all")
 
 
 def show_job_detail(job_id: str) -> Argv:
@@ -139,7 +136,7 @@ def resubmit(
     work_dir: str,
     std_out: str | None,
     std_err: str | None,
-    time_limit: str,
+    time_limit_min: int | None,
 ) -> Argv:
     """sbatch (held) of a job's own script read from stdin, with its name, paths and limits."""
     argv: list[str] = [
@@ -160,6 +157,6 @@ def resubmit(
         argv.append(f"--output={std_out}")
     if std_err and std_err != std_out:
         argv.append(f"--error={std_err}")
-    if time_limit and time_limit not in ("UNLIMITED", "Partition_Limit"):
-        argv.append(f"--time={time_limit}")
+    if time_limit_min is not None:
+        argv.append(f"--time={time_limit_min}")
     return tuple(argv)

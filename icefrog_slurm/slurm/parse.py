@@ -1,16 +1,30 @@
-"""Pure parsers of Slurm's text output (squeue, scontrol, sinfo, sbatch), 22.05 and 24.11.
+"""Pure parsers of Slurm's output (squeue --json, sinfo, scontrol, sbatch), 22.05 and newer.
 
-Pinned by the golden files in tests/golden/slurm-22.05 (captured here) and
-tests/golden/slurm-24.11 (built from the 24.11 source). Differences handled:
-TresPerNode/``%b`` is ``gres:gpu:2`` on 22.05 and ``gres/gpu:2`` on 24.11 (a type may sit
-in between: ``gres/gpu:a800:2``); a shard allocation prints ``shard:1(IDX:0)`` on 22.05 and
-``shard:1(1/2,0/2,0/2,0/2)`` (per GPU: used/available) on 24.11.
+Jobs are read from ``squeue --json`` only: a job's name, comment, paths and other fields are
+user text and may hold line breaks, ``|`` or ``Key=value`` look-alikes, so no text format
+can tell them from Slurm's own fields; JSON can. One malformed job record is skipped and
+logged, never fatal. Layouts differ by version and are handled in one place
+(:func:`_number`, :func:`_state`): the openapi v0.0.38 plugin of 22.05 prints plain numbers
+and a state word; data_parser v0.0.40+ (23.11 and newer) prints ``{"set", "infinite",
+"number"}`` objects and a list of state flags.
+
+Text outputs still parsed: ``sinfo`` (node names and GRES: admin-defined), ``scontrol show
+hostnames``, ``sbatch --parsable``, and the per-node ``Nodes=... GRES=...`` lines of
+``scontrol show job -d`` (GPU indices), which the backend reads only for a job whose user
+fields hold no line break (:attr:`JobDetail.multiline_text`). Pinned by the golden files in
+tests/golden/slurm-22.05. TresPerNode is ``gres:gpu:2`` on 22.05 and ``gres/gpu:2`` on
+24.11 (a type may sit in between: ``gres/gpu:a800:2``); a shard allocation prints
+``shard:1(IDX:0)`` on 22.05 and ``shard:1(1/2,0/2,0/2,0/2)`` (per GPU: used/available) on
+24.11.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 from icefrog_slurm.slurm.port import (
     COMMENT_PREFIX,
@@ -18,10 +32,11 @@ from icefrog_slurm.slurm.port import (
     GresAllocation,
     IcefrogTag,
     JobDetail,
-    JobState,
     NodeGpus,
     SlurmError,
 )
+
+log = logging.getLogger(__name__)
 
 _NULL = ("(null)", "N/A", "")
 # "Key=" starts a field of scontrol's one-line output; values may hold spaces (paths).
@@ -38,21 +53,27 @@ def _opt(value: str | None) -> str | None:
 
 
 def parse_tag(comment: str | None) -> IcefrogTag | None:
-    """``icefrog:<key>[;prev=<id>]`` -> IcefrogTag; any other comment -> None (foreign)."""
+    """``icefrog:<key>[;prev=<id>][;sig=<hex>]`` -> IcefrogTag; any other comment -> None
+    (a foreign job). Whether a tag's signature is genuine is ``identity``'s question."""
     if not comment or not comment.startswith(COMMENT_PREFIX):
         return None
-    body = comment[len(COMMENT_PREFIX) :].strip()
-    key, _, rest = body.partition(";")
+    key, *rest = comment[len(COMMENT_PREFIX) :].strip().split(";")
     if not key:
         return None
-    prev = rest[len("prev=") :] if rest.startswith("prev=") else None
-    return IcefrogTag(key=key, previous_id=prev or None)
+    extra = dict(part.partition("=")[::2] for part in rest)
+    prev, sig = extra.get("prev"), extra.get("sig")
+    return IcefrogTag(
+        key=key,
+        previous_id=prev if prev and prev.isascii() and prev.isdigit() else None,
+        signature=sig or None,
+    )
 
 
 def parse_gres_request(text: str | None) -> Gres | None:
     """A job's per-node request (``gres:gpu:2``, ``gres/shard:1``, ``gpu:a800:2``) -> Gres.
 
-    Only gpu and shard count; other GRES in a comma list are ignored; none -> None.
+    Only gpu and shard count; other GRES in a comma list are ignored; none -> None; a type
+    without a count (``gpu:a800``) is one, as Slurm reads it.
     """
     if _opt(text) is None:
         return None
@@ -64,90 +85,115 @@ def parse_gres_request(text: str | None) -> Gres | None:
         if not parts or parts[0] not in ("gpu", "shard"):
             continue
         count = parts[-1] if len(parts) > 1 else "1"
-        if not count.isdigit():
-            raise ParseError(f"GRES request {text!r}: count {count!r} is not a number")
-        return Gres(kind="gpu" if parts[0] == "gpu" else "shard", count=int(count))
+        if not (count.isascii() and count.isdigit()):  # gpu:a800 (a type, no count) is 1
+            count = "1"
+        return Gres(kind="gpu" if parts[0] == "gpu" else "shard", count=max(int(count), 1))
     return None
 
 
-def parse_squeue(text: str) -> dict[str, JobState]:
-    """Lines of ``squeue -h -o '%i|%T|%b|%D|%N|%r|%Q|%U|%P|%k'`` -> {job id: JobState}."""
-    jobs: dict[str, JobState] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        parts = line.split("|", 9)
-        if len(parts) != 10:
-            raise ParseError(f"squeue line has {len(parts)} fields, expected 10: {line!r}")
-        jid, state, tres, nnodes, nodelist, reason, prio, uid, partition, comment = parts
+def parse_squeue_json(text: str) -> dict[str, JobDetail]:
+    """``squeue --json`` -> {job id: JobDetail}. A record that cannot be read (a field
+    missing or of the wrong type) is skipped and logged: one odd job never hides the rest."""
+    try:
+        doc = json.loads(text)
+        records = doc["jobs"]
+        if not isinstance(records, list):
+            raise TypeError("jobs is not a list")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ParseError(f"squeue --json: not a job list ({exc}): {text[:200]!r}") from None
+    jobs: dict[str, JobDetail] = {}
+    for record in records:
         try:
-            jobs[jid] = JobState(
-                job_id=jid,
-                state=state.split()[0] if state else state,
-                gres=parse_gres_request(tres),
-                num_nodes=int(nnodes),
-                nodelist=nodelist,
-                reason=reason,
-                priority=int(prio),
-                user_id=int(uid),
-                partition=partition,
-                comment=_opt(comment) or "",
-                tag=parse_tag(_opt(comment)),
-            )
-        except ValueError as exc:
-            raise ParseError(f"squeue line {line!r}: {exc}") from exc
+            detail = _job_from_json(record)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            jid = record.get("job_id") if isinstance(record, dict) else None
+            log.warning("squeue --json: job %r skipped: %s", jid, str(exc)[:200])
+            continue
+        jobs[detail.job_id] = detail
     return jobs
 
 
+def _job_from_json(r: Mapping[str, Any]) -> JobDetail:
+    job_id = _number(r["job_id"])
+    uid, gid = _number(r["user_id"]), _number(r["group_id"])
+    if job_id is None or uid is None or gid is None:
+        raise ValueError("job_id, user_id or group_id unset")
+    comment = _text(r.get("comment"))
+    return JobDetail(
+        job_id=str(job_id),
+        name=_text(r.get("name")),
+        user_id=uid,
+        group_id=gid,
+        state=_state(r["job_state"]),
+        reason=_text(r.get("state_reason")),
+        restarts=_number(r.get("restart_cnt", 0)) or 0,
+        gres=parse_gres_request(_text(r.get("tres_per_node"))),
+        num_nodes=_number(r.get("node_count", 1)) or 1,
+        req_nodes=_opt(_text(r.get("required_nodes"))),
+        nodelist=_opt(_text(r.get("nodes"))),
+        partition=_text(r.get("partition")),
+        work_dir=_text(r.get("current_working_directory")),
+        std_out=_opt(_text(r.get("standard_output"))),
+        std_err=_opt(_text(r.get("standard_error"))),
+        time_limit_min=_number(r.get("time_limit")),
+        comment=comment,
+        tag=parse_tag(comment),
+        priority=_number(r.get("priority", 0)) or 0,
+        multiline_text=_has_line_break(r),
+    )
+
+
+def _number(value: Any) -> int | None:
+    """A number as every layout prints it: ``5``, ``null``, or v0.0.40+'s ``{"set": true,
+    "infinite": false, "number": 5}`` (None when unset or infinite)."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite", False):
+            return None
+        value = value.get("number")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"not an integer: {str(value)[:40]!r}")
+    return value
+
+
+def _state(value: Any) -> str:
+    """``"RUNNING"`` (22.05) or ``["PENDING", "REQUEUED"]`` (v0.0.40+: the base state
+    first, then flags) -> the base state."""
+    if isinstance(value, list):
+        value = value[0] if value else ""
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"job_state {str(value)[:40]!r}")
+    return value
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise TypeError(f"not a string: {str(value)[:40]!r}")
+    return value
+
+
+def _has_line_break(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\n" in value or "\r" in value
+    if isinstance(value, dict):
+        return any(_has_line_break(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_line_break(v) for v in value)
+    return False
+
+
 def parse_scontrol_fields(line: str) -> dict[str, str]:
-    """``Key=value Key2=value with spaces`` (one record of ``scontrol -o``) -> dict."""
+    """``Key=value Key2=value with spaces`` -> dict. Only for lines made of Slurm's own
+    fields (the ``Nodes=`` lines of ``scontrol show job -d``): a user field would spoof it."""
     starts = list(_FIELD_START.finditer(line))
     fields: dict[str, str] = {}
     for i, m in enumerate(starts):
         end = starts[i + 1].start() if i + 1 < len(starts) else len(line)
-        fields[m.group(1)] = line[m.end() : end].strip()
+        fields.setdefault(m.group(1), line[m.end() : end].strip())
     return fields
-
-
-def _id_of(text: str) -> int:
-    """``root(0)`` -> 0."""
-    m = re.search(r"\((\d+)\)\s*$", text)
-    if not m:
-        raise ParseError(f"no numeric id in {text!r}")
-    return int(m.group(1))
-
-
-def parse_job_detail(text: str) -> JobDetail:
-    """``scontrol -o show job X`` -> JobDetail."""
-    line = next((ln for ln in text.splitlines() if ln.startswith("JobId=")), None)
-    if line is None:
-        raise ParseError(f"no JobId= record in scontrol output: {text[:200]!r}")
-    f = parse_scontrol_fields(line)
-    try:
-        comment = _opt(f.get("Comment")) or ""
-        return JobDetail(
-            job_id=f["JobId"],
-            name=f.get("JobName", ""),
-            user_id=_id_of(f["UserId"]),
-            group_id=_id_of(f["GroupId"]),
-            state=f["JobState"],
-            reason=f.get("Reason", ""),
-            restarts=int(f.get("Restarts", "0")),
-            gres=parse_gres_request(f.get("TresPerNode")),
-            num_nodes=f.get("NumNodes", ""),
-            req_nodes=_opt(f.get("ReqNodeList")),
-            nodelist=_opt(f.get("NodeList")),
-            partition=f.get("Partition", ""),
-            work_dir=f.get("WorkDir", ""),
-            std_out=_opt(f.get("StdOut")),
-            std_err=_opt(f.get("StdErr")),
-            time_limit=f.get("TimeLimit", ""),
-            comment=comment,
-            tag=parse_tag(comment),
-            fields=f,
-        )
-    except KeyError as exc:
-        raise ParseError(f"scontrol record lacks field {exc}: {line[:200]!r}") from exc
 
 
 def _split_top(text: str, brackets: str = "()") -> Iterator[str]:

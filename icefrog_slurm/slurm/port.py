@@ -20,6 +20,7 @@ from icefrog_slurm.errors import IcefrogError
 
 GresKind = Literal["gpu", "shard"]
 COMMENT_PREFIX = "icefrog:"
+ADMIN_HOLD = "JobHeldAdmin"
 
 # Job states in which a job holds its nodes' GPUs (squeue %T long names).
 HOLDING_STATES = frozenset(
@@ -77,14 +78,19 @@ class Gres:
 
 @dataclass(frozen=True)
 class IcefrogTag:
-    """The icefrog identity carried in a Slurm job comment: key and the id it replaced."""
+    """The icefrog identity carried in a Slurm job comment: the key, and for a job the
+    controller resubmitted in place of another, the id it replaced and the controller's
+    signature over both and the owner (``slurm/identity.py``): users can write any comment,
+    so only a signed tag ever names a successor."""
 
     key: str
     previous_id: str | None = None
+    signature: str | None = None
 
     def comment(self) -> str:
         prev = f";prev={self.previous_id}" if self.previous_id else ""
-        return f"{COMMENT_PREFIX}{self.key}{prev}"
+        sig = f";sig={self.signature}" if self.signature else ""
+        return f"{COMMENT_PREFIX}{self.key}{prev}{sig}"
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,7 @@ class JobState:
     partition: str
     comment: str
     tag: IcefrogTag | None
+    name: str = ""
 
     @property
     def is_icefrog(self) -> bool:
@@ -120,6 +127,12 @@ class JobState:
         # JobHeldUser / JobHeldAdmin, or "job requeued in held state" after requeuehold
         return self.state == "PENDING" and "held" in self.reason.lower()
 
+    @property
+    def admin_held(self) -> bool:
+        """Held by an administrator (``scontrol hold`` as root or SlurmUser): icefrog never
+        lifts such a hold; its own holds are user holds (``scontrol uhold``)."""
+        return self.state == "PENDING" and self.reason == ADMIN_HOLD
+
 
 @dataclass(frozen=True)
 class GresAllocation:
@@ -133,7 +146,9 @@ class GresAllocation:
 
 @dataclass(frozen=True)
 class JobDetail:
-    """One job as ``scontrol -o show job`` prints it: the fields the backend needs, plus all."""
+    """One job's full record, from Slurm's machine-readable output: the identity fields
+    (ids, uid, gid, state) are numbers or fixed words Slurm prints; the rest (name, comment,
+    paths) is user text, never read for identity."""
 
     job_id: str
     name: str
@@ -143,17 +158,35 @@ class JobDetail:
     reason: str
     restarts: int
     gres: Gres | None
-    num_nodes: str
+    num_nodes: int
     req_nodes: str | None
     nodelist: str | None
     partition: str
     work_dir: str
     std_out: str | None
     std_err: str | None
-    time_limit: str
+    time_limit_min: int | None  # None: no limit of its own
     comment: str
     tag: IcefrogTag | None
-    fields: Mapping[str, str]
+    priority: int = 0
+    multiline_text: bool = False  # a user field holds a line break (text outputs unsafe)
+
+    def state_view(self) -> JobState:
+        """The same job as a poll sees it."""
+        return JobState(
+            job_id=self.job_id,
+            state=self.state,
+            gres=self.gres,
+            num_nodes=self.num_nodes,
+            nodelist=self.nodelist or "",
+            reason=self.reason,
+            priority=self.priority,
+            user_id=self.user_id,
+            partition=self.partition,
+            comment=self.comment,
+            tag=self.tag,
+            name=self.name,
+        )
 
 
 @dataclass(frozen=True)
@@ -231,7 +264,8 @@ class ClusterPort(Protocol):
         ...
 
     def release(self, *, job_id: str) -> None:
-        """Let a held job run."""
+        """Let a held job run. A job an administrator holds is refused (SlurmRejected):
+        icefrog lifts only user holds and its own requeue holds."""
         ...
 
     def update_pending(
@@ -254,11 +288,13 @@ class ClusterPort(Protocol):
         ...
 
     def hold(self, *, job_id: str) -> None:
-        """Hold a pending job (``scontrol hold``): it stays queued but cannot start."""
+        """Hold a pending job with a user hold (``scontrol uhold``): it stays queued but
+        cannot start, and the hold is told apart from an administrator's."""
         ...
 
     def release_now(self, *, job_id: str) -> None:
-        """Release a requeued job and make it eligible at once (StartTime=now)."""
+        """Release a requeued job and make it eligible at once (StartTime=now); refuses an
+        administrator's hold as ``release`` does."""
         ...
 
     def cancel(self, *, job_id: str) -> None:
@@ -289,21 +325,25 @@ class ClusterPort(Protocol):
         self,
         *,
         job_id: str,
+        owner_uid: int,
         gres: Gres,
         num_nodes: int | None = None,
         nodes: tuple[str, ...] | None = None,
     ) -> str:
-        """Replace a pending job by the same batch script, as the same user, with new GRES
-        (the only way to move between gpu and shard on 22.05); the old job is cancelled and
-        the new one (held) links to it in its comment. Returns the new id."""
+        """Replace a pending job by the same batch script, as its owner and with nothing
+        more, with new GRES (the only way to move between gpu and shard on 22.05); the old
+        job is cancelled and the new one (held) links to it in its signed comment. Refused
+        unless Slurm's owner of the job is ``owner_uid`` (the owner icefrog recorded from
+        the job's munge-signed registration). Returns the new id."""
         ...
 
     def hostnames(self, *, nodelist: str) -> tuple[str, ...]:
         """Expand a Slurm host list (``node[1-3]``)."""
         ...
 
-    def find_successor(self, *, job_id: str) -> str | None:
-        """The live job resubmitted in place of ``job_id`` (its comment says
-        ``prev=<job_id>``), or None: lets a restarted controller finish a resubmission it
-        was killed in the middle of."""
+    def find_successor(self, *, job_id: str, owner_uid: int) -> str | None:
+        """The live job of ``owner_uid`` resubmitted in place of ``job_id`` (its comment
+        names ``job_id`` and carries the controller's signature), or None: lets a restarted
+        controller finish a resubmission it was killed in the middle of. A job anyone else
+        made, with any comment, is never returned."""
         ...

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import time
 from collections.abc import Callable, Collection, Mapping
 from types import ModuleType
@@ -40,6 +41,7 @@ from typing import Any, TypeVar
 
 from icefrog_slurm.slurm import parse
 from icefrog_slurm.slurm.cli_backend import CliSettings, SlurmCliBackend
+from icefrog_slurm.slurm.identity import TagSigner, earlier_submission, successor_of
 from icefrog_slurm.slurm.port import (
     FINISHED_STATES,
     ClusterPort,
@@ -97,11 +99,12 @@ class SlurmPyslurmBackend:
         self,
         settings: CliSettings | None = None,
         *,
+        signer: TagSigner | None = None,
         sleep: Callable[[float], None] = time.sleep,
         module: ModuleType | None = None,
     ) -> None:
         self._py = module if module is not None else load_pyslurm()
-        self._cli = SlurmCliBackend(settings, sleep=sleep)
+        self._cli = SlurmCliBackend(settings, signer=signer, sleep=sleep)
         self.settings = self._cli.settings
         self._sleep = sleep
 
@@ -143,25 +146,12 @@ class SlurmPyslurmBackend:
 
     @staticmethod
     def _state(job: Any) -> JobState:
-        comment = job.comment or ""
-        return JobState(
-            job_id=str(job.id),
-            state=str(job.state),
-            gres=_gres(job.gres_per_node),
-            num_nodes=int(job.num_nodes or 0),
-            nodelist=job.allocated_nodes or "",
-            reason=job.state_reason or "",
-            priority=int(job.priority or 0),
-            user_id=int(job.user_id),
-            partition=job.partition or "",
-            comment=comment,
-            tag=parse.parse_tag(comment),
-        )
+        return SlurmPyslurmBackend._detail(job).state_view()
 
     @staticmethod
     def _detail(job: Any) -> JobDetail:
-        n, most = job.num_nodes, job.max_nodes
-        limit = job.time_limit
+        comment = job.comment or ""
+        fields = (job.name, comment, job.working_directory, job.standard_output)
         return JobDetail(
             job_id=str(job.id),
             name=job.name or "",
@@ -171,17 +161,18 @@ class SlurmPyslurmBackend:
             reason=job.state_reason or "",
             restarts=int(job.requeue_count or 0),
             gres=_gres(job.gres_per_node),
-            num_nodes=f"{n}-{most}" if most else str(n),
+            num_nodes=int(job.num_nodes or 1),
             req_nodes=job.required_nodes or None,
             nodelist=job.allocated_nodes or None,
             partition=job.partition or "",
             work_dir=job.working_directory or "",
             std_out=job.standard_output or None,
             std_err=job.standard_error or None,
-            time_limit="UNLIMITED" if limit is None else str(limit),
-            comment=job.comment or "",
-            tag=parse.parse_tag(job.comment),
-            fields={k: str(v) for k, v in job.to_dict().items() if v is not None},
+            time_limit_min=job.time_limit,
+            comment=comment,
+            tag=parse.parse_tag(comment),
+            priority=int(job.priority or 0),
+            multiline_text=any("\n" in (f or "") for f in fields),
         )
 
     def _live(self) -> list[Any]:
@@ -211,14 +202,22 @@ class SlurmPyslurmBackend:
         )
 
         def once() -> str:
-            found = [j for j in self._live() if j.name == request.name and j.comment == comment]
-            if found:  # an earlier try reached slurmctld: never submit twice
-                return str(max(int(j.id) for j in found))
+            jobs = (self._state(j) for j in self._live())
+            found = earlier_submission(
+                jobs, name=request.name, comment=comment, owner_uid=os.getuid()
+            )
+            if found is not None:  # an earlier try reached slurmctld: never submit twice
+                return found
             return str(desc.submit())
 
         return self._call("submit", once)
 
     def release(self, *, job_id: str) -> None:
+        job = self.job_detail(job_id=job_id)
+        if job.state_view().admin_held:
+            raise SlurmRejected(
+                f"job {job_id} is held by an administrator (JobHeldAdmin): not released"
+            )
         self._call("release", lambda: self._job(job_id).release())
 
     def update_pending(
@@ -249,7 +248,7 @@ class SlurmPyslurmBackend:
         self._call("requeue", lambda: self._job(job_id).requeue(hold=True))
 
     def hold(self, *, job_id: str) -> None:
-        self._call("hold", lambda: self._job(job_id).hold())
+        self._call("hold", lambda: self._job(job_id).hold(mode="user"))
 
     def release_now(self, *, job_id: str) -> None:
         self.release(job_id=job_id)
@@ -286,20 +285,22 @@ class SlurmPyslurmBackend:
     def hostnames(self, *, nodelist: str) -> tuple[str, ...]:
         return self._cli.hostnames(nodelist=nodelist)
 
-    def find_successor(self, *, job_id: str) -> str | None:
-        tags = [(j.id, parse.parse_tag(j.comment)) for j in self._live()]
-        live = [int(i) for i, t in tags if t is not None and t.previous_id == job_id]
-        return str(max(live)) if live else None
+    def find_successor(self, *, job_id: str, owner_uid: int) -> str | None:
+        jobs = (self._state(j) for j in self._live())
+        return successor_of(jobs, job_id=job_id, owner_uid=owner_uid, signer=self._cli.signer)
 
     def resubmit(
         self,
         *,
         job_id: str,
+        owner_uid: int,
         gres: Gres,
         num_nodes: int | None = None,
         nodes: tuple[str, ...] | None = None,
     ) -> str:
-        return self._cli.resubmit(job_id=job_id, gres=gres, num_nodes=num_nodes, nodes=nodes)
+        return self._cli.resubmit(
+            job_id=job_id, owner_uid=owner_uid, gres=gres, num_nodes=num_nodes, nodes=nodes
+        )
 
 
 def _conforms(backend: SlurmPyslurmBackend) -> ClusterPort:

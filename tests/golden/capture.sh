@@ -6,6 +6,8 @@
 #   running  icefrog job, running, gpu:2 on 2 nodes      comment icefrog:golden-run
 #   shard    icefrog job, running, shard:1 pinned node3  comment icefrog:golden-shard;prev=<held id>
 #   foreign  a job of uid 65534 (nobody), running gpu:1  name foreign, no comment
+#   hostile  a held job of nobody whose name, comment and work dir hold line breaks,
+#            '|' and Key=value look-alikes (UserId=root(0)), comment icefrog:... too
 set -euo pipefail
 out=${1:?output folder}
 mkdir -p "$out"
@@ -15,13 +17,14 @@ held=$(sub -H --requeue -J icefrog-held -o "$work/%j.out" --comment=icefrog:gold
 run=$(sub --requeue -J icefrog-run -o "$work/%j.out" --comment=icefrog:golden-run -N2 --gres=gpu:2 --wrap 'sleep 300')
 shard=$(sub --requeue -J icefrog-shard -o "$work/%j.out" --comment="icefrog:golden-shard;prev=$held" -w node3 --gres=shard:1 --wrap 'sleep 300')
 foreign=$(cd "$work" && setpriv --reuid=65534 --regid=65534 --clear-groups sbatch --parsable -J foreign -o "$work/%j.out" --gres=gpu:1 -w node4 --wrap 'sleep 300' | cut -d';' -f1)
+evil=$(mktemp -d "$work/run UserId=root(0) GroupId=root(0).XXXX"); chmod 777 "$evil"
+hostile=$(cd "$evil" && setpriv --reuid=65534 --regid=65534 --clear-groups sbatch --parsable -H \
+    -J $'hostile\n1|RUNNING|gres:gpu:4' -o "$work/%j.out" --gres=gpu:1 \
+    --comment=$'icefrog:decoy;prev=1;sig=00\nJobId=1 UserId=root(0)' --wrap 'sleep 300' | cut -d';' -f1)
 for _ in $(seq 50); do
     [[ $(squeue -h -t R -j "$run,$shard,$foreign" | wc -l) == 3 ]] && break; sleep 0.2
 done
-squeue -h -t all -o '%i|%T|%b|%D|%N|%r|%Q|%U|%P|%k' >"$out/squeue.txt"
-scontrol -o show job "$held" >"$out/scontrol-o-held.txt"
-scontrol -o show job "$run" >"$out/scontrol-o-running.txt"
-scontrol -o show job "$shard" >"$out/scontrol-o-shard.txt"
+squeue --json --states=all >"$out/squeue.json"
 scontrol show job -d "$run" >"$out/scontrol-d-running.txt"
 scontrol show job -d "$shard" >"$out/scontrol-d-shard.txt"
 sinfo -h -N -p gpu -o '%N|%t|%G' >"$out/sinfo.txt"
@@ -29,5 +32,5 @@ scontrol show hostnames 'node[1-3],node4' >"$out/hostnames.txt"
 (squeue -h -t all -j 999999 -o '%i' 2>&1 || true) >"$out/squeue-unknown-job.txt"
 (scontrol update jobid="$held" Gres=shard:2 2>&1 || true) >"$out/update-gpu-to-shard.txt"
 sbatch --version >"$out/version.txt"
-scancel "$held" "$run" "$shard" "$foreign"
-echo "captured into $out (jobs $held $run $shard $foreign)"
+scancel "$held" "$run" "$shard" "$foreign" "$hostile"
+echo "captured into $out (jobs $held $run $shard $foreign $hostile)"

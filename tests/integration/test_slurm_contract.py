@@ -165,7 +165,7 @@ def test_pending_job_gpus_and_nodes_change(port: ClusterPort, script: Path) -> N
     jid = port.submit_held(request=_request(script, "resize", Gres("gpu", 1)))
     port.update_pending(job_id=jid, gres=Gres("gpu", 3), num_nodes=2, nodes=("node3", "node4"))
     detail = port.job_detail(job_id=jid)
-    assert detail.gres == Gres("gpu", 3) and detail.num_nodes == "2-2"
+    assert detail.gres == Gres("gpu", 3) and detail.num_nodes == 2
     assert port.hostnames(nodelist=detail.req_nodes or "") == ("node3", "node4")
     assert detail.state == "PENDING"
     port.release(job_id=jid)
@@ -206,6 +206,19 @@ def test_a_released_job_not_started_yet_can_be_held_again(port: ClusterPort, scr
     assert wait_for("held", lambda: _state(port, jid).held, timeout=10)
     port.release_now(job_id=jid)
     assert _running(port, jid, timeout=30).gres == Gres("gpu", 1)
+
+
+def test_an_administrators_hold_is_never_lifted(port: ClusterPort, script: Path) -> None:
+    jid = port.submit_held(request=_request(script, "adminhold", Gres("gpu", 1)))
+    port.hold(job_id=jid)  # icefrog's own hold: a user hold
+    assert _state(port, jid).reason == "JobHeldUser"
+    subprocess.run(["scontrol", "hold", jid], check=True)  # as root: an administrator's hold
+    assert wait_for("admin hold", lambda: _state(port, jid).admin_held, timeout=10)
+    with pytest.raises(SlurmRejected, match="held by an administrator"):
+        port.release(job_id=jid)
+    with pytest.raises(SlurmRejected, match="held by an administrator"):
+        port.release_now(job_id=jid)
+    assert _state(port, jid).admin_held
 
 
 def test_shard_pair_on_one_gpu(port: ClusterPort, script: Path) -> None:
@@ -278,18 +291,26 @@ def test_resubmission_switches_gpu_to_shard_as_the_owner(port: ClusterPort, job_
     script_before = subprocess.run(
         ["scontrol", "write", "batch_script", old, "-"], capture_output=True, text=True, check=True
     ).stdout
-    new = port.resubmit(job_id=old, gres=Gres("shard", 1), num_nodes=1, nodes=("node2",))
+    with pytest.raises(SlurmRejected, match="Slurm says uid 65534 owns it"):
+        port.resubmit(job_id=old, owner_uid=0, gres=Gres("shard", 1))  # never as another uid
+    new = port.resubmit(
+        job_id=old, owner_uid=NOBODY, gres=Gres("shard", 1), num_nodes=1, nodes=("node2",)
+    )
     assert new != old
     detail = port.job_detail(job_id=new)
     assert (detail.user_id, detail.group_id) == (NOBODY, NOBODY)
-    assert detail.tag == IcefrogTag("ct-owner", previous_id=old)
+    assert detail.tag is not None and detail.tag.signature  # signed by the controller
+    assert (detail.tag.key, detail.tag.previous_id) == ("ct-owner", old)
+    assert port.find_successor(job_id=old, owner_uid=NOBODY) == new
+    assert port.find_successor(job_id=old, owner_uid=0) is None
     assert (
         detail.gres == Gres("shard", 1)
         and detail.state == "PENDING"
         and detail.reason == "JobHeldUser"
     )
     assert detail.name == "icefrog-ct-owner" and detail.work_dir == str(job_dir)
-    assert detail.std_out == f"{job_dir}/{new}.out"  # its own file, not the old job's
+    assert detail.std_out is not None  # its own file, not the old job's (%j as JSON shows it)
+    assert detail.std_out.replace("%j", new) == f"{job_dir}/{new}.out"
     assert wait_for("old job cancelled", lambda: _state(port, old).state == "CANCELLED")
     script_after = subprocess.run(
         ["scontrol", "write", "batch_script", new, "-"], capture_output=True, text=True, check=True
@@ -299,7 +320,7 @@ def test_resubmission_switches_gpu_to_shard_as_the_owner(port: ClusterPort, job_
     _running(port, new)
     assert re.search(r"GDO=\d", _output(job_dir / "job.sh", new, "GDO="))
     with pytest.raises(SlurmRejected, match="only a pending"):
-        port.resubmit(job_id=new, gres=Gres("gpu", 1))
+        port.resubmit(job_id=new, owner_uid=NOBODY, gres=Gres("gpu", 1))
 
 
 @pytest.mark.slow

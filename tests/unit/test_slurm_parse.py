@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from icefrog_slurm.slurm import capacity, commands, parse
-from icefrog_slurm.slurm.port import Gres, IcefrogTag, JobState, NodeGpus, SubmitRequest
+from icefrog_slurm.slurm.port import (
+    Gres,
+    IcefrogTag,
+    JobDetail,
+    JobState,
+    NodeGpus,
+    SubmitRequest,
+)
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 VERSIONS = ["slurm-22.05", "slurm-24.11"]
@@ -17,42 +27,86 @@ def golden(version: str, name: str) -> str:
     return (GOLDEN / version / name).read_text()
 
 
-def live_by_key(jobs: dict[str, JobState], key: str) -> JobState:
+def live_by_key(jobs: Mapping[str, JobState | JobDetail], key: str) -> Any:
     [job] = [j for j in jobs.values() if j.tag and j.tag.key == key and j.state != "CANCELLED"]
     return job
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-def test_squeue_golden(version: str) -> None:
-    jobs = parse.parse_squeue(golden(version, "squeue.txt"))
+def golden_jobs() -> dict[str, JobDetail]:
+    return parse.parse_squeue_json(golden("slurm-22.05", "squeue.json"))
+
+
+def test_squeue_json_golden() -> None:
+    jobs = golden_jobs()
     held = live_by_key(jobs, "golden-held")
-    assert (held.state, held.reason, held.held) == ("PENDING", "JobHeldUser", True)
+    view = held.state_view()
+    assert (view.state, view.reason, view.held, view.admin_held) == (
+        "PENDING",
+        "JobHeldUser",
+        True,
+        False,
+    )
     assert held.gres == Gres("gpu", 2) and held.num_nodes == 1 and held.priority == 0
+    assert (held.user_id, held.group_id, held.partition, held.time_limit_min) == (0, 0, "gpu", None)
+    assert held.nodelist is None and held.req_nodes is None and not held.multiline_text
     run = live_by_key(jobs, "golden-run")
-    assert run.holds_resources and run.nodelist == "node[1-2]" and run.num_nodes == 2
+    assert run.state_view().holds_resources and run.nodelist == "node[1-2]"
+    assert run.num_nodes == 2 and run.restarts == 0 and run.name == "icefrog-run"
     shard = live_by_key(jobs, "golden-shard")
-    assert shard.gres == Gres("shard", 1)
-    assert shard.tag == IcefrogTag("golden-shard", previous_id=held.job_id)
-    [foreign] = [j for j in jobs.values() if j.user_id == 65534]
-    assert foreign.tag is None and foreign.comment == "" and foreign.gres == Gres("gpu", 1)
-    done = [j for j in jobs.values() if j.finished]
-    assert done and all(not j.holds_resources for j in done)
-
-
-@pytest.mark.parametrize("version", VERSIONS)
-def test_scontrol_one_line_golden(version: str) -> None:
-    held = parse.parse_job_detail(golden(version, "scontrol-o-held.txt"))
-    assert (held.state, held.reason, held.num_nodes) == ("PENDING", "JobHeldUser", "1-1")
-    assert held.gres == Gres("gpu", 2) and held.nodelist is None and held.req_nodes is None
-    assert (held.user_id, held.group_id, held.partition) == (0, 0, "gpu")
-    assert held.tag == IcefrogTag("golden-held") and held.std_out is not None
-    assert held.std_out.endswith(f"/{held.job_id}.out") and held.time_limit == "UNLIMITED"
-    run = parse.parse_job_detail(golden(version, "scontrol-o-running.txt"))
-    assert run.nodelist == "node[1-2]" and run.restarts == 0 and run.name == "icefrog-run"
-    shard = parse.parse_job_detail(golden(version, "scontrol-o-shard.txt"))
     assert shard.gres == Gres("shard", 1) and shard.req_nodes == "node3"
     assert shard.tag == IcefrogTag("golden-shard", previous_id=held.job_id)
-    assert shard.fields["AllocNode:Sid"] == "localhost:3650"
+    [foreign] = [j for j in jobs.values() if j.name == "foreign"]
+    assert foreign.user_id == 65534 and foreign.tag is None and foreign.gres == Gres("gpu", 1)
+    done = [j.state_view() for j in jobs.values() if j.state == "CANCELLED"]
+    assert done and all(j.finished and not j.holds_resources for j in done)
+
+
+def test_hostile_fields_cannot_pass_for_slurm_fields() -> None:
+    """nobody's held job: a name with a newline and a fake squeue line, a comment that
+    claims an icefrog tag of job 1 and a second record, a work dir that says UserId=root."""
+    [hostile] = [j for j in golden_jobs().values() if j.name.startswith("hostile")]
+    assert (hostile.user_id, hostile.group_id) == (65534, 65534)
+    assert "UserId=root(0)" in hostile.work_dir and hostile.multiline_text
+    assert hostile.name == "hostile\n1|RUNNING|gres:gpu:4"
+    assert hostile.tag == IcefrogTag(
+        "decoy", previous_id="1", signature="00\nJobId=1 UserId=root(0)"
+    )
+    assert hostile.gres == Gres("gpu", 1) and hostile.state == "PENDING"
+    assert "1" not in golden_jobs() or golden_jobs()["1"].user_id != 65534
+
+
+def test_squeue_json_skips_a_record_it_cannot_read() -> None:
+    doc = json.loads(golden("slurm-22.05", "squeue.json"))
+    good = len(doc["jobs"])
+    doc["jobs"].append({"job_id": 99, "user_id": "root", "group_id": 0, "job_state": "RUNNING"})
+    doc["jobs"].append({"job_id": 98, "user_id": 0, "group_id": 0, "job_state": ["RUNNING"],
+                        "tres_per_node": ["not", "a", "string"]})  # fmt: skip
+    doc["jobs"].append("not a record")
+    assert len(parse.parse_squeue_json(json.dumps(doc))) == good
+    with pytest.raises(parse.ParseError, match="not a job list"):
+        parse.parse_squeue_json('{"jobs": 5}')
+
+
+def test_squeue_json_newer_layout() -> None:
+    """data_parser v0.0.40+ (23.11 and later): numbers as set/infinite/number objects, the
+    state as a list of flags."""
+    record = {
+        "job_id": 7,
+        "user_id": 1001,
+        "group_id": 1001,
+        "job_state": ["PENDING", "REQUEUED"],
+        "state_reason": "JobHeldAdmin",
+        "priority": {"set": True, "infinite": False, "number": 0},
+        "node_count": {"set": True, "infinite": False, "number": 2},
+        "time_limit": {"set": False, "infinite": True, "number": 0},
+        "tres_per_node": "gres/gpu:a800:2",
+        "comment": "icefrog:k;prev=5;sig=abc",
+        "name": "n",
+    }
+    [job] = parse.parse_squeue_json(json.dumps({"jobs": [record]})).values()
+    assert (job.job_id, job.state, job.num_nodes, job.time_limit_min) == ("7", "PENDING", 2, None)
+    assert job.gres == Gres("gpu", 2) and job.state_view().admin_held
+    assert job.tag == IcefrogTag("k", previous_id="5", signature="abc")
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -85,7 +139,7 @@ def test_version_folders_hold_the_same_files() -> None:
 
 def test_capacity_from_golden_excludes_foreign_gpus() -> None:
     nodes = parse.parse_sinfo_nodes(golden("slurm-22.05", "sinfo.txt"))
-    jobs = parse.parse_squeue(golden("slurm-22.05", "squeue.txt")).values()
+    jobs = [d.state_view() for d in golden_jobs().values()]
     cap = capacity.partition_capacity(partition="gpu", nodes=nodes, jobs=jobs)
     assert cap.total_gpus == 16 and cap.foreign_gpus == 1 and cap.available_gpus == 15
     assert {n.name: n.foreign_gpus for n in cap.nodes}["node4"] == 1
@@ -125,6 +179,8 @@ def test_capacity_shards_down_nodes_and_other_partitions() -> None:
         ("gres:shard:3", Gres("shard", 3)),
         ("gpu:a800:1", Gres("gpu", 1)),
         ("gres/gpu", Gres("gpu", 1)),
+        ("gres/gpu:a800", Gres("gpu", 1)),
+        ("gres:gpu:²", Gres("gpu", 1)),
         ("N/A", None),
         ("gres/tmpfs:10", None),
     ],
@@ -134,12 +190,10 @@ def test_gres_request_forms(text: str, want: Gres | None) -> None:
 
 
 def test_parse_errors_name_the_text() -> None:
-    with pytest.raises(parse.ParseError, match="expected 10"):
-        parse.parse_squeue("1|RUNNING|gres:gpu:1\n")
+    with pytest.raises(parse.ParseError, match="not a job list"):
+        parse.parse_squeue_json("squeue: error: Invalid job id specified")
     with pytest.raises(parse.ParseError, match="no job id"):
         parse.parse_sbatch_parsable("sbatch: error: nope")
-    with pytest.raises(parse.ParseError, match="no JobId"):
-        parse.parse_job_detail("Job 5 not found")
     assert parse.parse_sbatch_parsable("42;icefrog-dev\n") == "42"
 
 
@@ -155,6 +209,9 @@ def test_tags() -> None:
     assert parse.parse_tag("icefrog:abc") == IcefrogTag("abc")
     assert parse.parse_tag("something else") is None and parse.parse_tag("icefrog:") is None
     assert IcefrogTag("abc", "12").comment() == "icefrog:abc;prev=12"
+    assert parse.parse_tag("icefrog:abc;prev=12;sig=f00") == IcefrogTag("abc", "12", "f00")
+    assert IcefrogTag("abc", "12", "f00").comment() == "icefrog:abc;prev=12;sig=f00"
+    assert parse.parse_tag("icefrog:abc;prev=1²") == IcefrogTag("abc")  # not an ASCII id
 
 
 def test_builders() -> None:
@@ -181,9 +238,11 @@ def test_builders() -> None:
     with pytest.raises(ValueError, match="at least one field"):
         commands.update_job("7")
     assert commands.signal_batch("7", "USR1") == ("scancel", "--batch", "--signal=USR1", "7")
-    assert commands.squeue_jobs({"10", "9"})[5] == "10,9"
-    assert commands.as_user(("sbatch",), uid=1000, gid=100, user="ann") == (
-        "setpriv", "--reuid=1000", "--regid=100", "--init-groups", "--", "sbatch",
+    assert commands.squeue_json() == ("squeue", "--json", "--states=all")
+    assert commands.hold("7") == ("scontrol", "uhold", "7")  # never an administrator's hold
+    assert commands.as_user(("sbatch",), uid=1000, gid=100) == (
+        "setpriv", "--reuid=1000", "--regid=100", "--init-groups", "--no-new-privs", "--",
+        "sbatch",
     )  # fmt: skip
     with pytest.raises(ValueError, match=">= 1"):
         Gres("gpu", 0)

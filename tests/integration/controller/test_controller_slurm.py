@@ -48,9 +48,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
 def cluster() -> Iterator[SlurmCliBackend]:
     be = backend()
     yield be
-    from icefrog_slurm.slurm import commands, parse
 
-    for j in parse.parse_squeue(be._run(commands.squeue_all())).values():
+    for j in be._jobs().values():
         if not j.finished and j.tag is not None and j.tag.key.startswith("ctl-"):
             be.cancel(job_id=j.job_id)
 

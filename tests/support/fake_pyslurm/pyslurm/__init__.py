@@ -220,7 +220,8 @@ class Job:
         _run(["scontrol", "release", str(self.id)])
 
     def hold(self, mode: str | None = None) -> None:
-        _run(["scontrol", "hold", str(self.id)])
+        # pyslurm: mode "user" is a user hold, anything else an administrator's
+        _run(["scontrol", "uhold" if mode == "user" else "hold", str(self.id)])
 
     def requeue(self, hold: bool = False) -> None:
         _run(["scontrol", "requeuehold" if hold else "requeue", str(self.id)])
@@ -253,7 +254,10 @@ class Jobs(dict[int, Job]):
         out = _run(["scontrol", "-o", "show", "job"])
         jobs = Jobs()
         for line in out.splitlines():
-            if line.startswith("JobId="):
-                job = Job._from_fields(_fields(line))
+            fields = _fields(line)
+            # a record broken by a line break in a user field (the real pyslurm reads the
+            # C structures and has no such problem): left out, as the stand-in cannot read it
+            if line.startswith("JobId=") and {"UserId", "GroupId"} <= fields.keys():
+                job = Job._from_fields(fields)
                 jobs[job.id] = job
         return jobs
