@@ -1,64 +1,124 @@
 """The report inbox: untrusted reports from users' jobs, checked, then moved into the store.
 
 A job (or ``icefrog submit``, for ``register``) writes each report as
-``<inbox>/<slurm_job_id>/<seq>-<kind>.json`` (written under a name starting with ``.`` and
-renamed, so a half-written file is never read). The inbox is mode 1733 like /tmp: anyone
-can drop, nobody can list or read another user's files. The controller, as root, accepts a
-report only if all of these hold, in this order, and rejects it otherwise with a logged and
-recorded reason, changing nothing else:
+``<inbox>/<job folder>/<seq>-<kind>.json`` (written under a name starting with ``.`` and
+renamed, so a half-written file is never read). The job folder is ``<slurm_job_id>``, or
+``<slurm_job_id>.<random token>`` when another user took that name first
+(``security.job_folder``); the drain reads every folder of a job, merged in ``seq`` order.
+The inbox is mode 1733 like /tmp: anyone can drop, nobody can list or read another user's
+files. The controller, as root, accepts a report only if all of these hold, in this order,
+and rejects it otherwise with a logged and recorded reason, changing nothing else:
 
-1. it is a regular file (no symlink, FIFO or hard link), at most ``MAX_REPORT_BYTES``, owned
-   by the uid that owns the Slurm job named by its folder;
-2. ``protocol.parse_envelope`` accepts it (schema, size limits), its ``slurm_job_id`` is its
-   folder's and its file name is ``<seq>-<kind>.json``;
+1. its folder is owned by the job's owner (or root) and it is a regular file (no symlink,
+   FIFO or hard link), at most ``MAX_REPORT_BYTES``, owned by the job's owner;
+2. ``protocol.parse_envelope`` accepts it (schema, size and range limits: every value fits
+   its column on SQLite and Postgres), its ``slurm_job_id`` is its folder's and its file
+   name is ``<seq>-<kind>.json``;
 3. its munge credential decodes (``unmunge``) to that same owner uid and to
    ``body_digest(envelope.body())``, so it was made by the owner for exactly this content;
-4. the Slurm job is bound to an icefrog job of that owner and name (or, for ``register``,
-   to none yet: a new icefrog job is created, owned by that uid);
+4. the Slurm job is bound to an icefrog job of that owner and name, or, for ``register``,
+   to none yet and Slurm says it carries the icefrog tag (its comment starts ``icefrog:``):
+   a new icefrog job is created, owned by that uid;
 5. (Slurm job, seq) was not accepted before with other content. The same content again is
    a duplicate: it is archived and changes nothing.
 
-The owner of a Slurm job comes from ``owner_of`` (the Slurm backend: ``squeue``/``scontrol``);
-when Slurm has forgotten a finished job, the owner recorded when the job registered is used.
-Every file read is moved to ``<archive>/accepted|rejected/<slurm_job_id>/``; if a move fails
-the file is deleted, so nothing is ever processed twice. All file operations go through
-directory file descriptors with ``O_NOFOLLOW``: users own the per-job folders and could swap
-a folder for a symlink.
+Owners come from ONE batched lookup a drain (``slurm_jobs``: the Slurm backend's poll),
+for every job folder present; a job Slurm has forgotten falls back to the owner the store
+recorded at register. Every file read is moved to ``<archive>/accepted|rejected/<job id>/``
+(entries that are no job folder to ``rejected/_inbox``); if a move fails the file is
+deleted, so nothing is ever processed twice. All file operations go through directory file
+descriptors with ``O_NOFOLLOW`` (``inbox_files``).
+
+Guarantees:
+
+- **A drain cannot be stopped by a report.** Each file is handled under one catch-all:
+  anything but a transient fault (below) quarantines it, archived as rejected with a reason
+  made printable (``jsonio.printable``) before it is logged or stored, and the drain goes
+  on. Names are ASCII digits by regex; a name that is not UTF-8 is junk, quarantined.
+- **A transient fault loses nothing.** Slurm's lookup failing, the database unreachable
+  (``OperationalError``, ``InterfaceError``, a dropped connection) or munged unreachable
+  leaves the files in the inbox for a later drain. munged is judged unreachable only when a
+  fresh credential of our own fails too (``security.munged_answers``); then it is asked
+  again after ``munge_retry_s``, doubling up to 20 times that. Three transient database
+  faults in a row end the drain.
+- **A claimed folder blocks nobody.** A folder owned by anyone but the job's owner (or
+  root) is logged naming the squatter (uid and user name); its files are rejected and it is
+  removed once emptied, and the job side writes to a token folder instead.
+- **Fair and bounded.** At most ``max_reports_per_owner`` files of each folder owner a
+  drain, taken in turns across owners, ``max_reports`` in all. An emptied folder is removed
+  ``folder_grace_s`` after its last change once its job has ended (or nobody knows it).
+  Archived files and ledger rows older than ``retention_days`` are pruned once an hour.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import pwd
-import re
-import stat
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from sqlalchemy import exc as sa_exc
 
 from icefrog_slurm import protocol, security
 from icefrog_slurm.errors import IcefrogError
+from icefrog_slurm.jsonio import printable
+from icefrog_slurm.settings import InboxSettings
+from icefrog_slurm.store import inbox_files as files
+from icefrog_slurm.store.inbox_files import Folder, Item, Rejected
+from icefrog_slurm.store.ledger import MAX_DETAIL
+from icefrog_slurm.store.records import ACTIVE_STATES
 from icefrog_slurm.store.sql import SqlStore
 from icefrog_slurm.store.tx import StoreTx
 
 log = logging.getLogger(__name__)
 
-OwnerLookup = Callable[[str], "int | None"]
-"""Slurm job id -> uid of its owner, or None when Slurm does not know the job."""
-
-_FILE_NAME = re.compile(r"^(\d{1,18})-([a-z_]{1,32})\.json$")
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_TRANSIENT_DB = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError,
+                 sa_exc.TimeoutError)  # fmt: skip
+_MAX_TRANSIENT_IN_A_ROW = 3
+_PRUNE_EVERY_S = 3600.0
 
 
-class Rejected(IcefrogError):
-    """A report failed a check; the message is the recorded reason."""
+@dataclass(frozen=True)
+class SlurmJobFacts:
+    """What Slurm says of a job: its owner's uid and whether it carries the icefrog tag."""
+
+    uid: int
+    icefrog: bool
+
+
+SlurmJobsLookup = Callable[[Collection[str]], Mapping[str, SlurmJobFacts]]
+"""Slurm job ids -> facts of those Slurm knows (one batched call; raises when Slurm is down)."""
+
+
+class _PolledJob(Protocol):
+    @property
+    def user_id(self) -> int: ...
+    @property
+    def is_icefrog(self) -> bool: ...
+
+
+class _Polls(Protocol):
+    def poll(self, *, job_ids: Collection[str]) -> Mapping[str, _PolledJob]: ...
+
+
+def slurm_jobs_of(cluster: _Polls) -> SlurmJobsLookup:
+    """The lookup as one batched poll of a cluster port (``ClusterPort.poll``: squeue)."""
+
+    def lookup(job_ids: Collection[str]) -> dict[str, SlurmJobFacts]:
+        polled = cluster.poll(job_ids=job_ids)
+        return {k: SlurmJobFacts(uid=j.user_id, icefrog=j.is_icefrog) for k, j in polled.items()}
+
+    return lookup
+
+
+class _Deferred(Exception):
+    """A transient fault: the report stays in the inbox for a later drain."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +126,16 @@ class DrainResult:
     accepted: int = 0
     rejected: int = 0
     duplicates: int = 0
+    deferred: int = 0  # left in the inbox by a transient fault
+
+
+@dataclass(frozen=True)
+class _Owner:
+    """Who owns a Slurm job, by Slurm or else by the store (uid None: nobody knows it)."""
+
+    uid: int | None
+    icefrog: bool  # Slurm shows the icefrog tag
+    ended: bool  # the store says it ended, or nobody knows it
 
 
 @dataclass(frozen=True)
@@ -87,18 +157,51 @@ class ReportInbox:
         store: SqlStore,
         inbox_dir: str | Path,
         archive_dir: str | Path,
-        owner_of: OwnerLookup,
-        decode: Callable[[str], security.DecodedCredential] = security.decode,
+        slurm_jobs: SlurmJobsLookup,
+        munge_socket: str = "",
+        decode: Callable[[str], security.DecodedCredential] | None = None,
         clock: Callable[[], float] = time.time,
         max_reports: int = 10000,
+        max_reports_per_owner: int = 1000,
+        munge_retry_s: float = 30.0,
+        folder_grace_s: float = 86400.0,
+        retention_days: float = 30.0,
     ) -> None:
         self.store = store
         self.inbox_dir = Path(inbox_dir)
         self.archive_dir = Path(archive_dir)
-        self.owner_of = owner_of
-        self.decode = decode
+        self.slurm_jobs = slurm_jobs
+        socket = munge_socket or None
+        self.decode = decode or partial(security.decode, socket=socket)
+        self.munged_answers = partial(security.munged_answers, socket=socket)
         self.clock = clock
         self.max_reports = max_reports
+        self.max_reports_per_owner = max_reports_per_owner
+        self.munge_retry_s = munge_retry_s
+        self.folder_grace_s = folder_grace_s
+        self.retention_s = retention_days * 86400.0
+        self._munge_wait_s = munge_retry_s
+        self._munge_retry_at: float | None = None
+        self._pruned_at: float | None = None
+        self._db_fault = False  # the last file waits because the store failed
+
+    @classmethod
+    def from_settings(
+        cls, settings: InboxSettings, *, store: SqlStore, slurm_jobs: SlurmJobsLookup
+    ) -> ReportInbox:
+        """The daemon's inbox, as the ``[inbox]`` settings say."""
+        return cls(
+            store=store,
+            inbox_dir=settings.dir,
+            archive_dir=settings.archive_dir,
+            slurm_jobs=slurm_jobs,
+            munge_socket=settings.munge_socket,
+            max_reports=settings.max_reports_per_drain,
+            max_reports_per_owner=settings.max_reports_per_owner,
+            munge_retry_s=settings.munge_retry_s,
+            folder_grace_s=settings.folder_grace_s,
+            retention_days=settings.retention_days,
+        )
 
     def prepare(self) -> None:
         """Create the inbox (1733: drop-only, like /tmp) and the root-only archive."""
@@ -109,89 +212,171 @@ class ReportInbox:
         os.chmod(self.archive_dir, 0o700)
 
     def drain(self) -> DrainResult:
-        """Process what is in the inbox now (at most ``max_reports`` files)."""
+        """Process what is in the inbox now (a fair share of it, see the module docstring)."""
         counts: Counter[str] = Counter()
-        with _dir_fd(self.inbox_dir, follow=True) as inbox_fd:
-            for folder in sorted(os.listdir(inbox_fd), key=_numeric_key):
-                if counts.total() >= self.max_reports:
+        now = self.clock()
+        with files.dir_fd(self.inbox_dir, follow=True) as inbox_fd:
+            found = files.scan(inbox_fd, stale_before=now - self.folder_grace_s)
+            try:
+                owners = self._owners(found.job_ids())
+            except Exception as exc:  # Slurm or the store is down: everything waits
+                log.warning("inbox: job owners unknown for now, reports wait: %s", _why(exc))
+                return DrainResult(deferred=len(found.items))
+            self._warn_squatters(found.folders, owners)
+            plan = files.fair_order(
+                found.items, per_owner=self.max_reports_per_owner, total=self.max_reports
+            )
+            in_a_row = 0
+            for item in plan:
+                outcome = self._one(inbox_fd, item, owners)
+                counts[outcome] += 1
+                in_a_row = in_a_row + 1 if outcome == "deferred" and self._db_fault else 0
+                if in_a_row >= _MAX_TRANSIENT_IN_A_ROW:
+                    log.warning("inbox: the store keeps failing; the drain stops here")
                     break
-                if not folder.isdigit() or len(folder) > 18:
-                    continue  # not a job folder: nothing of ours
-                try:
-                    owner: int | Rejected = self._owner(folder)
-                except Rejected as exc:
-                    owner = exc  # every file in the folder is rejected with this reason
-                except Exception as exc:  # the Slurm lookup failed: leave it for next pass
-                    log.warning("inbox: owner of Slurm job %s unknown for now: %s", folder, exc)
-                    continue
-                try:
-                    with _dir_fd(folder, dir_fd=inbox_fd) as job_fd:
-                        self._folder(job_fd, folder, owner, counts)
-                except OSError as exc:  # e.g. a symlink in place of the folder
-                    log.warning("inbox: skipping %s: %s", folder, exc)
-        return DrainResult(counts["accepted"], counts["rejected"], counts["duplicate"])
+            self._remove_folders(inbox_fd, found.folders, owners)
+        self._prune(now)
+        return DrainResult(
+            counts["accepted"], counts["rejected"], counts["duplicate"], counts["deferred"]
+        )
 
-    def _folder(
-        self, job_fd: int, folder: str, owner: int | Rejected, counts: Counter[str]
+    # ----- owners ------------------------------------------------------------------------
+    def _owners(self, job_ids: set[str]) -> dict[str, _Owner]:
+        if not job_ids:
+            return {}
+        facts = self.slurm_jobs(job_ids)
+        with self.store.transaction() as tx:
+            recorded = tx.slurm_job_owners(slurm_job_ids=job_ids)
+        owners = {}
+        for job_id in job_ids:
+            fact, rec = facts.get(job_id), recorded.get(job_id)
+            uid = fact.uid if fact is not None else (None if rec is None else rec[0])
+            ended = rec[1] not in ACTIVE_STATES if rec is not None else fact is None
+            owners[job_id] = _Owner(uid, fact is not None and fact.icefrog, ended)
+        return owners
+
+    def _warn_squatters(self, folders: tuple[Folder, ...], owners: dict[str, _Owner]) -> None:
+        for f in folders:
+            owner = owners[f.job_id].uid
+            if owner is not None and f.uid not in (owner, 0):
+                log.warning(
+                    "inbox: folder %s is held by uid %d (%s), not by uid %d who owns Slurm "
+                    "job %s: its files are rejected and the folder removed",
+                    f.name, f.uid, _user_name(f.uid), owner, f.job_id,
+                )  # fmt: skip
+
+    def _remove_folders(
+        self, inbox_fd: int, folders: tuple[Folder, ...], owners: dict[str, _Owner]
     ) -> None:
-        for name in sorted(os.listdir(job_fd), key=_numeric_key):
-            if counts.total() >= self.max_reports:
-                return
-            if not name.startswith("."):  # a dot file is still being written
-                counts[self._one(job_fd, folder, name, owner)] += 1
+        grace_end = self.clock() - self.folder_grace_s
+        for f in folders:
+            owner = owners[f.job_id]
+            if owner.uid is not None and f.uid not in (owner.uid, 0):
+                files.remove_folder(inbox_fd, f, modified_before=float("inf"))
+            elif owner.ended:
+                files.remove_folder(inbox_fd, f, modified_before=grace_end)
 
     # ----- one file ----------------------------------------------------------------------
-    def _one(self, job_fd: int, folder: str, name: str, owner: int | Rejected) -> str:
-        now = self.clock()
-        where = f"{folder}/{name}"
-        size, claim, outcome = 0, None, "rejected"
+    def _one(self, inbox_fd: int, item: Item, owners: dict[str, _Owner]) -> str:
+        """Read, judge and archive one entry; never raises."""
+        self._db_fault = False
         try:
-            if isinstance(owner, Rejected):
-                raise owner
-            raw, size = _read_report(job_fd, name, owner)
-            claim = self._check(raw, folder, name, owner)
-            with self.store.transaction() as tx:
-                outcome = self._apply(tx, claim, now)
-        except Rejected as exc:
-            self._reject(where, str(exc), size, claim, now)
-        self._archive(job_fd, folder, name, "rejected" if outcome == "rejected" else "accepted")
+            return self._judge(inbox_fd, item, owners)
+        except Exception as exc:  # a fault outside any report's reach: try again next drain
+            log.error("inbox: %s waits: %s", item.where, _why(exc))
+            return "deferred"
+
+    def _judge(self, inbox_fd: int, item: Item, owners: dict[str, _Owner]) -> str:
+        now = self.clock()
+        size, claim = 0, None
+        try:
+            if item.folder is None:
+                self._quarantine(inbox_fd, item, "not a job folder: <job id>[.<token>]", 0, None)
+                return "rejected"
+            with files.open_folder(inbox_fd, item.folder) as job_fd:
+                try:
+                    raw, size = self._read(job_fd, item, owners[item.folder.job_id])
+                    claim = self._check(raw, item, owners[item.folder.job_id], now)
+                    with self.store.transaction() as tx:
+                        outcome = self._apply(tx, claim, owners[item.folder.job_id], now)
+                except Rejected as exc:
+                    self._quarantine(job_fd, item, str(exc), size, claim)
+                    return "rejected"
+                except _Deferred:
+                    return "deferred"
+                except Exception as exc:
+                    if _transient_db(exc):
+                        self._db_fault = True
+                        log.warning("inbox: %s waits, the store failed: %s", item.where, _why(exc))
+                        return "deferred"
+                    self._quarantine(job_fd, item, f"cannot be handled: {_why(exc)}", size, claim)
+                    return "rejected"
+                self._move(job_fd, item, "rejected" if outcome == "rejected" else "accepted")
+        except _Deferred:
+            return "deferred"
+        except OSError as exc:  # the folder was swapped or removed since the scan
+            log.warning("inbox: %s skipped: %s", item.where, exc.strerror)
+            return "deferred"
         if outcome == "accepted":
-            log.info("report %s accepted (uid %s)", where, claim.uid if claim else "?")
+            log.info("report %s accepted (uid %s)", item.where, claim.uid if claim else "?")
         return outcome
 
-    def _owner(self, folder: str) -> int:
-        uid = self.owner_of(folder)
-        if uid is None:
-            with self.store.transaction() as tx:
-                job = tx.job_by_slurm_id(folder)
-            uid = None if job is None else job.owner_uid
-        if uid is None:
-            raise Rejected(f"Slurm job {folder} is unknown to Slurm and to icefrog")
-        return uid
+    def _read(self, job_fd: int, item: Item, owner: _Owner) -> tuple[bytes, int]:
+        assert item.folder is not None
+        if owner.uid is None:
+            raise Rejected(f"Slurm job {item.folder.job_id} is unknown to Slurm and to icefrog")
+        if item.folder.uid not in (owner.uid, 0):
+            raise Rejected(
+                f"folder {item.folder.name} is held by uid {item.folder.uid} "
+                f"({_user_name(item.folder.uid)}), not by the job's owner uid {owner.uid}"
+            )
+        return files.read_report(job_fd, item.name, owner.uid)
 
-    def _check(self, raw: bytes, folder: str, name: str, owner: int) -> _Claim:
+    def _check(self, raw: bytes, item: Item, owner: _Owner, now: float) -> _Claim:
+        assert item.folder is not None and owner.uid is not None
         try:
             env = protocol.parse_envelope(raw)
         except IcefrogError as exc:
             raise Rejected(f"invalid report: {exc}") from None
-        if env.slurm_job_id != folder:
-            raise Rejected(f"report for Slurm job {env.slurm_job_id} in folder {folder}")
-        if name != f"{env.seq}-{env.kind}.json":
-            raise Rejected(f"file name {name!r} does not match seq {env.seq} and kind {env.kind}")
-        try:
-            cred = self.decode(env.credential)
-        except security.MungeError as exc:
-            raise Rejected(str(exc)) from None
+        if env.slurm_job_id != item.folder.job_id:
+            raise Rejected(f"report for Slurm job {env.slurm_job_id} in folder {item.folder.name}")
+        if item.name != f"{env.seq}-{env.kind}.json":
+            raise Rejected(
+                f"file name {item.name!r} does not match seq {env.seq} and kind {env.kind}"
+            )
+        cred = self._decode(env.credential, now)
         digest = protocol.body_digest(env.body())
         if cred.payload != digest:
             raise Rejected("munge credential signs other content (digest mismatch)")
-        if cred.uid != owner:
+        if cred.uid != owner.uid:
             raise Rejected(
-                f"credential made by uid {cred.uid}; Slurm job {folder} belongs to uid {owner}"
+                f"credential made by uid {cred.uid}; Slurm job {env.slurm_job_id} belongs to "
+                f"uid {owner.uid}"
             )
         return _Claim(envelope=env, uid=cred.uid, digest=digest, munge_status=cred.status)
 
-    def _apply(self, tx: StoreTx, claim: _Claim, now: float) -> str:
+    def _decode(self, credential: str, now: float) -> security.DecodedCredential:
+        """The decoded credential; _Deferred while munged is unreachable (and backing off)."""
+        if self._munge_retry_at is not None and now < self._munge_retry_at:
+            raise _Deferred
+        try:
+            cred = self.decode(credential)
+        except security.MungeUnavailable as exc:
+            if self.munged_answers():  # munged works: this credential made it fail
+                raise Rejected(f"credential: {exc}") from None
+            self._munge_retry_at = now + self._munge_wait_s
+            log.warning(
+                "inbox: munged unreachable (%s); reports wait, next try in %g s",
+                printable(str(exc), 300), self._munge_wait_s,
+            )  # fmt: skip
+            self._munge_wait_s = min(2 * self._munge_wait_s, 20 * self.munge_retry_s)
+            raise _Deferred from None
+        except security.MungeError as exc:
+            raise Rejected(str(exc)) from None
+        self._munge_retry_at, self._munge_wait_s = None, self.munge_retry_s
+        return cred
+
+    def _apply(self, tx: StoreTx, claim: _Claim, owner: _Owner, now: float) -> str:
         env = claim.envelope
         seen = tx.accepted_digest(slurm_job_id=env.slurm_job_id, seq=env.seq)
         if seen == claim.digest:
@@ -200,19 +385,12 @@ class ReportInbox:
             raise Rejected(
                 f"seq {env.seq} of Slurm job {env.slurm_job_id} was used for other content"
             )
+        if claim.uid > protocol.INT32_MAX:
+            raise Rejected(f"uid {claim.uid} does not fit the store's 32-bit uid column")
         payload = protocol.parse_payload(env.kind, env.payload)
         job = tx.job_by_slurm_id(env.slurm_job_id)
         if job is None:
-            if env.kind != "register":
-                raise Rejected(f"Slurm job {env.slurm_job_id} has no icefrog job: register first")
-            job_id = tx.create_job(
-                name=env.job_name,
-                owner_uid=claim.uid,
-                owner_user=_user_name(claim.uid),
-                slurm_job_id=env.slurm_job_id,
-                spec=payload,
-                now=now,
-            )
+            job_id = _register(tx, claim, owner, payload, now)
         else:
             if job.owner_uid != claim.uid or job.name != env.job_name:
                 raise Rejected(
@@ -234,33 +412,72 @@ class ReportInbox:
         )
         return "accepted"
 
-    def _reject(self, where: str, reason: str, size: int, claim: _Claim | None, now: float) -> None:
-        log.warning("report %s rejected: %s", where, reason)
+    # ----- quarantine and archive --------------------------------------------------------
+    def _quarantine(
+        self, src_fd: int, item: Item, reason: str, size: int, claim: _Claim | None
+    ) -> None:
+        """Record the rejection (a transient store fault defers it) and archive the entry."""
+        reason = printable(reason, MAX_DETAIL)
+        log.warning("report %s rejected: %s", item.where, reason)
         env = None if claim is None else claim.envelope
-        with self.store.transaction() as tx:
-            tx.record_rejected(
-                file=where,
-                reason=reason,
-                size=size,
-                now=now,
-                slurm_job_id=where.split("/", 1)[0],
-                seq=None if env is None else env.seq,
-                uid=None if claim is None else claim.uid,
-            )
-
-    def _archive(self, job_fd: int, folder: str, name: str, outcome: str) -> None:
-        target = self.archive_dir / outcome / folder
+        uid = None if claim is None or claim.uid > protocol.INT32_MAX else claim.uid
         try:
-            target.mkdir(parents=True, exist_ok=True)
-            with _dir_fd(target, follow=True) as dst_fd:
-                os.rename(name, f"{time.time_ns()}-{name}", src_dir_fd=job_fd, dst_dir_fd=dst_fd)
-        except OSError as exc:
-            log.error("inbox: cannot archive %s/%s (%s); deleting it", folder, name, exc)
-            try:
-                os.unlink(name, dir_fd=job_fd)
-            except OSError as exc2:
-                if exc2.errno != errno.ENOENT:
-                    log.error("inbox: cannot delete %s/%s either: %s", folder, name, exc2)
+            with self.store.transaction() as tx:
+                tx.record_rejected(
+                    file=item.where,
+                    reason=reason,
+                    size=size,
+                    now=self.clock(),
+                    slurm_job_id=None if item.folder is None else item.folder.job_id,
+                    seq=None if env is None else env.seq,
+                    uid=uid,
+                )
+        except Exception as exc:
+            if _transient_db(exc):
+                self._db_fault = True
+                raise _Deferred from None
+            log.error("inbox: rejection of %s not recorded: %s", item.where, _why(exc))
+        self._move(src_fd, item, "rejected")
+
+    def _move(self, src_fd: int, item: Item, outcome: str) -> None:
+        folder = files.JUNK_FOLDER if item.folder is None else item.folder.job_id
+        files.archive(src_fd, item.name, self.archive_dir / outcome / folder, now=self.clock())
+
+    def _prune(self, now: float) -> None:
+        """Delete archived files and ledger rows older than the retention, once an hour."""
+        if self._pruned_at is not None and now - self._pruned_at < _PRUNE_EVERY_S:
+            return
+        self._pruned_at = now
+        before = now - self.retention_s
+        try:
+            with self.store.transaction() as tx:
+                rows = tx.prune_reports(before=before)
+            count = files.prune_archive(self.archive_dir, before=before)
+        except Exception as exc:  # the next hour tries again
+            log.warning("inbox: pruning failed: %s", _why(exc))
+            return
+        if rows or count:
+            log.info("inbox: pruned %d ledger rows and %d archived files", rows, count)
+
+
+def _register(tx: StoreTx, claim: _Claim, owner: _Owner, payload: Any, now: float) -> int:
+    """A new icefrog job for a ``register`` report of an icefrog-tagged Slurm job."""
+    env = claim.envelope
+    if env.kind != "register":
+        raise Rejected(f"Slurm job {env.slurm_job_id} has no icefrog job: register first")
+    if not owner.icefrog:
+        raise Rejected(
+            f"Slurm job {env.slurm_job_id} does not carry the icefrog tag (comment "
+            "icefrog:...): only jobs submitted by icefrog are adopted"
+        )
+    return tx.create_job(
+        name=env.job_name,
+        owner_uid=claim.uid,
+        owner_user=_user_name(claim.uid)[:64],
+        slurm_job_id=env.slurm_job_id,
+        spec=payload,
+        now=now,
+    )
 
 
 def _apply_payload(
@@ -284,45 +501,19 @@ def _apply_payload(
         raise Rejected(f"report kind {env.kind}: nothing to apply")
 
 
-def _read_report(dir_fd: int, name: str, owner: int) -> tuple[bytes, int]:
-    """The file's bytes, after checking what it is and who owns it (before reading)."""
-    if not _FILE_NAME.match(name):
-        raise Rejected(f"file name {name!r} is not <seq>-<kind>.json")
-    try:
-        fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
-    except OSError as exc:
-        raise Rejected(f"cannot open: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            raise Rejected("not a plain file with one link")
-        if st.st_uid != owner:
-            raise Rejected(f"file owned by uid {st.st_uid}, not by the job's owner uid {owner}")
-        if st.st_size > protocol.MAX_REPORT_BYTES:
-            raise Rejected(f"{st.st_size} bytes, more than the limit {protocol.MAX_REPORT_BYTES}")
-        raw = os.read(fd, protocol.MAX_REPORT_BYTES + 1)
-        return raw, len(raw)
-    finally:
-        os.close(fd)
+def _transient_db(exc: BaseException) -> bool:
+    """A database fault that says nothing of the report (connection, lock, timeout)."""
+    if isinstance(exc, _TRANSIENT_DB):
+        return True
+    return isinstance(exc, sa_exc.DBAPIError) and bool(exc.connection_invalidated)
 
 
-@contextmanager
-def _dir_fd(path: str | Path, *, dir_fd: int | None = None, follow: bool = False) -> Iterator[int]:
-    flags = _DIR_FLAGS & ~os.O_NOFOLLOW if follow else _DIR_FLAGS
-    fd = os.open(path, flags, dir_fd=dir_fd)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def _numeric_key(name: str) -> tuple[int, str]:
-    head = name.split("-", 1)[0]
-    return (int(head) if head.isdigit() and len(head) < 19 else -1, name)
+def _why(exc: BaseException) -> str:
+    return printable(f"{type(exc).__name__}: {exc}", 500)
 
 
 def _user_name(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name
-    except KeyError:
+    except (KeyError, OverflowError):
         return str(uid)

@@ -21,9 +21,8 @@ from icefrog_slurm.controller.ports import FsJobFiles
 from icefrog_slurm.controller.snapshot import Snapshot
 from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.slurm.cli_backend import CliSettings, SlurmCliBackend
-from icefrog_slurm.slurm.port import JobNotFound
 from icefrog_slurm.store import migrate
-from icefrog_slurm.store.inbox import ReportInbox
+from icefrog_slurm.store.inbox import ReportInbox, slurm_jobs_of
 from icefrog_slurm.store.records import Allocation, JobRecord, JobView
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.conftest import REPO
@@ -131,15 +130,9 @@ def rig(job_dir: Path, policy: Policy, extra: dict[str, object] | None = None) -
     store = SqlStore(settings.store.url)
     cluster = SlurmCliBackend(CliSettings(timeout_s=10, attempts=2, backoff_s=0.2))
 
-    def owner_of(slurm_job_id: str) -> int | None:
-        try:
-            return cluster.owner_uid(job_id=slurm_job_id)
-        except JobNotFound:
-            return None
-
     inbox = ReportInbox(
         store=store, inbox_dir=settings.inbox.dir, archive_dir=settings.inbox.archive_dir,
-        owner_of=owner_of, max_reports=1000,
+        slurm_jobs=slurm_jobs_of(cluster), max_reports=1000,
     )  # fmt: skip
     inbox.prepare()
     clock = OffsetClock()

@@ -1,0 +1,265 @@
+"""The inbox's file side: what lies in the inbox, in which order to read it, and where it goes.
+
+Everything here works through directory file descriptors and never follows a symlink: users
+own the job folders and may swap anything for a link at any time. Names are what the kernel
+gives (``os.listdir`` on a descriptor: undecodable bytes come back as lone surrogates), and
+only names that match :data:`FOLDER` and :data:`FILE` exactly (ASCII digits, never
+``str.isdigit``) are taken as a job's; anything else is *junk* and is quarantined like a bad
+report. Nothing here raises for a name or a file a user chose; an entry that vanishes while
+it is looked at is simply not there.
+
+- :func:`scan` lists the inbox: job folders (``<job id>`` and ``<job id>.<token>``, see
+  ``security.job_folder``) with their owner and report files, and junk entries.
+- :func:`fair_order` picks what one drain reads: at most ``per_owner`` entries of each
+  owner, taken in turn across owners, ``total`` in all, each job's reports in ``seq`` order.
+- :func:`read_report` reads a report file after checking what it is and who owns it.
+- :func:`archive` moves an entry into the archive (deleting it if it cannot be moved);
+  :func:`prune_archive` deletes archived files older than the retention.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import stat
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from icefrog_slurm import protocol
+from icefrog_slurm.errors import IcefrogError
+from icefrog_slurm.jsonio import printable
+from icefrog_slurm.protocol import MAX_JOB_ID_DIGITS
+
+log = logging.getLogger(__name__)
+
+FOLDER = re.compile(f"([0-9]{{1,{MAX_JOB_ID_DIGITS}}})(?:\\.[0-9a-f]{{8,64}})?")
+"""A job folder: ``<job id>`` or ``<job id>.<hex token>``; matched with ``fullmatch``."""
+FILE = re.compile(r"([0-9]{1,18})-([a-z_]{1,32})\.json")
+"""A report file: ``<seq>-<kind>.json``; matched with ``fullmatch``."""
+JUNK_FOLDER = "_inbox"
+"""The archive folder of entries that are no job folder (``archive/rejected/_inbox``)."""
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_SAFE_NAME = re.compile(r"\.?[0-9A-Za-z_.-]{1,100}")
+
+
+class Rejected(IcefrogError):
+    """A report failed a check; the message is the recorded reason."""
+
+
+@dataclass(frozen=True)
+class Folder:
+    """A job folder as the scan found it; ``ident`` tells if it was swapped since."""
+
+    name: str
+    job_id: str
+    uid: int
+    ident: tuple[int, int]  # (st_dev, st_ino)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One entry to read: a file of a job folder, or (``folder`` None) a junk entry."""
+
+    folder: Folder | None
+    name: str
+    uid: int  # whose budget it uses: the folder's owner, or the junk entry's
+
+    @property
+    def where(self) -> str:
+        """``folder/name`` fit for a log line and a database column."""
+        inside = self.name if self.folder is None else f"{self.folder.name}/{self.name}"
+        return printable(inside, 1000)
+
+    @property
+    def order(self) -> tuple[int, int, str]:
+        job = int(self.folder.job_id) if self.folder is not None else -1
+        m = FILE.fullmatch(self.name)
+        return job, int(m.group(1)) if m else -1, self.name
+
+
+@dataclass(frozen=True)
+class Scan:
+    folders: tuple[Folder, ...]
+    items: tuple[Item, ...]
+
+    def job_ids(self) -> set[str]:
+        return {f.job_id for f in self.folders}
+
+
+def scan(inbox_fd: int, *, stale_before: float) -> Scan:
+    """The inbox now. Dot files are being written and are left alone, unless they were last
+    modified before ``stale_before`` (left behind by a writer that died): then they are
+    junk of their folder."""
+    folders: list[Folder] = []
+    items: list[Item] = []
+    for name in _listdir(inbox_fd):
+        st = _lstat(name, inbox_fd)
+        if st is None:
+            continue
+        m = FOLDER.fullmatch(name)
+        if m is None or not stat.S_ISDIR(st.st_mode):
+            items.append(Item(None, name, st.st_uid))
+            continue
+        folder = Folder(name, m.group(1), st.st_uid, (st.st_dev, st.st_ino))
+        try:
+            with open_folder(inbox_fd, folder) as job_fd:
+                inside = [
+                    Item(folder, n, folder.uid)
+                    for n in _listdir(job_fd)
+                    if not n.startswith(".") or _stale(n, job_fd, stale_before)
+                ]
+        except OSError as exc:  # swapped or removed meanwhile: next drain
+            log.warning("inbox: cannot read folder %s: %s", printable(name), exc.strerror)
+            continue
+        folders.append(folder)
+        items.extend(inside)
+    return Scan(tuple(folders), tuple(items))
+
+
+def fair_order(items: Sequence[Item], *, per_owner: int, total: int) -> list[Item]:
+    """At most ``per_owner`` items of each uid, in turns across uids, ``total`` in all."""
+    queues: dict[int, list[Item]] = {}
+    for item in sorted(items, key=lambda i: i.order):
+        queue = queues.setdefault(item.uid, [])
+        if len(queue) < per_owner:
+            queue.append(item)
+    out: list[Item] = []
+    for turn in range(per_owner):
+        for queue in queues.values():
+            if turn < len(queue):
+                out.append(queue[turn])
+                if len(out) >= total:
+                    return out
+    return out
+
+
+@contextmanager
+def dir_fd(path: str | Path, *, at: int | None = None, follow: bool = False) -> Iterator[int]:
+    """A descriptor of the directory ``path`` (relative to ``at``); no symlink followed
+    unless ``follow`` (for the admin's own configured paths)."""
+    flags = _DIR_FLAGS & ~os.O_NOFOLLOW if follow else _DIR_FLAGS
+    fd = os.open(path, flags, dir_fd=at)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def open_folder(inbox_fd: int, folder: Folder) -> Iterator[int]:
+    """The folder's descriptor; OSError if it is no longer the folder the scan saw."""
+    with dir_fd(folder.name, at=inbox_fd) as fd:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != folder.ident or st.st_uid != folder.uid:
+            raise OSError(errno.ESTALE, "replaced since the scan")
+        yield fd
+
+
+def archive(src_fd: int, name: str, target: Path, *, now: float) -> None:
+    """Move the entry ``name`` of ``src_fd`` into the folder ``target`` (made if missing),
+    as ``<now>-<ns>-<name>``; if that fails, delete it, so it is never read twice."""
+    safe = name if _SAFE_NAME.fullmatch(name) else "unnamed"
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        with dir_fd(target, follow=True) as dst_fd:
+            os.rename(name, f"{int(now)}-{time.time_ns()}-{safe}", src_dir_fd=src_fd,
+                      dst_dir_fd=dst_fd)  # fmt: skip
+        return
+    except OSError as exc:
+        log.error("inbox: cannot archive %s (%s); deleting it", printable(name), exc.strerror)
+    try:
+        os.unlink(name, dir_fd=src_fd)
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            log.error("inbox: cannot delete %s either: %s", printable(name), exc.strerror)
+
+
+def remove_folder(inbox_fd: int, folder: Folder, *, modified_before: float) -> bool:
+    """Remove the folder if it is still the scanned one, empty, and was last modified
+    before ``modified_before``; True when it is gone."""
+    try:
+        st = os.stat(folder.name, dir_fd=inbox_fd, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) != folder.ident or st.st_mtime >= modified_before:
+            return False
+        os.rmdir(folder.name, dir_fd=inbox_fd)
+    except OSError:  # not empty (a report just arrived), or gone: fine either way
+        return False
+    return True
+
+
+def prune_archive(archive_dir: Path, *, before: float) -> int:
+    """Delete archived files whose name says they were archived before ``before``, and the
+    folders left empty; returns how many files went."""
+    removed = 0
+    for outcome in ("accepted", "rejected"):
+        base = archive_dir / outcome
+        for sub in _listdir_path(base):
+            folder = base / sub
+            for name in _listdir_path(folder):
+                head = name.split("-", 1)[0]
+                if head.isascii() and head.isdigit() and int(head) < before:
+                    try:
+                        os.unlink(folder / name)
+                        removed += 1
+                    except OSError as exc:
+                        log.warning("inbox: cannot prune %s: %s", printable(name), exc.strerror)
+            with contextlib.suppress(OSError):  # not empty
+                os.rmdir(folder)
+    return removed
+
+
+def read_report(dir_fd: int, name: str, owner: int) -> tuple[bytes, int]:
+    """The file's bytes, after checking what it is and who owns it (before reading)."""
+    if not FILE.fullmatch(name):
+        raise Rejected(f"file name {printable(name, 300)!r} is not <seq>-<kind>.json")
+    try:
+        fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        raise Rejected(f"cannot open: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise Rejected("not a plain file with one link")
+        if st.st_uid != owner:
+            raise Rejected(f"file owned by uid {st.st_uid}, not by the job's owner uid {owner}")
+        if st.st_size > protocol.MAX_REPORT_BYTES:
+            raise Rejected(f"{st.st_size} bytes, more than the limit {protocol.MAX_REPORT_BYTES}")
+        raw = os.read(fd, protocol.MAX_REPORT_BYTES + 1)
+        return raw, len(raw)
+    finally:
+        os.close(fd)
+
+
+def _listdir(fd: int) -> list[str]:
+    try:
+        return os.listdir(fd)
+    except OSError as exc:
+        log.warning("inbox: cannot list a folder: %s", exc.strerror)
+        return []
+
+
+def _listdir_path(path: Path) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _lstat(name: str, fd: int) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return None
+
+
+def _stale(name: str, fd: int, before: float) -> bool:
+    st = _lstat(name, fd)
+    return st is not None and st.st_mtime < before
