@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from icefrog_slurm.core.parallelism import DDP, Parallelism
 from icefrog_slurm.declaration import Declaration, Target, parse_range, parse_target
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.runfiles import DECISION_FILE
 
 __all__ = ["ENV_PREFIX", "JobConfig", "Target", "parse_range", "parse_target"]
 
@@ -41,7 +42,7 @@ class JobConfig:
 
     @property
     def decision_path(self) -> str:
-        return self.decision or f"{self.workdir.rstrip('/')}/decision.json"
+        return self.decision or f"{self.workdir.rstrip('/')}/{DECISION_FILE}"
 
     @property
     def checkpoint_dir(self) -> str:

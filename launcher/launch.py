@@ -11,8 +11,9 @@ Exit status of ``icefrog launch``:
   report says which);
 - :data:`REQUEUE_EXIT_CODE` (75, ``EX_TEMPFAIL``): "requeue me". The trainers checkpointed
   and stopped because the launcher got USR1 or TERM, or because the controller's decision
-  asked for a GPU count different from the one running (rank 0 writes
-  ``<workdir>/requeue-requested``);
+  asked for a GPU count different from the one running (rank 0 writes the checkpoint
+  marker ``<workdir>/checkpointed``, icefrog_slurm.runfiles, which the controller also
+  watches);
 - anything else: the training failed (torchrun's status).
 
 Signals: Slurm (``scancel --batch --signal=USR1``, ``--signal=B:USR1@60``) signals the batch
@@ -43,9 +44,9 @@ from pathlib import Path
 from types import FrameType
 
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.runfiles import CHECKPOINT_MARKER
 
 REQUEUE_EXIT_CODE = 75  # sysexits EX_TEMPFAIL: checkpointed, please requeue
-REQUEUE_MARKER = "requeue-requested"
 DEFAULT_PORT = 29500
 
 
@@ -253,7 +254,7 @@ def run_training(
 ) -> int:
     """Run ``command`` (:func:`supervise`, passing ``forward`` on) and map the outcome to
     the launcher's exit status."""
-    marker = Path(workdir) / REQUEUE_MARKER
+    marker = Path(workdir) / CHECKPOINT_MARKER
     marker.unlink(missing_ok=True)
     code, signalled = supervise(command, env, forward)
     if signalled is not None or marker.exists():

@@ -58,12 +58,13 @@ from icefrog_slurm.protocol import (
     ProfileSample,
     ProgressReport,
 )
+from icefrog_slurm.runfiles import CHECKPOINT_MARKER
 from icefrog_slurm.security import write_atomic
 from launcher import checkpoint
 from launcher.config import JobConfig
 from launcher.data import ElasticDataLoader
 from launcher.decision import read_decision
-from launcher.launch import REQUEUE_EXIT_CODE, REQUEUE_MARKER
+from launcher.launch import REQUEUE_EXIT_CODE
 from launcher.profiler import (
     StepTimer,
     find_layers,
@@ -278,7 +279,7 @@ class Trainer:
 
     def _exit_requeue(self, why: str) -> None:
         if self.rank == 0:
-            write_atomic(Path(self.config.workdir) / REQUEUE_MARKER, why.encode())
+            write_atomic(Path(self.config.workdir) / CHECKPOINT_MARKER, why.encode())
             print(f"icefrog trainer: checkpointed; requeue requested ({why})", file=sys.stderr)
         raise SystemExit(REQUEUE_EXIT_CODE)
 

@@ -11,19 +11,16 @@ from __future__ import annotations
 import os
 import stat
 import time
-from contextlib import AbstractContextManager
-from pathlib import Path
+from collections.abc import Callable
+from contextlib import AbstractContextManager, suppress
 from typing import Protocol
 
+from icefrog_slurm.controller.jobdir import UnsafeJobDir, open_job_dir
 from icefrog_slurm.protocol import Decision
+from icefrog_slurm.runfiles import CHECKPOINT_MARKER, DECISION_FILE
 from icefrog_slurm.store.leader import Lease
 from icefrog_slurm.store.records import StoreSnapshot
 from icefrog_slurm.store.tx import StoreTx
-
-DECISION_FILE = "decision.json"
-CHECKPOINT_MARKER = "checkpointed"
-"""A job asked to checkpoint (USR1) writes this file in its run dir once its checkpoint is
-safe; the controller then requeues it (a job that exits after checkpointing needs no marker)."""
 
 
 class Clock(Protocol):
@@ -59,51 +56,80 @@ class StorePort(Protocol):
 
 
 class JobFiles(Protocol):
-    """The files the controller shares with a job in its run dir."""
+    """The files the controller shares with a job in its run dir (the job owner's folder)."""
 
     def write_decision(self, *, run_dir: str, decision: Decision, owner_uid: int) -> None:
-        """Replace ``<run_dir>/decision.json`` atomically."""
+        """Replace ``<run_dir>/decision.json`` atomically; raise ``UnsafeJobDir`` when the
+        folder is not one the controller may write in for ``owner_uid``."""
         ...
 
-    def checkpoint_marked(self, *, run_dir: str, since: float) -> bool:
+    def checkpoint_marked(self, *, run_dir: str, since: float, owner_uid: int) -> bool:
         """Whether the job wrote its checkpoint marker at or after ``since``."""
         ...
 
 
 class FsJobFiles:
-    """Job files on the (shared) filesystem, written safely into a user-owned folder.
+    """Job files on the (shared) filesystem, in the job owner's own folder.
 
-    The folder is opened without following symlinks and the file is created there under a
-    fresh temporary name (O_EXCL | O_NOFOLLOW), given to the job's owner when we are root,
-    and renamed over ``decision.json``: a job never reads half a decision, and a user
-    cannot redirect the controller's write elsewhere with a symlink.
+    The folder is opened by :func:`~icefrog_slurm.controller.jobdir.open_job_dir` (from ``/``,
+    no symlink followed at any level, every component owned by the job's owner or root and
+    writable by nobody else) and everything after goes through its descriptor. The decision
+    is written to ``.decision.json.tmp`` (created exclusively, no symlink followed; one a
+    killed write left is removed first), given to the job's owner when we are root, and
+    renamed over ``decision.json``: a job never reads half a decision. A failed write leaves
+    no temporary file. ``after_step`` is called with ``"decision:temp"`` once the temporary
+    file is complete, before the rename (tests kill the process there).
     """
 
+    def __init__(self, *, after_step: Callable[[str], None] | None = None) -> None:
+        self.after_step = after_step or (lambda _what: None)
+
     def write_decision(self, *, run_dir: str, decision: Decision, owner_uid: int) -> None:
-        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
-        dir_fd = os.open(run_dir, flags)
+        dir_fd = open_job_dir(run_dir, owner_uid=owner_uid)
         try:
-            tmp = f".{DECISION_FILE}.{os.getpid()}.{time.time_ns()}"
-            fd = os.open(
-                tmp,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o644,
-                dir_fd=dir_fd,
-            )
+            data = (decision.to_json() + "\n").encode()
+            self._replace(dir_fd, DECISION_FILE, data, owner_uid)
+        finally:
+            os.close(dir_fd)
+
+    def _replace(self, dir_fd: int, name: str, data: bytes, owner_uid: int) -> None:
+        tmp = f".{name}.tmp"
+        _unlink(tmp, dir_fd)
+        fd = os.open(tmp, _NEW_FILE, 0o644, dir_fd=dir_fd)
+        try:
             try:
-                os.write(fd, (decision.to_json() + "\n").encode())
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
                 os.fsync(fd)
                 if os.geteuid() == 0 and owner_uid != 0:
                     os.fchown(fd, owner_uid, -1)
             finally:
                 os.close(fd)
-            os.rename(tmp, DECISION_FILE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        finally:
-            os.close(dir_fd)
+            self.after_step("decision:temp")
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            _unlink(tmp, dir_fd)
+            raise
+        os.fsync(dir_fd)
 
-    def checkpoint_marked(self, *, run_dir: str, since: float) -> bool:
+    def checkpoint_marked(self, *, run_dir: str, since: float, owner_uid: int) -> bool:
         try:
-            st = os.lstat(Path(run_dir) / CHECKPOINT_MARKER)
+            dir_fd = open_job_dir(run_dir, owner_uid=owner_uid)
+        except (OSError, UnsafeJobDir):
+            return False  # (the decision write records why the folder is refused)
+        try:
+            st = os.stat(CHECKPOINT_MARKER, dir_fd=dir_fd, follow_symlinks=False)
         except OSError:
             return False
+        finally:
+            os.close(dir_fd)
         return stat.S_ISREG(st.st_mode) and st.st_mtime >= since - 1.0
+
+
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _unlink(name: str, dir_fd: int) -> None:
+    with suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=dir_fd)

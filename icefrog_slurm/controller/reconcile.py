@@ -43,10 +43,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from icefrog_slurm.controller.plan import Plan, Target
+from icefrog_slurm.controller.jobdir import UnsafeJobDir
+from icefrog_slurm.controller.plan import JobPlan, Plan, Target
 from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort
 from icefrog_slurm.controller.tick import launch_refused, matches, run_dir_of
 from icefrog_slurm.errors import IcefrogError
+from icefrog_slurm.jsonio import printable
 from icefrog_slurm.protocol import Decision
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.port import ClusterPort, JobState, SlurmRejected, SlurmUnavailable
@@ -302,7 +304,8 @@ class Reconciler:
             )
             raise _Waiting
         waited = self.clock.now() - since
-        marked = self.files.checkpoint_marked(run_dir=self._run_dir(job_id, sid), since=since)
+        run_dir, owner = self._run_dir(job_id, sid)
+        marked = self.files.checkpoint_marked(run_dir=run_dir, since=since, owner_uid=owner)
         if not marked and waited < self.settings.controller.checkpoint_timeout_s:
             raise _Waiting
         if not marked:
@@ -452,48 +455,73 @@ class Reconciler:
     def _finish(self, tx: StoreTx, intent: Intent, status: str, detail: str) -> None:
         tx.finish_intent(intent_id=intent.id, status=status, now=self.clock.now(), detail=detail)
 
-    def _run_dir(self, job_id: int, sid: str) -> str:
+    def _run_dir(self, job_id: int, sid: str) -> tuple[str, int]:
+        """The job's folder (:meth:`_job_dir`) and its owner's uid."""
         with self.store.transaction() as tx:
-            path = run_dir_of(tx.job(job_id).progress.checkpoint_path)
-        return path or self._workdir(sid)
+            job = tx.job(job_id)
+        return self._job_dir(sid, run_dir_of(job.progress.checkpoint_path)), job.owner_uid
 
-    def _workdir(self, sid: str) -> str:
-        """The Slurm job's WorkDir (asked once a Slurm job)."""
+    def _job_dir(self, sid: str, reported: str) -> str:
+        """The folder the owner gave the Slurm job when submitting it (its WorkDir, asked
+        once a Slurm job); the one its checkpoint reports name only when Slurm has none.
+        Either is checked before use (FsJobFiles): the owner's own folders only."""
         if sid not in self._workdirs:
             self._workdirs[sid] = self.cluster.job_detail(job_id=sid).work_dir
-        return self._workdirs[sid]
+        return self._workdirs[sid] or reported
 
     # ----- decision files ----------------------------------------------------------------
     def _write_decisions(self, plan: Plan) -> None:
-        """decision.json for every job given GPUs, once per round (retried until written)."""
+        """decision.json for every job given GPUs, once per round: retried until written,
+        except into a folder refused as unsafe (recorded; tried again next round)."""
         if plan.decided_round is None:
             return
         for job in plan.jobs:
             a = job.allocation
             if a.gpus <= 0 or a.batch < 1 or self._written.get(job.job_id) == plan.decided_round:
                 continue
-            decision = Decision(
-                round=plan.decided_round,
-                gpus=a.gpus,
-                batch=a.batch,
-                frozen=a.frozen,
-                shared=a.shared,
-                extra={
-                    "nodes": list(a.nodes),
-                    "psi": a.psi,
-                    "predicted_tta_s": a.predicted_tta_s,
-                    "share": a.share,
-                },
+            if self._write_decision(job, plan.decided_round):
+                self._written[job.job_id] = plan.decided_round
+        live = {j.slurm_job_id for j in plan.jobs}
+        self._workdirs = {s: d for s, d in self._workdirs.items() if s in live}
+
+    def _write_decision(self, job: JobPlan, round_no: int) -> bool:
+        """Write one job's decision; False when it is to be tried again next pass."""
+        a = job.allocation
+        extra = {"nodes": list(a.nodes), "psi": a.psi, "predicted_tta_s": a.predicted_tta_s}
+        decision = Decision(
+            round=round_no,
+            gpus=a.gpus,
+            batch=a.batch,
+            frozen=a.frozen,
+            shared=a.shared,
+            extra={**extra, "share": a.share},
+        )
+        run_dir = ""
+        try:
+            run_dir = self._job_dir(job.slurm_job_id, job.run_dir)
+            self.files.write_decision(run_dir=run_dir, decision=decision, owner_uid=job.owner_uid)
+        except UnsafeJobDir as exc:
+            self._refused(job, run_dir, str(exc))
+            return True
+        except (OSError, IcefrogError) as exc:
+            log.warning("job %d: decision.json not written yet: %s", job.job_id, exc)
+            return False
+        return True
+
+    def _refused(self, job: JobPlan, run_dir: str, reason: str) -> None:
+        """Log and record (audit log, action ``decision``) a folder refused for a decision."""
+        log.warning("job %d: decision.json not written: %s", job.job_id, printable(reason))
+        with self.store.transaction() as tx:
+            tx.log_action(
+                action="decision",
+                command=("write", printable(run_dir)),
+                outcome="refused",
+                now=self.clock.now(),
+                duration_s=0.0,
+                detail=printable(reason),
+                slurm_job_id=job.slurm_job_id,
+                job_id=job.job_id,
             )
-            try:
-                run_dir = job.run_dir or self._workdir(job.slurm_job_id)
-                self.files.write_decision(
-                    run_dir=run_dir, decision=decision, owner_uid=job.owner_uid
-                )
-            except (OSError, IcefrogError) as exc:
-                log.warning("job %d: decision.json not written yet: %s", job.job_id, exc)
-                continue
-            self._written[job.job_id] = plan.decided_round
 
 
 def retry_wait_s(*, last_release: float | None, now: float, retry_s: float) -> float:

@@ -79,7 +79,7 @@ class SimJobFiles:
             raise OSError(f"no simulated job runs in {run_dir}")
         job.on_decision(decision)
 
-    def checkpoint_marked(self, *, run_dir: str, since: float) -> bool:
+    def checkpoint_marked(self, *, run_dir: str, since: float, owner_uid: int) -> bool:
         job = self.jobs.get(run_dir)
         return job is not None and job.checkpoint_at is not None and job.checkpoint_at >= since
 

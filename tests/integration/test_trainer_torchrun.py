@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from icefrog_slurm.runfiles import CHECKPOINT_MARKER
+
 pytest.importorskip("torch")
 
 from icefrog_slurm.core.parallelism import Kind, Parallelism
@@ -117,7 +119,7 @@ def test_resize_two_to_one_matches_uninterrupted(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     first = _torchrun(2, _env(resized, PROBE_MODE="resize", PROBE_RESIZE_AT="1", **epochs))
     assert first.returncode != 0 and "requeue requested" in first.stderr
-    assert (resized / "requeue-requested").exists()
+    assert (resized / CHECKPOINT_MARKER).exists()
     second = _torchrun(1, _env(resized, PROBE_MODE="plain", **epochs))
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed from checkpoint" in second.stderr and "was 2" in second.stderr

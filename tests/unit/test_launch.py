@@ -14,10 +14,10 @@ import pytest
 
 from icefrog_slurm.cli import main
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.runfiles import CHECKPOINT_MARKER
 from launcher.config import JobConfig, Target, parse_range, parse_target
 from launcher.launch import (
     REQUEUE_EXIT_CODE,
-    REQUEUE_MARKER,
     allocation_from_env,
     build_command,
     child_env,
@@ -175,7 +175,7 @@ def test_run_training_maps_outcomes(tmp_path: Path) -> None:
     env = dict(os.environ)
     assert run_training(_child("raise SystemExit(0)"), env, str(tmp_path)) == 0
     assert run_training(_child("raise SystemExit(5)"), env, str(tmp_path)) == 5
-    marker = f"open({str(tmp_path / REQUEUE_MARKER)!r}, 'w').write('x'); raise SystemExit(1)"
+    marker = f"open({str(tmp_path / CHECKPOINT_MARKER)!r}, 'w').write('x'); raise SystemExit(1)"
     assert run_training(_child(marker), env, str(tmp_path)) == REQUEUE_EXIT_CODE
     # a stale marker from an earlier run does not count
     assert run_training(_child("raise SystemExit(0)"), env, str(tmp_path)) == 0
