@@ -229,8 +229,9 @@ class MetricsSettings:
     port: int | None = field(default=None, metadata=_bounds(minimum=1, maximum=65535))
     """TCP port of the Prometheus endpoint; leave unset for no endpoint."""
 
-    address: str = "0.0.0.0"
-    """Address the endpoint listens on."""
+    address: str = "127.0.0.1"
+    """Address the endpoint listens on: this host only by default (the metrics name users'
+    job counts and the cluster's load; give an address of a trusted network to share them)."""
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,14 @@
 
 Gauges and counters, updated after every tick: round duration (the tick's own work), solve
 time, jobs by state, GPUs allocated and shared, reallocations (resizes and moves done),
-reconcile failures. Served by prometheus-client's own HTTP server from a private registry.
+reconcile failures. Served by prometheus-client's own HTTP server from a private registry,
+on ``metrics.address`` (127.0.0.1 unless the admin names another: the figures are the
+cluster's and its users' business).
 """
 
 from __future__ import annotations
+
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
@@ -30,9 +34,20 @@ class ControllerMetrics:
         )
         self.failures = Counter("icefrog_reconcile_failures", "Intents that failed", registry=r)
         self.rounds = Counter("icefrog_rounds", "Scheduling rounds decided", registry=r)
+        self._server: WSGIServer | None = None
 
-    def serve(self, *, port: int, address: str) -> None:
-        start_http_server(port, addr=address, registry=self.registry)
+    def serve(self, *, port: int, address: str) -> tuple[str, int]:
+        """Start the endpoint; returns the address and port it listens on."""
+        self._server, _thread = start_http_server(port, addr=address, registry=self.registry)
+        host, bound = self._server.server_address[:2]
+        return str(host), int(bound)
+
+    def close(self) -> None:
+        """Stop the endpoint (when it was started)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
 
     def observe(self, report: TickReport) -> None:
         plan = report.plan
