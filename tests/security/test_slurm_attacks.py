@@ -1,0 +1,161 @@
+"""Hostile Slurm jobs against the controller, on the real local cluster, as real users.
+
+bob (icefrog-bob, unprivileged) does what a hostile user can do with sbatch alone: a work
+folder named like Slurm's own fields (``run UserId=root(0) GroupId=root(0)``), a comment
+and a name with line breaks and a fake squeue record, a decoy job that copies the name and
+the predictable comment of alice's resubmission. An administrator holds one of alice's
+jobs. The controller (root, SQLite store, the real CLI backend) must keep deciding rounds
+for alice's honest job, resubmit bob's job as bob and nobody else, never take a decoy for
+alice's job, and never lift the administrator's hold.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
+from icefrog_slurm.slurm.port import Gres
+from icefrog_slurm.store.sql import SqlStore
+from tests.integration.conftest import wait_for
+from tests.integration.controller.support import (
+    SCRIPT,
+    FixedPolicy,
+    OffsetClock,
+    backend,
+    chain,
+    converge,
+    make_controller,
+    make_settings,
+    make_store,
+    running,
+    state_of,
+)
+from tests.integration.store.helpers import spec
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
+
+SPOOF_DIR = "run UserId=root(0) GroupId=root(0)"
+
+
+def _sbatch_as(uid: int, workdir: Path, *args: str) -> str:
+    pw = pwd.getpwuid(uid)
+    out = subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={pw.pw_gid}", "--init-groups", "--",
+         "sbatch", "--parsable", "-p", "gpu", f"--chdir={workdir}",
+         f"--output={workdir}/%j.out", *args],
+        input=SCRIPT, capture_output=True, text=True, check=True, env=dict(os.environ),
+    )  # fmt: skip
+    return out.stdout.strip().split(";")[0]
+
+
+def _icefrog_job(store: SqlStore, uid: int, workdir: Path, name: str) -> tuple[int, str]:
+    """A held icefrog job of ``uid`` (its own sbatch), registered in the store as its."""
+    sid = _sbatch_as(
+        uid, workdir, "-H", "--requeue", "-J", name, f"--comment=icefrog:{name}", "--gres=gpu:1"
+    )
+    return _register(store, name=name, uid=uid, sid=sid), sid
+
+
+def _folder(base: Path, name: str, uid: int) -> Path:
+    path = base / name
+    path.mkdir(parents=True)
+    os.chown(path, uid, pwd.getpwuid(uid).pw_gid)
+    return path
+
+
+def _register(store: SqlStore, *, name: str, uid: int, sid: str) -> int:
+    with store.transaction() as tx:
+        return tx.create_job(
+            name=name,
+            owner_uid=uid,
+            owner_user=pwd.getpwuid(uid).pw_name,
+            slurm_job_id=sid,
+            spec=spec(),
+            now=time.time(),
+        )
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    path = Path(f"/tmp/icefrog-sec-{uuid.uuid4().hex[:8]}")
+    path.mkdir(mode=0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster(munge_users: dict[str, int]) -> Iterator[SlurmCliBackend]:
+    be = backend()
+    yield be
+    users = set(munge_users.values())
+    for job in be._jobs().values():
+        if job.user_id in users and not job.finished:
+            be.cancel(job_id=job.job_id)
+
+
+def test_hostile_jobs_change_nothing_but_their_own(
+    tmp_path: Path, base: Path, cluster: SlurmCliBackend, munge_users: dict[str, int]
+) -> None:
+    alice, bob = munge_users["icefrog-alice"], munge_users["icefrog-bob"]
+    settings = make_settings(tmp_path)
+    store = make_store(settings)
+    key = f"sec-{uuid.uuid4().hex[:8]}"
+    # alice: an honest job, to be moved from gpu:1 to a shared GPU (a resubmission as alice)
+    a_dir = _folder(base, "alice", alice)
+    a_job, a_sid = _icefrog_job(store, alice, a_dir, f"{key}-a")
+    # alice: a second job an administrator holds (scontrol hold as root)
+    h_job, h_sid = _icefrog_job(store, alice, a_dir, f"{key}-h")
+    subprocess.run(["scontrol", "hold", h_sid], check=True)
+    # bob: his own icefrog job in a folder named like Slurm's identity fields
+    b_dir = _folder(base, f"bob/{SPOOF_DIR}", bob)
+    b_job, b_sid = _icefrog_job(store, bob, b_dir, f"{key}-b")
+    # bob: a decoy with the name and the old, predictable comment of alice's resubmission
+    decoy = f"--comment=icefrog:{key}-a;prev={a_sid}"
+    d_sid = _sbatch_as(bob, b_dir, "-H", "-J", f"{key}-a", decoy, "--gres=gpu:4")
+    # bob: a job whose comment and name carry a line break and a fake squeue record
+    fake = f"{a_sid}|RUNNING|gres:gpu:4|1|node1|None|1|0|gpu|icefrog:{key}-a"
+    x_sid = _sbatch_as(bob, b_dir, "-H", "-J", f"x\n{fake}", f"--comment=junk\n{fake}")
+
+    detail = cluster.job_detail(job_id=b_sid)
+    assert detail.user_id == bob and SPOOF_DIR in detail.work_dir  # the spoof is only text
+
+    policy = FixedPolicy(
+        {a_job: (1, True, ("node1",)), b_job: (1, True, ("node2",)), h_job: (1, False, ())}
+    )
+    ctl = make_controller(settings, store, policy, OffsetClock())
+    converge(ctl)
+
+    # the round was decided for alice's job, which runs on a shared GPU as alice
+    assert ctl.last is not None and ctl.last.plan.decided_round == 1
+    with store.transaction() as tx:
+        assert [(a.gpus, a.shared) for _, a in tx.job_allocations(a_job)] == [(1, True)]
+    new_a = chain(store, a_job)[-1]
+    assert new_a not in (a_sid, d_sid)  # not the decoy
+    run = running(cluster, new_a)
+    assert (run.user_id, run.gres) == (alice, Gres("shard", 1))
+    # bob's job was resubmitted as bob: the work folder's text gave no one root
+    new_b = chain(store, b_job)[-1]
+    assert new_b != b_sid and cluster.job_detail(job_id=new_b).user_id == bob
+    assert cluster.job_detail(job_id=new_b).group_id == pwd.getpwuid(bob).pw_gid
+    # the decoy and the junk job are untouched: still held, still bob's
+    for sid in (d_sid, x_sid):
+        state = state_of(cluster, sid)
+        assert state.held and state.user_id == bob
+    # the administrator's hold stands, and the reason is on record
+    assert state_of(cluster, h_sid).admin_held
+    with store.transaction() as tx:
+        actions = tx.actions(job_id=h_job)
+    assert not any(a.action == "release" for a in actions)
+    # the successor found after a restart is alice's own, signed job (never the decoy)
+    assert ctl.cluster.find_successor(job_id=a_sid, owner_uid=alice) == new_a
+    assert ctl.cluster.find_successor(job_id=a_sid, owner_uid=bob) is None
+    wait_for("old jobs cancelled", lambda: state_of(cluster, a_sid).finished)
