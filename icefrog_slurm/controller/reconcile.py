@@ -248,6 +248,8 @@ class Reconciler:
             state = self.cluster.poll(job_ids=[sid]).get(sid)
             if state is None or state.finished:
                 sid = self._after_end(intent, job_id, sid, state, result)
+            elif state.admin_held:  # an administrator's hold is never lifted, nor worked around
+                raise SlurmRejected(f"Slurm job {sid} is held by an administrator: left alone")
             elif state.state in _SETTLING:
                 raise _Waiting  # between two states: look again next pass
             elif state.holds_resources:
@@ -279,7 +281,7 @@ class Reconciler:
         """The Slurm job ended or is gone: find its successor, or requeue it (it exited
         after checkpointing); a job that was only to start has simply ended."""
         if state is None or state.state == "CANCELLED":
-            new = self.cluster.find_successor(job_id=sid)
+            new = self.cluster.find_successor(job_id=sid, owner_uid=self._owner(job_id))
             if new is not None:
                 self._link(intent, job_id, new, "resubmitted (recovered)")
                 return new
@@ -318,13 +320,13 @@ class Reconciler:
         self, intent: Intent, job_id: int, sid: str, target: Target, r: ReconcileResult
     ) -> str:
         assert target.gres is not None
-        gres, nodes = target.gres, target.nodes or None
+        gres, nodes, owner = target.gres, target.nodes or None, self._owner(job_id)
         box: list[str] = []
 
         def go() -> None:
             box.append(
                 self.cluster.resubmit(
-                    job_id=sid, gres=gres, num_nodes=target.num_nodes, nodes=nodes
+                    job_id=sid, owner_uid=owner, gres=gres, num_nodes=target.num_nodes, nodes=nodes
                 )
             )
 
@@ -460,6 +462,11 @@ class Reconciler:
         with self.store.transaction() as tx:
             job = tx.job(job_id)
         return self._job_dir(sid, run_dir_of(job.progress.checkpoint_path)), job.owner_uid
+
+    def _owner(self, job_id: int) -> int:
+        """The uid icefrog recorded from the job's munge-signed registration."""
+        with self.store.transaction() as tx:
+            return tx.job(job_id).owner_uid
 
     def _job_dir(self, sid: str, reported: str) -> str:
         """The folder the owner gave the Slurm job when submitting it (its WorkDir, asked

@@ -346,7 +346,7 @@ class Engine:
             return held
         state = self.cluster.poll(job_ids=[job.slurm_id]).get(job.slurm_id)
         if state is not None and state.state == "CANCELLED":
-            new = self.cluster.find_successor(job_id=job.slurm_id)
+            new = self.cluster.find_successor(job_id=job.slurm_id, owner_uid=SIM_UID)
             if new is not None:
                 self.by_slurm[new] = job
                 job.slurm_id = new

@@ -175,12 +175,9 @@ def chain(store: SqlStore, job_id: int) -> tuple[str, ...]:
 
 
 def live_tagged(cluster: SlurmCliBackend, key: str) -> list[JobState]:
-    from icefrog_slurm.slurm import commands, parse
-
-    out = cluster._run(commands.squeue_all())
     return [
         j
-        for j in parse.parse_squeue(out).values()
+        for j in cluster._jobs().values()
         if j.tag is not None and j.tag.key == key and not j.finished
     ]
 

@@ -42,9 +42,8 @@ STEP_POINTS = 12  # A: signal; B: update, release; A: requeue_hold, update, rele
 def cluster() -> Iterator[SlurmCliBackend]:
     be = backend()
     yield be
-    from icefrog_slurm.slurm import commands, parse
 
-    for j in parse.parse_squeue(be._run(commands.squeue_all())).values():
+    for j in be._jobs().values():
         if not j.finished and j.tag is not None and j.tag.key.startswith("kill-"):
             be.cancel(job_id=j.job_id)
 
