@@ -183,15 +183,19 @@ def _own_folder(folder: Path) -> bool:
 def write_atomic(path: Path, data: bytes, *, mode: int = 0o600) -> None:
     """Write ``data`` to ``path`` atomically: a dot-named temp file (created exclusively, no
     symlink followed), fsync, rename, fsync the folder; a reader sees the old file or the
-    whole new one, also after a crash."""
+    whole new one, also after a crash. A failed write removes its temp file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)  # left by a crashed process with the same pid
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # e.g. the disk is full: leave no temp file behind
+        tmp.unlink(missing_ok=True)
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

@@ -10,6 +10,10 @@ A checkpoint ``n`` is two files in the checkpoint folder:
 :func:`load_latest` walks the manifests newest first and returns the first checkpoint whose
 bytes match its manifest and unpickle; a torn or corrupt one is skipped (with a warning
 on stderr), falling back to the previous good one. The newest ``keep`` are kept.
+
+A save that fails (a full disk) leaves nothing behind: no temporary file, and no ``.pt``
+without its manifest (it would never be loaded nor pruned). One killed mid-write leaves a
+temporary file; the next save removes it.
 """
 
 from __future__ import annotations
@@ -32,13 +36,19 @@ def save(folder: str | Path, number: int, state: dict[str, Any], keep: int = 2) 
     """Write checkpoint ``number`` atomically and prune all but the newest ``keep``."""
     root = Path(folder)
     root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(f".{_PREFIX}*.tmp"):  # write_atomic's, from a killed save
+        stale.unlink(missing_ok=True)
     buffer = io.BytesIO()
     torch.save(state, buffer)
     data = buffer.getvalue()
     path = root / f"{_PREFIX}{number:08d}.pt"
-    write_atomic(path, data)
     manifest = {"file": path.name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    write_atomic(path.with_suffix(".json"), json.dumps(manifest).encode())
+    try:
+        write_atomic(path, data)
+        write_atomic(path.with_suffix(".json"), json.dumps(manifest).encode())
+    except BaseException:
+        path.unlink(missing_ok=True)  # (write_atomic removed its own temp file)
+        raise
     for old in _numbers(root)[:-keep] if keep > 0 else []:
         for suffix in (".json", ".pt"):
             (root / f"{_PREFIX}{old:08d}{suffix}").unlink(missing_ok=True)
