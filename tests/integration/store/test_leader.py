@@ -4,14 +4,13 @@ write; databases no lock can guard are refused for the controller."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import select
 
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.settings import settings_from_mapping
@@ -19,12 +18,9 @@ from icefrog_slurm.store import leader
 from icefrog_slurm.store.leader import Lease, LostLead
 from icefrog_slurm.store.models import Job, LeaderLease
 from icefrog_slurm.store.sql import SqlStore, make_engine
+from tests.integration.conftest import wait_for
 from tests.integration.store.helpers import spec
-
-
-POSTGRES_ONLY = pytest.mark.parametrize(
-    "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
-)  # the tick's guard is Postgres's: SQLite's flock cannot be taken while a tick runs
+from tests.support.lease import POSTGRES_ONLY, lock_waiters, steal_the_lead
 
 
 @pytest.fixture
@@ -36,30 +32,6 @@ def stores(db_url: str) -> Iterator[tuple[SqlStore, SqlStore]]:
     finally:
         first.close()
         second.close()
-
-
-def steal_the_lead(url: str) -> None:
-    """What takes a lock from under a running controller: its Postgres session killed
-    (pg_terminate_backend, as a restart or a network cut does), its SQLite lock file
-    removed."""
-    engine = make_engine(url)
-    try:
-        path = leader.lock_path(engine.url)
-        if path is not None:
-            os.unlink(path)
-            return
-        with engine.connect() as conn:
-            killed = conn.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
-                    " AND objid = :lo AND classid = :hi AND database = (SELECT oid FROM"
-                    " pg_database WHERE datname = current_database())"
-                ),
-                {"hi": leader.ADVISORY_KEY >> 32, "lo": leader.ADVISORY_KEY & 0xFFFFFFFF},
-            ).all()
-            assert killed == [(True,)]
-    finally:
-        engine.dispose()
 
 
 def add_job(store: SqlStore, sid: str) -> None:
@@ -106,9 +78,8 @@ def test_a_stolen_lead_refuses_the_old_leaders_writes(
         add_job(first, "2")  # the stale token: rolled back, nothing written
     with pytest.raises(LostLead), old.hold():
         pytest.fail("a tick ran under a lost lease")
-    with pytest.raises(LostLead):
-        with first.transaction() as tx:  # once lost, every write transaction is refused
-            tx.round()
+    with pytest.raises(LostLead), first.transaction() as tx:  # every write refused now
+        tx.round()
     with new.hold():
         add_job(second, "3")
     assert job_count(first.url) == 2
@@ -164,33 +135,12 @@ def test_a_bump_that_waits_does_not_block_the_tick(
         steal_the_lead(first.url)
         standby = threading.Thread(target=lambda: got.append(second.try_lead()))
         standby.start()
-        _wait_for_a_lock_wait(first.url)
+        wait_for("the standby's bump to wait for the lease row", lambda: lock_waiters(first.url))
         add_job(first, "1")
     standby.join()
     assert got and got[0] is not None and got[0].epoch == old.epoch + 1
     got[0].release()
     old.release()
-
-
-def _wait_for_a_lock_wait(url: str) -> None:
-    from tests.integration.conftest import wait_for
-
-    engine = make_engine(url)
-    try:
-
-        def waiting() -> bool:
-            with engine.connect() as conn:
-                n = conn.execute(
-                    text(
-                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                        " AND datname = current_database()"
-                    )
-                ).scalar()
-            return bool(n)
-
-        wait_for("the standby's bump to wait for the lease row", waiting, timeout=8.0)
-    finally:
-        engine.dispose()
 
 
 def test_a_second_path_to_a_sqlite_file_gives_no_second_lead(
@@ -229,6 +179,26 @@ def test_the_controller_refuses_a_database_no_lock_guards(url: str) -> None:
     settings = settings_from_mapping({"store": {"url": url}})
     with pytest.raises(InputError, match="cannot be locked against a second controller"):
         SqlStore.from_settings(settings)
+
+
+def test_the_daemon_will_not_run_on_an_in_memory_database() -> None:
+    from icefrog_slurm.controller.daemon import Controller
+    from icefrog_slurm.settings import Settings
+
+    store = SqlStore("sqlite://", check_schema=False)
+    controller = Controller(
+        settings=Settings(),
+        policy=None,  # type: ignore[arg-type]
+        cluster=None,  # type: ignore[arg-type]
+        store=store,
+        clock=None,  # type: ignore[arg-type]
+        files=None,  # type: ignore[arg-type]
+    )
+    try:
+        with pytest.raises(InputError, match="sqlite://: the controller needs a database file"):
+            controller.run(max_ticks=1)  # before any tick, and not retried as a fault
+    finally:
+        store.close()
 
 
 def test_the_lease_row_is_one_row(db_url: str) -> None:

@@ -1,0 +1,59 @@
+"""Taking the controller lock from under a running controller, for the leader tests.
+
+``steal_the_lead(url)`` does what a Postgres restart or a network cut does to the leader's
+lock (its session killed with ``pg_terminate_backend``), or what removing the SQLite lock
+file does; ``lock_waiters(url)`` counts the sessions of that database waiting for a lock.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from sqlalchemy import text
+
+from icefrog_slurm.store import leader
+from icefrog_slurm.store.sql import make_engine
+
+POSTGRES_ONLY = pytest.mark.parametrize(
+    "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+"""Run a ``db_url`` test on Postgres alone (the tick's row-lock guard is Postgres's)."""
+
+_KEY = {"hi": leader.ADVISORY_KEY >> 32, "lo": leader.ADVISORY_KEY & 0xFFFFFFFF}
+
+
+def steal_the_lead(url: str) -> None:
+    engine = make_engine(url)
+    try:
+        path = leader.lock_path(engine.url)
+        if path is not None:
+            os.unlink(path)
+            return
+        with engine.connect() as conn:
+            killed = conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
+                    " AND objid = :lo AND classid = :hi AND database = (SELECT oid FROM"
+                    " pg_database WHERE datname = current_database())"
+                ),
+                _KEY,
+            ).all()
+        assert killed == [(True,)], killed
+    finally:
+        engine.dispose()
+
+
+def lock_waiters(url: str) -> int:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            n = conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND datname = current_database()"
+                )
+            ).scalar()
+        return int(n or 0)
+    finally:
+        engine.dispose()
