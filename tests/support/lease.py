@@ -2,15 +2,17 @@
 
 ``steal_the_lead(url)`` does what a Postgres restart or a network cut does to the leader's
 lock (its session killed with ``pg_terminate_backend``), or what removing the SQLite lock
-file does; ``lock_waiters(url)`` counts the sessions of that database waiting for a lock.
+file does; ``lock_waiters(url)`` counts the sessions of that database waiting for a lock;
+``read(url, statement)`` reads on a connection of its own.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Executable, text
 
 from icefrog_slurm.store import leader
 from icefrog_slurm.store.sql import make_engine
@@ -45,15 +47,16 @@ def steal_the_lead(url: str) -> None:
 
 
 def lock_waiters(url: str) -> int:
+    waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+    [(n,)] = read(url, text(f"{waiting} AND datname = current_database()"))
+    return int(n)
+
+
+def read(url: str, statement: Executable) -> list[tuple[Any, ...]]:
+    """The rows of one statement, on a connection of its own (outside every store)."""
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
-            n = conn.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                    " AND datname = current_database()"
-                )
-            ).scalar()
-        return int(n or 0)
+            return [tuple(row) for row in conn.execute(statement)]
     finally:
         engine.dispose()

@@ -17,10 +17,10 @@ from icefrog_slurm.settings import settings_from_mapping
 from icefrog_slurm.store import leader
 from icefrog_slurm.store.leader import Lease, LostLead
 from icefrog_slurm.store.models import Job, LeaderLease
-from icefrog_slurm.store.sql import SqlStore, make_engine
+from icefrog_slurm.store.sql import SqlStore
 from tests.integration.conftest import wait_for
 from tests.integration.store.helpers import spec
-from tests.support.lease import POSTGRES_ONLY, lock_waiters, steal_the_lead
+from tests.support.lease import POSTGRES_ONLY, lock_waiters, read, steal_the_lead
 
 
 @pytest.fixture
@@ -42,12 +42,7 @@ def add_job(store: SqlStore, sid: str) -> None:
 
 
 def job_count(url: str) -> int:
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            return len(conn.execute(select(Job.id)).all())
-    finally:
-        engine.dispose()
+    return len(read(url, select(Job.id)))
 
 
 def test_each_lead_takes_a_new_epoch(stores: tuple[SqlStore, SqlStore]) -> None:
@@ -202,9 +197,4 @@ def test_the_daemon_will_not_run_on_an_in_memory_database() -> None:
 
 
 def test_the_lease_row_is_one_row(db_url: str) -> None:
-    engine = make_engine(db_url)
-    try:
-        with engine.connect() as conn:
-            assert conn.execute(select(LeaderLease.id, LeaderLease.epoch)).all() == [(1, 0)]
-    finally:
-        engine.dispose()
+    assert read(db_url, select(LeaderLease.id, LeaderLease.epoch)) == [(1, 0)]
