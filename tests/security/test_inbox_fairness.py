@@ -1,0 +1,113 @@
+"""Fair, bounded drains: one user's flood starves nobody, the inbox and the ledgers shrink.
+
+Alice (icefrog-alice) floods the inbox with junk; Bob's honest reports must still land in
+the first drain. One Slurm lookup serves a whole drain. Folders of ended jobs go away after
+the grace period, folders of running jobs stay; archived files and ledger rows older than
+the retention are pruned, except the accepted rows of a job still running (they refuse a
+replay of its sequence numbers). Real munge, real users, SQLite and Postgres.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from icefrog_slurm.store.inbox import DrainResult
+from icefrog_slurm.store.sql import SqlStore
+from tests.security.inbox_support import METRIC, Site, make_site
+from tests.support.munge import USERS
+
+ALICE, BOB = USERS
+ALICE_JOB, BOB_JOB = "101", "202"
+DAY = 86400.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 5000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def site(store: SqlStore, tmp_path: Path, munge_users: dict[str, int], clock: Clock) -> Site:
+    return make_site(
+        store, tmp_path, munge_users, clock=clock, max_reports=10, max_reports_per_owner=4,
+        folder_grace_s=3600.0, retention_days=30.0,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("per_owner", [4, 10])
+def test_one_users_flood_does_not_starve_another(site: Site, per_owner: int) -> None:
+    """With a per-owner budget below the global one, and with both equal (turns alone)."""
+    site.inbox.max_reports_per_owner = per_owner
+    site.register(ALICE, ALICE_JOB)
+    site.register(BOB, BOB_JOB, name="bobs")
+    assert site.drain() == DrainResult(accepted=2)
+    for seq in range(1, 51):  # Alice's junk: fifty files her own job's folder accepts to read
+        site.put(ALICE, ALICE_JOB, f"{seq}-metric.json", b"{not json")
+    for seq in (1, 2):
+        site.drop(BOB, "metric", {**METRIC, "epoch": seq}, seq=seq, job=BOB_JOB, name="bobs")
+    site.slurm.calls.clear()
+    result = site.drain()
+    assert result == DrainResult(accepted=2, rejected=min(per_owner, 10 - 2))
+    assert site.metrics(BOB_JOB) == [0.5, 0.5]
+    assert site.slurm.calls == [{ALICE_JOB, BOB_JOB}]  # one lookup for every folder
+    left = 50 - result.rejected
+    assert len(site.left_in_inbox()) == left  # the rest of the flood waits its turn
+
+
+def test_folders_of_ended_jobs_go_after_the_grace_period(site: Site, clock: Clock) -> None:
+    site.register(ALICE, ALICE_JOB)
+    site.register(BOB, BOB_JOB, name="bobs")
+    site.drop(ALICE, "finished", {"reason": "max_epochs", "epoch": 3, "final_metric": 0.9},
+              seq=1, job=ALICE_JOB)  # fmt: skip
+    site.put(BOB, "303", ".0-metric.json.77.tmp", b"")  # an unknown job, a writer that died
+    assert site.drain() == DrainResult(accepted=3)
+    inbox = site.inbox_dir
+    assert {p.name for p in inbox.iterdir()} == {ALICE_JOB, BOB_JOB, "303"}  # grace not over
+    clock.now = 1e10  # long after: Alice's job ended, Bob's runs, nobody knows job 303
+    del site.slurm.jobs[ALICE_JOB]  # Slurm purged it; the store says it finished
+    result = site.drain()
+    assert result == DrainResult(rejected=1)  # the dead writer's dot file, quarantined
+    assert "unknown to Slurm and to icefrog" in site.reasons()[0]
+    site.drain()  # its folder, emptied by the last drain, goes now
+    assert {p.name for p in inbox.iterdir()} == {BOB_JOB}
+
+
+def test_archive_and_ledgers_are_pruned_after_the_retention(site: Site, clock: Clock) -> None:
+    site.register(ALICE, ALICE_JOB)
+    site.register(BOB, BOB_JOB, name="bobs")
+    site.drop(ALICE, "finished", {"reason": "max_epochs", "epoch": 3, "final_metric": 0.9},
+              seq=1, job=ALICE_JOB)  # fmt: skip
+    site.put(BOB, BOB_JOB, "9-metric.json", b"junk")
+    assert site.drain() == DrainResult(accepted=3, rejected=1)
+    clock.now += 29 * DAY  # within the retention: nothing goes
+    site.drain()
+    assert (site.archived("accepted"), site.archived("rejected"), _rows(site)) == (3, 1, (3, 1))
+    clock.now += 2 * DAY
+    site.drop(BOB, "metric", METRIC, seq=2, job=BOB_JOB, name="bobs")
+    assert site.drain() == DrainResult(accepted=1)
+    # Alice's ended job's rows and every old file are gone; Bob's running job keeps its rows
+    assert _rows(site) == (2, 0)
+    assert (site.archived("accepted"), site.archived("rejected")) == (1, 0)
+    with site.inbox.store.transaction() as tx:
+        job = tx.job_by_slurm_id(BOB_JOB)
+        assert job is not None and tx.accepted_count(job_id=job.id) == 2
+    # a replay of Bob's first report is still a duplicate, not a new report
+    site.register(BOB, BOB_JOB, name="bobs")
+    assert site.drain() == DrainResult(duplicates=1)
+    assert os.listdir(site.root / "archive" / "rejected") == []
+
+
+def _rows(site: Site) -> tuple[int, int]:
+    with site.inbox.store.transaction() as tx:
+        return tx.accepted_count(), len(tx.rejected_reports())
