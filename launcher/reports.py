@@ -39,7 +39,9 @@ class Reporter:
         self.job_name = job_name
         self.seq = 1
         if self.enabled:
-            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            Path(inbox).mkdir(parents=True, exist_ok=True)
+            # <job id>, or a token folder of this process when another user took that name
+            self.folder = security.job_folder(inbox, slurm_job_id)
             # reports still waiting in the folder (the controller is slow or down)
             existing = [int(p.name.split("-")[0]) for p in self.folder.glob("*-*.json")]
             self.seq = max(existing, default=0) + 1

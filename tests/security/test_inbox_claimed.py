@@ -162,3 +162,25 @@ def test_on_real_slurm_a_squatter_and_an_untagged_job_get_nowhere(
     finally:
         for job in (bob_job, alice_job):
             cluster.cancel(job_id=job)
+
+
+@pytest.mark.parametrize("what", ["folder", "file"])
+def test_the_trainers_reporter_survives_a_claimed_folder(site: Site, what: str) -> None:
+    """The trainer's own Reporter, run as Bob, used to die at start when Alice held the
+    name (as a file) or to write into her folder's shadow; it reports through a token folder."""
+    from launcher.reports import Reporter
+
+    job = "202"
+    site.slurm.jobs[job] = (site.uids[BOB], True)
+    _squat(site, job, what)
+    _bob_reports(site, job, ("register", spec_payload()))  # icefrog submit, as Bob
+
+    def train() -> Path | None:
+        reporter = Reporter(inbox=str(site.inbox_dir), slurm_job_id=job, job_name="bobs")
+        reporter.send("metric", METRIC)
+        return reporter.send("metric", {**METRIC, "epoch": 2, "value": 0.7})
+
+    path = as_user(BOB, train)
+    assert path is not None and path.parent.name.startswith(f"{job}.")
+    assert site.drain() == DrainResult(accepted=3, rejected=1)
+    assert site.metrics(job) == [0.5, 0.7] and site.left_in_inbox() == []
