@@ -107,8 +107,8 @@ class InboxSettings:
     """At most this many files of one user (the owner of the folder) are read in one pass,
     taken in turn with other users' files: one user's flood cannot starve the others."""
 
-    munge_socket: str = ""
-    """The socket of the munged that decodes credentials. Default: munge's own."""
+    munge_socket: str | None = None
+    """The socket of the munged that decodes credentials; unset: munge's own default."""
 
     munge_retry_s: float = field(default=30.0, metadata=_bounds(exclusive_minimum=0.0))
     """When munged cannot be reached, reports stay in the inbox and munged is asked again

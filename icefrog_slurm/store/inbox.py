@@ -158,7 +158,7 @@ class ReportInbox:
         inbox_dir: str | Path,
         archive_dir: str | Path,
         slurm_jobs: SlurmJobsLookup,
-        munge_socket: str = "",
+        munge_socket: str | None = None,
         decode: Callable[[str], security.DecodedCredential] | None = None,
         clock: Callable[[], float] = time.time,
         max_reports: int = 10000,
@@ -171,9 +171,8 @@ class ReportInbox:
         self.inbox_dir = Path(inbox_dir)
         self.archive_dir = Path(archive_dir)
         self.slurm_jobs = slurm_jobs
-        socket = munge_socket or None
-        self.decode = decode or partial(security.decode, socket=socket)
-        self.munged_answers = partial(security.munged_answers, socket=socket)
+        self.decode = decode or partial(security.decode, socket=munge_socket)
+        self.munged_answers = partial(security.munged_answers, socket=munge_socket)
         self.clock = clock
         self.max_reports = max_reports
         self.max_reports_per_owner = max_reports_per_owner

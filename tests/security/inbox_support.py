@@ -176,7 +176,7 @@ def make_site(store: SqlStore, root: Path, uids: dict[str, int], **options: Any)
         inbox_dir=root / "inbox",
         archive_dir=root / "archive",
         slurm_jobs=slurm,
-        munge_socket=socket or "",
+        munge_socket=socket,
         **{"clock": lambda: 5000.0, **options},
     )
     inbox.prepare()
