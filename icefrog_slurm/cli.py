@@ -8,12 +8,23 @@ SQLAlchemy and ``icefrog launch`` (job side, torch) never loads the controller.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 from collections.abc import Sequence
 
 from icefrog_slurm import __version__
 from icefrog_slurm.errors import IcefrogError
+from icefrog_slurm.jsonio import printable
+
+MAX_MESSAGE = 2000
+"""An error line is cut to this many characters (it may quote hostile input)."""
+PATH_ERRNOS = frozenset(
+    {errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EACCES, errno.EPERM,
+     errno.ENAMETOOLONG, errno.ELOOP}
+)  # fmt: skip
+"""A file error with one of these is a bad path given by the user (exit 2); any other
+(a full disk, an I/O error) exits 1, still as one line naming the file."""
 
 # name -> (module, one-line help). Add a subcommand by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -52,18 +63,29 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, str | No
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; its :class:`IcefrogError` becomes one line on stderr and the
+    error's exit code (2 for bad input; argparse's own errors exit 2 as well)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser, _ = build_parser(args_list)
     args = parser.parse_args(args_list)
     run = getattr(args, "_run", None)
     if run is None:
-        parser.print_help()
-        return 2
+        parser.error("give a COMMAND (icefrog --help lists them)")
     try:
         code: int = run(args)
     except IcefrogError as exc:
-        print(f"icefrog {args.command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _fail(args.command, str(exc), exc.exit_code)
+    except OSError as exc:
+        if exc.filename is None:  # not about a path the user gave: a bug, let it show
+            raise
+        where = f"{exc.filename}" + ("" if exc.filename2 is None else f" -> {exc.filename2}")
+        code = 2 if exc.errno in PATH_ERRNOS else 1
+        return _fail(args.command, f"{where}: {exc.strerror or exc}", code)
     except KeyboardInterrupt:
         return 130
+    return code
+
+
+def _fail(command: str, message: str, code: int) -> int:
+    print(f"icefrog {command}: error: {printable(message, MAX_MESSAGE)}", file=sys.stderr)
     return code

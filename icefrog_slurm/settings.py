@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from icefrog_slurm import jsonio
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.userfiles import read_text
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 SlurmBackendName = Literal["cli", "pyslurm"]
@@ -290,16 +291,27 @@ class Settings:
         object.__setattr__(self, "inbox", inbox)
 
 
+MAX_SETTINGS_BYTES = 1024 * 1024
+"""Largest settings file read (the example with every field is under 20 KB)."""
+
+
 def load_settings(path: str | Path) -> Settings:
-    """Read and check one TOML settings file."""
+    """Read and check one TOML settings file; every fault of the file (missing, a folder,
+    unreadable, too large, not UTF-8, not TOML, nested too deep) is an InputError naming it."""
+    name = jsonio.printable(str(path), 200)
+    text = read_text(path, limit=MAX_SETTINGS_BYTES, kind="settings file")
+    return settings_from_mapping(_parse_toml(text, name), where=name)
+
+
+def _parse_toml(text: str, name: str) -> dict[str, Any]:
     try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path}: not valid TOML: {exc}") from None
-    return settings_from_mapping(data, where=str(path))
+        raise InputError(f"{name}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise InputError(f"{name}: not valid TOML: nested too deep") from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise InputError(f"{name}: not valid TOML: a number too long to read") from None
 
 
 def settings_from_mapping(data: Mapping[str, Any], *, where: str = "settings") -> Settings:
@@ -346,12 +358,12 @@ def _value(hint: Any, data: Mapping[str, Any], f: dataclasses.Field[Any], where:
         return jsonio.get_bool(data, name, where)
     if hint is int:
         low, high = bounds.get("minimum"), bounds.get("maximum")
-        return jsonio.get_int(
+        return jsonio.get_int(  # within 64 bits even where the field sets no bound
             data,
             name,
             where,
-            minimum=None if low is None else int(low),
-            maximum=None if high is None else int(high),
+            minimum=jsonio.INT_MIN if low is None else int(low),
+            maximum=jsonio.INT_MAX if high is None else int(high),
         )
     if hint is float:
         return jsonio.get_number(data, name, where, **bounds)
@@ -388,7 +400,7 @@ def apply_overrides(settings: Settings, pairs: Sequence[str]) -> Settings:
 def _toml_value(text: str) -> Any:
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError):  # not a TOML value: text
         return text
 
 
