@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -114,16 +113,16 @@ def make_policy(name: str) -> Policy:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.gpus < 1 or args.gpus_per_node < 1 or args.gpus % args.gpus_per_node:
-        raise InputError("--gpus must be a positive multiple of --gpus-per-node")
-    if args.seed < 0:
-        raise InputError(f"--seed: must be >= 0, got {args.seed}")
+    options = SimOptions(
+        gpus=args.gpus, gpus_per_node=args.gpus_per_node, seed=args.seed,
+        freeze=not args.no_freeze, share=not args.no_share,
+        profile_noise=args.profile_noise, share_noise=args.share_noise,
+    )  # fmt: skip
+    options.check()
     if not args.workload.is_file():
-        raise InputError(f"--workload: no file {args.workload}")
-    for name in ("profile_noise", "share_noise"):
-        value = getattr(args, name)
-        if value is not None and not (value >= 0 and math.isfinite(value)):
-            raise InputError(f"--{name.replace('_', '-')}: must be >= 0, got {value}")
+        what = "is a folder" if args.workload.is_dir() else "no such file"
+        raise InputError(f"--workload {args.workload}: {what}")
+    _make_folder(args.out)
     settings = load_settings(args.config) if args.config else Settings()
     settings = apply_overrides(settings, args.set)
     if args.no_large_models:
@@ -131,11 +130,6 @@ def run(args: argparse.Namespace) -> int:
     policies = _policies(args.policy)
     catalog = shipped_catalog()
     workload = read_workload(args.workload, catalog)
-    options = SimOptions(
-        gpus=args.gpus, gpus_per_node=args.gpus_per_node, seed=args.seed,
-        freeze=not args.no_freeze, share=not args.no_share,
-        profile_noise=args.profile_noise, share_noise=args.share_noise,
-    )  # fmt: skip
     results: list[SimResult] = []
     for policy in policies:
         fixed = args.batch == "fixed" or (
@@ -159,6 +153,14 @@ def run(args: argparse.Namespace) -> int:
     note = "" if plots else " (no plots: install the `sim` extra for matplotlib)"
     print(f"wrote {path}{note}")
     return 0
+
+
+def _make_folder(out: Path) -> None:
+    """The results folder, made before anything runs (a file in its way fails at once)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot make the folder: {exc.strerror or exc}") from None
 
 
 def adapts_batch(policy: str, settings: Settings) -> bool:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.limits import MAX_SEED
 from icefrog_slurm.sim.calibration import shipped_calibration
 from icefrog_slurm.sim.catalog import shipped_catalog
 from icefrog_slurm.sim.trace import BASE_JOBS, parse_hours, read_philly, sample_workload, sidecar
@@ -38,14 +40,16 @@ def run(args: argparse.Namespace) -> int:
     hours = parse_hours(args.hours)
     if args.jobs < 1:
         raise InputError(f"--jobs: must be >= 1, got {args.jobs}")
-    if not args.load > 0:
-        raise InputError(f"--load: must be > 0, got {args.load}")
-    if args.seed < 0:
-        raise InputError(f"--seed: must be >= 0, got {args.seed}")
+    if not (math.isfinite(args.load) and args.load > 0):
+        raise InputError(f"--load: must be a finite number > 0, got {args.load}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise InputError(f"--seed: must be within [0, {MAX_SEED}], got {args.seed}")
     if args.out.suffix != ".csv":
         raise InputError(f"--out: must end in .csv, got {args.out}")
     if not args.out.parent.is_dir():
         raise InputError(f"--out: folder {args.out.parent} does not exist")
+    if args.out.is_dir():
+        raise InputError(f"--out: {args.out} is a folder")
     catalog = shipped_catalog()
     calibration = shipped_calibration()
     names = [catalog.resolve(t.strip()) for t in args.tasks.split(",") if t.strip()]

@@ -19,6 +19,7 @@ when it restarts.
 
 from __future__ import annotations
 
+import math
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from sqlalchemy import event
 from icefrog_slurm.controller.daemon import Controller, TickReport
 from icefrog_slurm.controller.plan import Policy
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.limits import MAX_CLUSTER_GPUS, MAX_GPUS_PER_NODE, MAX_SEED
 from icefrog_slurm.protocol import Decision
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.sim.calibration import shipped_calibration
@@ -51,6 +53,10 @@ from icefrog_slurm.store import migrate
 from icefrog_slurm.store.sql import SqlStore
 
 SIM_UID = 1000
+MIN_ROUND_S = 1.0
+"""Shortest simulated round (a shorter one makes a simulation of days take forever)."""
+MIN_POLL_S = 0.1
+"""Shortest simulated wait while reconcile waits for checkpoints."""
 
 
 class SimClock:
@@ -98,6 +104,27 @@ class SimOptions:
     profile_noise: float = PROFILE_TIME_NOISE  # sd of log noise on each profiled time
     share_noise: float | None = None  # sd on peak memory (log) and utilisation; None: truth's
 
+    def check(self) -> None:
+        """InputError naming the option out of range (the command-line names)."""
+        if not 1 <= self.gpus_per_node <= MAX_GPUS_PER_NODE:
+            raise InputError(
+                f"--gpus-per-node: must be within [1, {MAX_GPUS_PER_NODE}], "
+                f"got {self.gpus_per_node}"
+            )
+        if not 1 <= self.gpus <= MAX_CLUSTER_GPUS or self.gpus % self.gpus_per_node:
+            raise InputError(
+                f"--gpus {self.gpus}: must be a multiple of --gpus-per-node {self.gpus_per_node} "
+                f"within [1, {MAX_CLUSTER_GPUS}]"
+            )
+        if not 0 <= self.seed <= MAX_SEED:
+            raise InputError(f"--seed: must be within [0, {MAX_SEED}], got {self.seed}")
+        for name, sd in (
+            ("--profile-noise", self.profile_noise),
+            ("--share-noise", self.share_noise),
+        ):
+            if sd is not None and not (math.isfinite(sd) and sd >= 0):
+                raise InputError(f"{name}: must be a finite number >= 0, got {sd}")
+
     def noise(self) -> ProfileNoise:
         """The noise on the jobs' profile samples (the throughput-model noise ablation)."""
         memory = MEMORY_NOISE if self.share_noise is None else self.share_noise
@@ -142,12 +169,9 @@ class Engine:
         truths: dict[str, TaskTruth] | None = None,
         store_dir: str | None = None,
     ) -> None:
-        if options.gpus < 1 or options.gpus_per_node < 1 or options.gpus % options.gpus_per_node:
-            raise InputError(
-                f"--gpus {options.gpus} must be a positive multiple of --gpus-per-node "
-                f"{options.gpus_per_node}"
-            )
-        self.noise = options.noise()  # checked before anything starts
+        options.check()  # before anything starts
+        _check_steps(settings)
+        self.noise = options.noise()
         self.catalog = catalog or shipped_catalog()
         self.truths = truths or build_truths(self.catalog, shipped_calibration(), seed=options.seed)
         self.settings, self.options, self.policy = settings, options, policy
@@ -203,7 +227,10 @@ class Engine:
                     if progress is not None:
                         progress(self.clock.now(), sum(j.done for j in self.jobs), total)
                 self.cluster.schedule()
-                self._advance(self._next_time(report, last_round), result)
+                until = self._next_time(report, last_round)
+                if not until > self.clock.now():  # a float clock this large cannot move
+                    raise InputError(f"simulated time cannot advance past {until:g} s")
+                self._advance(until, result)
         finally:
             self.close()
         result.jobs = [j.outcome for j in self.jobs] + [
@@ -384,6 +411,21 @@ class Engine:
                     tx.set_progress(job_id=job_id, progress=rep.progress, sent_time=now)
                 if rep.finished is not None:
                     tx.mark_finished(job_id=job_id, report=rep.finished, now=now)
+
+
+def _check_steps(settings: Settings) -> None:
+    """Rounds and reconcile polls long enough that a simulation of ``max_sim_s`` ends."""
+    c = settings.controller
+    if c.round_period_s < MIN_ROUND_S:
+        raise InputError(
+            f"controller.round_period_s: the simulator needs >= {MIN_ROUND_S:g} s, "
+            f"got {c.round_period_s:g}"
+        )
+    if c.reconcile_poll_s < MIN_POLL_S:
+        raise InputError(
+            f"controller.reconcile_poll_s: the simulator needs >= {MIN_POLL_S:g} s, "
+            f"got {c.reconcile_poll_s:g}"
+        )
 
 
 def _no_fsync(store: SqlStore) -> None:

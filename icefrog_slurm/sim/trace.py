@@ -18,7 +18,9 @@ task's legal GPU counts (the original is kept in the mapping).
 from __future__ import annotations
 
 import csv
+import io
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -29,11 +31,13 @@ import numpy as np
 
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.sim.catalog import Catalog, Task
-from icefrog_slurm.sim.workload import Job
+from icefrog_slurm.sim.workload import MAX_CSV_BYTES, Job
+from icefrog_slurm.userfiles import read_text
 
 MIN_DURATION_S = 60.0
 MAX_GPU_TIME_S = 1000 * 3600.0
 BASE_JOBS = 120  # 1x load (spec section 12)
+_HOURS = re.compile(r"^\s*(\d{1,2})\s*-\s*(\d{1,2})\s*$", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -65,20 +69,18 @@ class Mapped:
 
 def read_philly(path: str | Path) -> list[PhillyJob]:
     """Parse philly.csv (``timestamp,duration,num_gpus,gpu_time,cluster``)."""
+    text = read_text(path, limit=MAX_CSV_BYTES, kind="CSV file")
     jobs = []
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            need = ("timestamp", "duration", "num_gpus", "gpu_time")
-            missing = [c for c in need if c not in (reader.fieldnames or ())]
-            if missing:
-                raise InputError(f"{path}: missing column(s) {', '.join(missing)}")
-            for line, rec in enumerate(reader, start=2):
-                jobs.append(_philly_row(rec, line, f"{path}:{line}"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not a text CSV: {exc}") from None
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        need = ("timestamp", "duration", "num_gpus", "gpu_time")
+        missing = [c for c in need if c not in (reader.fieldnames or ())]
+        if missing:
+            raise InputError(f"{path}: missing column(s) {', '.join(missing)}")
+        for line, rec in enumerate(reader, start=2):
+            jobs.append(_philly_row(rec, line, f"{path}:{line}"))
+    except csv.Error as exc:
+        raise InputError(f"{path}: not a readable CSV: {exc}") from None
     if not jobs:
         raise InputError(f"{path}: no jobs")
     return jobs
@@ -98,10 +100,10 @@ def _philly_row(rec: Mapping[str, str], line: int, where: str) -> PhillyJob:
 
 def parse_hours(text: str) -> tuple[int, int]:
     """``"3-6"`` -> (3, 6): hours of the day, first inclusive, last exclusive."""
-    parts = text.split("-")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+    match = _HOURS.match(text)
+    if match is None:
         raise InputError(f"--hours: must be FIRST-LAST hours of the day, e.g. 3-6, got {text!r}")
-    first, last = int(parts[0]), int(parts[1])
+    first, last = int(match.group(1)), int(match.group(2))
     if not 0 <= first < last <= 24:
         raise InputError(f"--hours: need 0 <= first < last <= 24, got {text!r}")
     return first, last

@@ -10,15 +10,21 @@ the trace start, application a catalog task or a Pollux application name (an ali
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.limits import MAX_JOB_GPUS, MAX_SUBMIT_S
+from icefrog_slurm.protocol import INT32_MAX
 from icefrog_slurm.sim.catalog import Catalog
+from icefrog_slurm.userfiles import read_text
 
 COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
+MAX_CSV_BYTES = 256 * 1024 * 1024
+"""Largest workload or trace CSV read (Philly's whole trace is 3.4 MB)."""
 
 
 @dataclass(frozen=True)
@@ -34,14 +40,12 @@ class Job:
 
 def read_workload(path: str | Path, catalog: Catalog) -> list[Job]:
     """Read a Pollux-format workload CSV; every error names the file, row and column."""
+    text = read_text(path, limit=MAX_CSV_BYTES, kind="CSV file")
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            header = tuple(reader.fieldnames or ())
-            rows = list(reader)
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (UnicodeDecodeError, csv.Error) as exc:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        header = tuple(reader.fieldnames or ())
+        rows = list(reader)
+    except csv.Error as exc:
         raise InputError(f"{path}: not a readable CSV: {exc}") from None
     missing = [c for c in COLUMNS if c not in header]
     if missing:
@@ -50,8 +54,8 @@ def read_workload(path: str | Path, catalog: Catalog) -> list[Job]:
     for i, row in enumerate(rows, start=2):
         where = f"{path}:{i}"
         name = (row["name"] or "").strip()
-        if not name or name in names:
-            raise InputError(f"{where}: name {name!r} is empty or repeated")
+        if not name or name in names or not name.isprintable():
+            raise InputError(f"{where}: name {name!r} is empty, repeated or not printable")
         names.add(name)
         try:
             task = catalog.resolve((row["application"] or "").strip())
@@ -60,10 +64,10 @@ def read_workload(path: str | Path, catalog: Catalog) -> list[Job]:
         jobs.append(
             Job(
                 name=name,
-                submit_s=_number(row["time"], f"{where}: time"),
+                submit_s=_number(row["time"], f"{where}: time", maximum=MAX_SUBMIT_S),
                 task=task,
-                gpus=_positive_int(row["num_replicas"], f"{where}: num_replicas"),
-                batch_size=_positive_int(row["batch_size"], f"{where}: batch_size"),
+                gpus=_positive_int(row["num_replicas"], f"{where}: num_replicas", MAX_JOB_GPUS),
+                batch_size=_positive_int(row["batch_size"], f"{where}: batch_size", INT32_MAX),
             )
         )
     if not jobs:
@@ -88,21 +92,27 @@ def by_task(jobs: Sequence[Job]) -> dict[str, int]:
     return out
 
 
-def _number(text: str | None, where: str) -> float:
+def _number(text: str | None, where: str, *, maximum: float) -> float:
     try:
         value = float(text or "")
     except ValueError:
-        raise InputError(f"{where}: must be a number, got {text!r}") from None
+        raise InputError(f"{where}: must be a number, got {_cut(text)}") from None
     if not math.isfinite(value) or value < 0:
-        raise InputError(f"{where}: must be a finite number >= 0, got {text!r}")
+        raise InputError(f"{where}: must be a finite number >= 0, got {_cut(text)}")
+    if value > maximum:
+        raise InputError(f"{where}: must be <= {maximum:g}, got {_cut(text)}")
     return value
 
 
-def _positive_int(text: str | None, where: str) -> int:
-    try:
-        value = int(text or "")
-    except ValueError:
-        raise InputError(f"{where}: must be an integer, got {text!r}") from None
-    if value < 1:
-        raise InputError(f"{where}: must be >= 1, got {value}")
-    return value
+def _positive_int(text: str | None, where: str, maximum: int) -> int:
+    raw = (text or "").strip()
+    if not (raw.isascii() and raw.isdigit()):
+        raise InputError(f"{where}: must be an integer >= 1, got {_cut(text)}")
+    if len(raw) > 19 or not 1 <= int(raw) <= maximum:
+        raise InputError(f"{where}: must be within [1, {maximum}], got {_cut(text)}")
+    return int(raw)
+
+
+def _cut(text: str | None) -> str:
+    """A cell quoted for an error message, cut to a readable length."""
+    return repr(text if text is None or len(text) <= 40 else text[:40] + "...")
