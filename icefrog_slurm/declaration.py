@@ -21,8 +21,10 @@ from typing import Literal
 
 from icefrog_slurm.core.parallelism import DDP, Kind, Parallelism, parse_parallelism
 from icefrog_slurm.errors import InputError
-from icefrog_slurm.protocol import MAX_GLOBAL_BATCH, JobSpec
+from icefrog_slurm.limits import MAX_JOB_GPUS
+from icefrog_slurm.protocol import INT32_MAX, MAX_GLOBAL_BATCH, JobSpec
 
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$", re.ASCII)
 _TARGET = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(>=|<=)\s*(\S+)\s*$")
 
 
@@ -61,16 +63,23 @@ def parse_target(text: str) -> Target:
     return Target(metric=name, op=">=" if op == ">=" else "<=", value=value)
 
 
-def parse_range(text: str, name: str, minimum: int = 1) -> tuple[int, int]:
-    """Parse ``N`` or ``LO-HI`` into ``(lo, hi)`` with ``minimum <= lo <= hi``."""
-    parts = text.strip().split("-")
-    if not 1 <= len(parts) <= 2 or not all(p.strip().isdigit() for p in parts):
+def parse_range(
+    text: str, name: str, minimum: int = 1, maximum: int = INT32_MAX
+) -> tuple[int, int]:
+    """Parse ``N`` or ``LO-HI`` into ``(lo, hi)`` with ``minimum <= lo <= hi <= maximum``."""
+    match = _RANGE.match(text)
+    if match is None:
         raise InputError(f"--{name}: {text!r}: expected N or LO-HI (e.g. 1-8)")
-    lo, hi = int(parts[0]), int(parts[-1])
+    if any(len(part) > 12 for part in match.groups("")):
+        raise InputError(f"--{name}: {text[:40]!r}: must be <= {maximum}")
+    lo = int(match.group(1))
+    hi = lo if match.group(2) is None else int(match.group(2))
     if lo < minimum:
         raise InputError(f"--{name}: {text!r}: must be >= {minimum}")
     if hi < lo:
         raise InputError(f"--{name}: {text!r}: {hi} is smaller than {lo}")
+    if hi > maximum:
+        raise InputError(f"--{name}: {text!r}: must be <= {maximum}")
     return lo, hi
 
 
@@ -119,8 +128,10 @@ class Declaration:
     def validate(self) -> None:
         if not 0.0 <= self.max_frozen <= 1.0:
             raise InputError(f"--max-frozen: must be within [0, 1], got {self.max_frozen}")
-        if self.max_epochs < 1:
-            raise InputError(f"--max-epochs: must be >= 1, got {self.max_epochs}")
+        if not 1 <= self.max_epochs <= INT32_MAX:
+            raise InputError(
+                f"--max-epochs: must be within [1, {INT32_MAX}], got {self.max_epochs}"
+            )
         if not 0 <= self.global_batch <= MAX_GLOBAL_BATCH:
             raise InputError(
                 f"--global-batch: must be within [0, {MAX_GLOBAL_BATCH}] (0: free), "
@@ -207,7 +218,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace) -> Declaration:
     """The validated declaration of parsed :func:`add_arguments` options."""
-    gpus = parse_range(args.gpus, "gpus")
+    gpus = parse_range(args.gpus, "gpus", maximum=MAX_JOB_GPUS)
     declaration = Declaration(
         gpus=gpus,
         batch=parse_range(args.batch, "batch"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from typing import Any
 
@@ -24,11 +25,21 @@ from icefrog_slurm.core.solver import (
     solve,
 )
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.limits import MAX_CLUSTER_GPUS, MAX_GPUS_PER_NODE, MAX_JOB_GPUS
 
 TOP = ("gpus", "gpus_per_node", "gpu_mem_gb", "nodes", "max_jobs_per_gpu", "mem_safety", "jobs")
 JOB = ("id", "weight", "current", "options")
 CURRENT = ("gpus", "shared", "nodes")
 OPTION = ("gpus", "tta_s", "shared", "util", "mem_gb")
+MAX_TTA_S = 1e9
+"""Longest time to accuracy, seconds (about 30 years): larger figures only break the
+solver's arithmetic."""
+MAX_WEIGHT = 1e6
+"""Largest job weight."""
+MAX_MEM_GB = 1e6
+"""Largest GPU memory, GB."""
+MAX_WORKERS = 256
+"""Most solver processes."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,8 +72,8 @@ def _option(raw: Any, where: str) -> Option:
     jsonio.reject_unknown(obj, OPTION, where)
     shared = jsonio.get_bool(obj, "shared", where, default=False)
     return Option(
-        gpus=jsonio.get_int(obj, "gpus", where, minimum=1, maximum=1 if shared else None),
-        tta_s=jsonio.get_number(obj, "tta_s", where, exclusive_minimum=0),
+        gpus=jsonio.get_int(obj, "gpus", where, minimum=1, maximum=1 if shared else MAX_JOB_GPUS),
+        tta_s=jsonio.get_number(obj, "tta_s", where, exclusive_minimum=0, maximum=MAX_TTA_S),
         shared=shared,
         util=jsonio.get_number(
             obj, "util", where, minimum=0, maximum=1, default=None if shared else 0.0
@@ -76,10 +87,11 @@ def _current(raw: Any, where: str) -> Allocation:
     jsonio.reject_unknown(obj, CURRENT, where)
     nodes = jsonio.expect_object(obj.get("nodes", {}), f"{where}.nodes")
     return Allocation(
-        gpus=jsonio.get_int(obj, "gpus", where, minimum=0),
+        gpus=jsonio.get_int(obj, "gpus", where, minimum=0, maximum=MAX_JOB_GPUS),
         shared=jsonio.get_bool(obj, "shared", where, default=False),
         nodes=tuple(
-            (name, jsonio.get_int(nodes, name, f"{where}.nodes", minimum=1)) for name in nodes
+            (name, jsonio.get_int(nodes, name, f"{where}.nodes", minimum=1, maximum=MAX_JOB_GPUS))
+            for name in nodes
         ),
     )
 
@@ -92,7 +104,9 @@ def _job(raw: Any, where: str) -> JobRequest:
     try:
         return JobRequest(
             id=job_id,
-            weight=jsonio.get_number(obj, "weight", where, default=1.0, exclusive_minimum=0),
+            weight=jsonio.get_number(
+                obj, "weight", where, default=1.0, exclusive_minimum=0, maximum=MAX_WEIGHT
+            ),
             current=_current(obj["current"], f"{where}.current") if "current" in obj else None,
             options=tuple(_option(o, f"{where}.options[{i}]") for i, o in enumerate(options)),
         )
@@ -102,6 +116,13 @@ def _job(raw: Any, where: str) -> JobRequest:
         raise InputError(
             f"{where} ({job_id}): {str(exc).removeprefix(f'job {job_id}: ')}"
         ) from None
+
+
+def _node_names(raw: list[Any]) -> tuple[str, ...]:
+    for i, name in enumerate(raw):
+        if not isinstance(name, str) or not name:
+            raise InputError(f"nodes[{i}]: must be a non-empty string")
+    return tuple(raw)
 
 
 def parse_problem(doc: Any) -> Problem:
@@ -119,10 +140,10 @@ def parse_problem(doc: Any) -> Problem:
         seen[job.id] = i
     names = jsonio.get_list(obj, "nodes", required=False)
     cluster = Cluster(
-        gpus=jsonio.get_int(obj, "gpus", minimum=0),
-        gpus_per_node=jsonio.get_int(obj, "gpus_per_node", minimum=1),
-        gpu_mem_gb=jsonio.get_number(obj, "gpu_mem_gb", exclusive_minimum=0),
-        nodes=tuple(str(n) for n in names),
+        gpus=jsonio.get_int(obj, "gpus", minimum=0, maximum=MAX_CLUSTER_GPUS),
+        gpus_per_node=jsonio.get_int(obj, "gpus_per_node", minimum=1, maximum=MAX_GPUS_PER_NODE),
+        gpu_mem_gb=jsonio.get_number(obj, "gpu_mem_gb", exclusive_minimum=0, maximum=MAX_MEM_GB),
+        nodes=_node_names(names),
         max_jobs_per_gpu=jsonio.get_int(obj, "max_jobs_per_gpu", default=2, minimum=1, maximum=2),
         mem_safety=jsonio.get_number(obj, "mem_safety", default=1.1, minimum=1.0),
     )
@@ -138,7 +159,19 @@ def _fragmentation_notes(final: Problem) -> list[str]:
     ]
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    if not (math.isfinite(args.time_limit) and args.time_limit > 0):
+        raise InputError(f"--time-limit: must be a finite number > 0, got {args.time_limit}")
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise InputError(f"--workers: must be within [1, {MAX_WORKERS}], got {args.workers}")
+    if not 0 <= args.partition_gpus <= MAX_CLUSTER_GPUS:
+        raise InputError(
+            f"--partition-gpus: must be within [0, {MAX_CLUSTER_GPUS}], got {args.partition_gpus}"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
+    _check_options(args)
     problem = parse_problem(jsonio.load_json_file(args.file))
     settings = SolverSettings(
         method=args.solver,

@@ -121,6 +121,19 @@ def _launcher_env() -> dict[str, str]:
     return env
 
 
+def _write_script(workdir: Path, text: str) -> Path:
+    """The batch script in the job's folder (made when missing)."""
+    path = workdir / SCRIPT_NAME
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as exc:
+        raise InputError(
+            f"--workdir {workdir}: cannot write {SCRIPT_NAME}: {exc.strerror}"
+        ) from None
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
     script = list(args.script)
     if script and script[0] == "--":
@@ -134,7 +147,6 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.isdir(inbox):
         raise InputError(f"inbox {inbox}: no such folder (is the controller set up? see --config)")
     workdir = Path(os.path.abspath(args.workdir or name))
-    workdir.mkdir(parents=True, exist_ok=True)
     if not Path(script[0]).is_absolute() and Path(script[0]).is_file():
         script[0] = os.path.abspath(script[0])
     launch = [sys.executable, "-m", "icefrog_slurm", "launch", *declared.launch_options()]
@@ -142,8 +154,7 @@ def run(args: argparse.Namespace) -> int:
     launch += [f"--seed={args.seed}", "--", *script]
     key = uuid.uuid4().hex[:12]
     header = f"# icefrog job {name} (key {key}), written by icefrog submit\n"
-    path = workdir / SCRIPT_NAME
-    path.write_text(batch_script(launch=launch, env=_launcher_env(), header=header))
+    path = _write_script(workdir, batch_script(launch=launch, env=_launcher_env(), header=header))
     request = SubmitRequest(
         script=str(path),
         tag=IcefrogTag(key=key),

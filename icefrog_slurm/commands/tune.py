@@ -32,7 +32,8 @@ from icefrog_slurm.jsonio import (
     number_list,
     reject_unknown,
 )
-from icefrog_slurm.protocol import ProfileSample
+from icefrog_slurm.limits import MAX_JOB_GPUS
+from icefrog_slurm.protocol import INT32_MAX, MAX_LAYERS, ProfileSample
 
 FIELDS = (
     "layers",
@@ -48,7 +49,10 @@ FIELDS = (
     "layer_param_bytes",
 )
 ENTRY_FIELDS = ("gpus", "batch", "frozen", "samples_per_s")
-MAX_LAYERS = 4096
+MAX_CHOICES = 1024
+"""Most batch sizes, and most measured entries, a document may list."""
+MAX_RATE = 1e12
+"""Highest measured samples a second (a model fitted to more loses its precision)."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,7 @@ def parse_request(data: Any) -> TuneRequest:
         maximum=num_layers,
     )  # fmt: skip
     candidates = _candidates(doc, table, max_frozen)
-    gpus = get_int(doc, "gpus", minimum=1)
+    gpus = get_int(doc, "gpus", minimum=1, maximum=MAX_JOB_GPUS)
     shared = get_bool(doc, "shared", default=False)
     if shared and gpus != 1:
         raise InputError(f"shared: only a 1-GPU job may share a GPU (gpus is {gpus})")
@@ -167,24 +171,30 @@ def _batch_sizes(doc: JsonObject) -> tuple[int, ...]:
     raw = get_list(doc, "batch_sizes")
     if not raw:
         raise InputError("batch_sizes: must not be empty")
-    return tuple(sorted(set(int_list(raw, "batch_sizes", minimum=1))))
+    if len(raw) > MAX_CHOICES:
+        raise InputError(f"batch_sizes: at most {MAX_CHOICES} sizes, has {len(raw)}")
+    return tuple(sorted(set(int_list(raw, "batch_sizes", minimum=1, maximum=INT32_MAX))))
 
 
 def _measured(doc: JsonObject, num_layers: int) -> dict[tuple[int, int, int], float]:
     raw = get_list(doc, "throughput")
     if not raw:
         raise InputError("throughput: needs at least one measured entry")
+    if len(raw) > MAX_CHOICES:
+        raise InputError(f"throughput: at most {MAX_CHOICES} entries, has {len(raw)}")
     out: dict[tuple[int, int, int], float] = {}
     for i, item in enumerate(raw):
         where = f"throughput[{i}]"
         entry = expect_object(item, where)
         reject_unknown(entry, ENTRY_FIELDS, where)
         key = (
-            get_int(entry, "gpus", where, minimum=1),
-            get_int(entry, "batch", where, minimum=1),
+            get_int(entry, "gpus", where, minimum=1, maximum=MAX_JOB_GPUS),
+            get_int(entry, "batch", where, minimum=1, maximum=INT32_MAX),
             get_int(entry, "frozen", where, minimum=0, maximum=num_layers),
         )
         if key in out:
             raise InputError(f"{where}: a second entry for gpus/batch/frozen {key}")
-        out[key] = get_number(entry, "samples_per_s", where, exclusive_minimum=0.0)
+        out[key] = get_number(
+            entry, "samples_per_s", where, exclusive_minimum=0.0, maximum=MAX_RATE
+        )
     return out

@@ -138,6 +138,7 @@ def parse_parallelism(text: str, unit: int = 1) -> tuple[Parallelism, int]:
 
 
 def _count(raw: str, text: str, form: str) -> int:
-    if not raw.strip().isdigit() or int(raw) < 1:
+    raw = raw.strip()
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 9 or int(raw) < 1:
         raise InputError(f"--parallelism: {text!r}: expected {form} with positive integers")
     return int(raw)
