@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, replace
@@ -25,6 +24,7 @@ from icefrog_slurm.protocol import MAX_REPORT_BYTES, Envelope
 from icefrog_slurm.store.inbox import DrainResult, ReportInbox, SlurmJobFacts
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.store.helpers import spec
+from tests.security.inbox_support import as_user
 from tests.support.munge import USERS, ensure_munged, ensure_users
 
 ALICE, BOB = USERS
@@ -247,28 +247,11 @@ def test_a_failing_slurm_lookup_leaves_reports_for_the_next_pass(site: Site) -> 
     assert site.drain() == DrainResult(accepted=1)
 
 
-JOB_SIDE = """
-import json, sys
-from icefrog_slurm.protocol import Envelope
-from icefrog_slurm.security import drop_report, sign
-inbox, job, payload = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-print(drop_report(inbox, sign(Envelope(1, "register", job, "cnn", 0, 1.0, payload))))
-"""
-
-
 def test_the_job_side_writer_run_as_the_user_is_accepted(
     store: SqlStore, uids: dict[str, int]
 ) -> None:
-    """End to end: the job side's own code, run as Alice, drops a report the inbox accepts."""
-    python = shutil.which("python3", path="/usr/bin:/usr/local/bin")
-    repo = Path(__file__).resolve().parents[3]
-    probe = subprocess.run(
-        ["runuser", "-u", ALICE, "--", str(python), "-c", "import icefrog_slurm.security"],
-        env={**os.environ, "PYTHONPATH": str(repo)},
-        capture_output=True,
-    )
-    if python is None or probe.returncode != 0:
-        pytest.skip(f"{ALICE} cannot run the checkout's code with a system python3 here")
+    """End to end: the job side's own code, run as Alice (a forked child that dropped to her
+    uid), signs and drops a report the inbox accepts."""
     base = Path(tempfile.mkdtemp(prefix="icefrog-inbox-"))
     try:
         base.chmod(0o755)
@@ -279,25 +262,8 @@ def test_the_job_side_writer_run_as_the_user_is_accepted(
             slurm_jobs=slurm_table({ALICE_JOB: uids[ALICE]}),
         )
         inbox.prepare()
-        written = subprocess.run(
-            [
-                "runuser",
-                "-u",
-                ALICE,
-                "--",
-                str(python),
-                "-c",
-                JOB_SIDE,
-                str(base / "inbox"),
-                ALICE_JOB,
-                json.dumps(_spec_payload()),
-            ],
-            env={**os.environ, "PYTHONPATH": str(repo)},
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        path = Path(written.stdout.strip())
+        env = Envelope(1, "register", ALICE_JOB, "cnn", 0, 1.0, _spec_payload())
+        path = as_user(ALICE, lambda: security.drop_report(base / "inbox", security.sign(env)))
         assert (
             oct(path.parent.stat().st_mode & 0o777) == "0o700" and path.stat().st_uid == uids[ALICE]
         )
