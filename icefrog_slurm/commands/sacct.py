@@ -48,14 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _window(args: argparse.Namespace, t: float) -> tuple[float | None, float]:
-    if args.starttime:
+    if args.starttime is not None:
         start: float | None = parse_time(args.starttime, now=t, option="--starttime")
-    elif args.jobs:
+    elif args.jobs is not None:
         start = None
     else:
         midnight = datetime.fromtimestamp(t).replace(hour=0, minute=0, second=0, microsecond=0)
         start = midnight.timestamp()
-    end = parse_time(args.endtime, now=t, option="--endtime") if args.endtime else t
+    end = t if args.endtime is None else parse_time(args.endtime, now=t, option="--endtime")
     return start, end
 
 
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     t = storeargs.now()
     start, end = _window(args, t)
     flt = JobFilter(
-        users=parse_users(args.user),
+        users=parse_users(args.user, option="--user"),
         ids=parse_ids(args.jobs, option="--jobs"),
         states=parse_states(args.state, option="--state"),
         start=start,

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     columns = parse_format(args.format, field_index(squeue.FIELDS), option="--format")
     flt = JobFilter(
-        users=parse_users(args.user),
+        users=parse_users(args.user, option="--user"),
         ids=parse_ids(args.jobs, option="--jobs"),
         states=(
             frozenset(ACTIVE_STATES)

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from icefrog_slurm.commands.db import DEFAULT_CONFIG, database_url, sqlite_file
-from icefrog_slurm.errors import IcefrogError
+from icefrog_slurm.errors import InputError
 from icefrog_slurm.store.sql import SqlStore
 
 
@@ -34,7 +34,7 @@ def open_store(args: argparse.Namespace) -> SqlStore:
     url = database_url(args)
     path = sqlite_file(url)
     if path is not None and not path.is_file():
-        raise IcefrogError(
+        raise InputError(
             f"no state store at {path}: give --db or --config, "
             "or create it with `icefrog db upgrade`"
         )

@@ -18,7 +18,8 @@ from icefrog_slurm.errors import InputError
 from icefrog_slurm.report.jobs import JOB_STATES_SHOWN, end_or_now, state_aliases
 from icefrog_slurm.store.records import JobRecord
 
-_JOB_ID = re.compile(r"^\d{1,18}(?:_\d{1,9})?$")
+_JOB_ID = re.compile(r"^\d{1,18}(?:_\d{1,9})?$", re.ASCII)
+_USER = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.@-]{0,63}\$?$", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,24 @@ class JobFilter:
         return self.start is None or end_or_now(job, now) >= self.start
 
 
-def _items(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
+def _items(text: str | None, option: str) -> list[str]:
+    """The comma list of an option; None (not given) is empty, a given list must name one
+    item at least (``-u ''`` is an error, never "everyone")."""
+    if text is None:
+        return []
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise InputError(f"{option}: {text!r}: give at least one item")
+    return items
 
 
-def parse_users(text: str | None) -> frozenset[str]:
-    return frozenset(_items(text)) if text else frozenset()
+def parse_users(text: str | None, *, option: str) -> frozenset[str]:
+    """User names or numeric uids (the characters a POSIX user name may hold)."""
+    users = _items(text, option)
+    for user in users:
+        if not _USER.match(user):
+            raise InputError(f"{option}: {user!r} is not a user name or uid")
+    return frozenset(users)
 
 
 def parse_id(text: str, *, option: str) -> str:
@@ -57,15 +70,15 @@ def parse_id(text: str, *, option: str) -> str:
 
 
 def parse_ids(text: str | None, *, option: str) -> frozenset[str]:
-    return frozenset(parse_id(item, option=option) for item in _items(text or ""))
+    return frozenset(parse_id(item, option=option) for item in _items(text, option))
 
 
 def parse_states(text: str | None, *, option: str) -> frozenset[str] | None:
-    if not text:
+    if text is None:
         return None
     aliases = state_aliases()
     states: set[str] = set()
-    for item in _items(text):
+    for item in _items(text, option):
         if item.lower() == "all":
             return None
         if item.lower() not in aliases:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.limits import MAX_FORMAT_WIDTH
 
 R = TypeVar("R")
 _ITEM = re.compile(r"^([A-Za-z][A-Za-z0-9_()\-]*)(?:%(-?)(\d+))?$")
@@ -69,18 +70,28 @@ def parse_format(text: str, fields: Mapping[str, Field[R]], *, option: str) -> l
             valid = ", ".join(f.name for f in fields.values())
             raise InputError(f"{option}: unknown field {name!r}; valid fields: {valid}")
         minus, width = match.group(2), match.group(3)
-        if width is not None and int(width) < 1:
-            raise InputError(f"{option}: field {item!r}: the width must be at least 1")
         columns.append(
             Column(
                 field=found,
-                width=int(width) if width is not None else found.width,
+                width=_width(width, item, option) if width is not None else found.width,
                 left=bool(minus) if width is not None else found.left,
             )
         )
     if not columns:
         raise InputError(f"{option}: no fields given")
     return columns
+
+
+def _width(digits: str, item: str, option: str) -> int:
+    """The ``%N`` of a ``--format`` item: 1 to :data:`MAX_FORMAT_WIDTH` columns."""
+    digits = digits.lstrip("0")
+    if not digits:
+        raise InputError(f"{option}: field {item!r}: the width must be at least 1")
+    if len(digits) > 6 or int(digits) > MAX_FORMAT_WIDTH:
+        raise InputError(
+            f"{option}: field {item[:40]!r}: the width must be at most {MAX_FORMAT_WIDTH}"
+        )
+    return int(digits)
 
 
 def render_table(

@@ -76,8 +76,10 @@ def parse_time(text: str, *, now: float, option: str = "time") -> float:
     """
     value = text.strip().lower()
     try:
-        return _parse(value, now)
-    except (ValueError, _NoMatch):  # ValueError: a well-formed but impossible date, 25:00
+        t = _parse(value, now)
+        datetime.fromtimestamp(t)  # a time this host can show (years 1 to 9999)
+        return t
+    except (ValueError, OverflowError, OSError, _NoMatch):  # 25:00, year 0, now-10**20days
         pass
     raise InputError(
         f"{option} {text!r}: not a time sacct accepts here; use YYYY-MM-DD[THH:MM[:SS]], "
