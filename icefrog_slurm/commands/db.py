@@ -13,6 +13,7 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.jsonio import printable
 from icefrog_slurm.settings import Settings, load_settings
 
 DEFAULT_CONFIG = "/etc/icefrog/icefrog.toml"
@@ -48,7 +49,7 @@ def sqlite_file(url: str) -> Path | None:
     try:
         parsed = make_url(url)
     except Exception as exc:  # sqlalchemy raises ArgumentError, ValueError...
-        raise InputError(f"database URL {url!r}: {exc}") from None
+        raise InputError(f"database URL {printable(url, 200)!r}: {exc}") from None
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         return Path(str(parsed.database))
     return None
@@ -60,7 +61,11 @@ def run(args: argparse.Namespace) -> int:
     url = database_url(args)
     path = sqlite_file(url)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            folder = printable(str(path.parent), 200)
+            raise InputError(f"{folder}: cannot make the folder: {exc.strerror or exc}") from None
     migrate.upgrade(url, args.revision)
     from icefrog_slurm.store.sql import make_engine
 
@@ -69,6 +74,6 @@ def run(args: argparse.Namespace) -> int:
         revision = migrate.current_revision(engine)
     finally:
         engine.dispose()
-    shown = make_url(url).render_as_string(hide_password=True)
+    shown = printable(make_url(url).render_as_string(hide_password=True), 500)
     print(f"icefrog db upgrade: {shown} is at revision {revision}")
     return 0

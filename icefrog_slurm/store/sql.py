@@ -39,7 +39,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
-from icefrog_slurm.errors import IcefrogError, InputError
+from icefrog_slurm.errors import InputError
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.store.leader import Lease, lock_path, try_lead
 from icefrog_slurm.store.records import StoreSnapshot
@@ -101,7 +101,7 @@ class SqlStore:
 
         current, head = current_revision(self.engine), head_revision()
         if current != head:
-            raise IcefrogError(
+            raise InputError(
                 f"database {self.engine.url.render_as_string(hide_password=True)} is at "
                 f"revision {current or 'none'}, the code needs {head}: run `icefrog db upgrade`"
             )
