@@ -42,9 +42,17 @@ INT32_MAX = 2**31 - 1
 batches, epochs, frozen layers. Fields in 64-bit columns are bounded by jsonio.loads."""
 MAX_SEQ = 10**18 - 1
 """Largest report sequence number: it must fit the 18 digits of a report's file name."""
-MAX_JOB_ID_DIGITS = 18
-JOB_ID = re.compile(f"[0-9]{{1,{MAX_JOB_ID_DIGITS}}}")
-"""A Slurm job id as reports, inbox folders and the store spell it (ASCII digits only)."""
+MAX_SLURM_JOB_ID = 2**31 - 1
+"""Largest job id Slurm's tools accept (squeue refuses 2^31 and above, and one id it refuses
+fails the whole call: a folder named so must never reach a batched lookup)."""
+_JOB_ID = re.compile(r"[1-9][0-9]{0,9}")
+
+
+def is_slurm_job_id(text: str) -> bool:
+    """``text`` is a Slurm job id as Slurm prints it: ASCII digits, no leading zero (never
+    ``str.isdigit``: it is true for '²'), 1 to :data:`MAX_SLURM_JOB_ID`."""
+    return _JOB_ID.fullmatch(text) is not None and int(text) <= MAX_SLURM_JOB_ID
+
 
 ReportKind = Literal["register", "profile", "grad_stats", "metric", "progress", "finished"]
 REPORT_KINDS: tuple[str, ...] = (
@@ -423,9 +431,9 @@ def _int32(value: Any, where: str, *, minimum: int = 0) -> int:
 
 def _job_id(value: Any) -> str:
     text = _short_str(value, "report.slurm_job_id", 32)
-    if not JOB_ID.fullmatch(text):
+    if not is_slurm_job_id(text):
         raise InputError(
-            f"report.slurm_job_id: must be 1 to {MAX_JOB_ID_DIGITS} ASCII digits, "
-            f"got {_printable(text, 40)!r}"
+            f"report.slurm_job_id: must be a Slurm job id (ASCII digits, 1 to "
+            f"{MAX_SLURM_JOB_ID}), got {_printable(text, 40)!r}"
         )
     return text

@@ -54,14 +54,13 @@ from __future__ import annotations
 
 import logging
 import os
-import pwd
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from sqlalchemy import exc as sa_exc
 
@@ -70,11 +69,11 @@ from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.jsonio import printable
 from icefrog_slurm.settings import InboxSettings
 from icefrog_slurm.store import inbox_files as files
+from icefrog_slurm.store.inbox_apply import Claim, apply_report, user_name
 from icefrog_slurm.store.inbox_files import Folder, Item, Rejected
 from icefrog_slurm.store.ledger import MAX_DETAIL
 from icefrog_slurm.store.records import ACTIVE_STATES
 from icefrog_slurm.store.sql import SqlStore
-from icefrog_slurm.store.tx import StoreTx
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +81,8 @@ _TRANSIENT_DB = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.Disconne
                  sa_exc.TimeoutError)  # fmt: skip
 _MAX_TRANSIENT_IN_A_ROW = 3
 _PRUNE_EVERY_S = 3600.0
+_LOOKUP_CHUNK = 1000  # job ids a Slurm lookup call
+_IDLE_FOLDERS_A_DRAIN = 1000  # folders with nothing to read looked up a drain
 
 
 @dataclass(frozen=True)
@@ -138,16 +139,6 @@ class _Owner:
     ended: bool  # the store says it ended, or nobody knows it
 
 
-@dataclass(frozen=True)
-class _Claim:
-    """What a checked report proves: who sent what for which Slurm job."""
-
-    envelope: protocol.Envelope
-    uid: int
-    digest: str
-    munge_status: int
-
-
 class ReportInbox:
     """Reads the inbox folder and moves valid reports into the store."""
 
@@ -183,6 +174,7 @@ class ReportInbox:
         self._munge_retry_at: float | None = None
         self._pruned_at: float | None = None
         self._db_fault = False  # the last file waits because the store failed
+        self._idle_cursor = 0
 
     @classmethod
     def from_settings(
@@ -216,15 +208,16 @@ class ReportInbox:
         now = self.clock()
         with files.dir_fd(self.inbox_dir, follow=True) as inbox_fd:
             found = files.scan(inbox_fd, stale_before=now - self.folder_grace_s)
-            try:
-                owners = self._owners(found.job_ids())
-            except Exception as exc:  # Slurm or the store is down: everything waits
-                log.warning("inbox: job owners unknown for now, reports wait: %s", _why(exc))
-                return DrainResult(deferred=len(found.items))
-            self._warn_squatters(found.folders, owners)
             plan = files.fair_order(
                 found.items, per_owner=self.max_reports_per_owner, total=self.max_reports
             )
+            folders = self._folders_to_check(found.folders, plan)
+            try:
+                owners = self._owners({f.job_id for f in folders})
+            except Exception as exc:  # Slurm or the store is down: everything waits
+                log.warning("inbox: job owners unknown for now, reports wait: %s", _why(exc))
+                return DrainResult(deferred=len(plan))
+            self._warn_squatters(folders, owners)
             in_a_row = 0
             for item in plan:
                 outcome = self._one(inbox_fd, item, owners)
@@ -233,17 +226,32 @@ class ReportInbox:
                 if in_a_row >= _MAX_TRANSIENT_IN_A_ROW:
                     log.warning("inbox: the store keeps failing; the drain stops here")
                     break
-            self._remove_folders(inbox_fd, found.folders, owners)
+            self._remove_folders(inbox_fd, folders, owners)
         self._prune(now)
         return DrainResult(
             counts["accepted"], counts["rejected"], counts["duplicate"], counts["deferred"]
         )
 
     # ----- owners ------------------------------------------------------------------------
+    def _folders_to_check(self, folders: tuple[Folder, ...], plan: list[Item]) -> list[Folder]:
+        """The folders this drain looks up: those of the planned files, and, in turns over
+        the drains, up to ``_IDLE_FOLDERS_A_DRAIN`` folders with nothing planned (to remove
+        them once their job ended). So the lookup stays bounded however many folders users
+        make."""
+        planned = {i.folder.name for i in plan if i.folder is not None}
+        idle = [f for f in folders if f.name not in planned]
+        start = self._idle_cursor % len(idle) if idle else 0
+        window = (idle[start:] + idle[:start])[:_IDLE_FOLDERS_A_DRAIN]
+        self._idle_cursor = start + len(window)
+        return [f for f in folders if f.name in planned] + window
+
     def _owners(self, job_ids: set[str]) -> dict[str, _Owner]:
         if not job_ids:
             return {}
-        facts = self.slurm_jobs(job_ids)
+        ids = sorted(job_ids, key=int)
+        facts: dict[str, SlurmJobFacts] = {}
+        for start in range(0, len(ids), _LOOKUP_CHUNK):  # bounded command lines
+            facts.update(self.slurm_jobs(ids[start : start + _LOOKUP_CHUNK]))
         with self.store.transaction() as tx:
             recorded = tx.slurm_job_owners(slurm_job_ids=job_ids)
         owners = {}
@@ -254,18 +262,18 @@ class ReportInbox:
             owners[job_id] = _Owner(uid, fact is not None and fact.icefrog, ended)
         return owners
 
-    def _warn_squatters(self, folders: tuple[Folder, ...], owners: dict[str, _Owner]) -> None:
+    def _warn_squatters(self, folders: list[Folder], owners: dict[str, _Owner]) -> None:
         for f in folders:
             owner = owners[f.job_id].uid
             if owner is not None and f.uid not in (owner, 0):
                 log.warning(
                     "inbox: folder %s is held by uid %d (%s), not by uid %d who owns Slurm "
                     "job %s: its files are rejected and the folder removed",
-                    f.name, f.uid, _user_name(f.uid), owner, f.job_id,
+                    f.name, f.uid, user_name(f.uid), owner, f.job_id,
                 )  # fmt: skip
 
     def _remove_folders(
-        self, inbox_fd: int, folders: tuple[Folder, ...], owners: dict[str, _Owner]
+        self, inbox_fd: int, folders: list[Folder], owners: dict[str, _Owner]
     ) -> None:
         grace_end = self.clock() - self.folder_grace_s
         for f in folders:
@@ -292,12 +300,13 @@ class ReportInbox:
             if item.folder is None:
                 self._quarantine(inbox_fd, item, "not a job folder: <job id>[.<token>]", 0, None)
                 return "rejected"
+            owner = owners[item.folder.job_id]
             with files.open_folder(inbox_fd, item.folder) as job_fd:
                 try:
-                    raw, size = self._read(job_fd, item, owners[item.folder.job_id])
-                    claim = self._check(raw, item, owners[item.folder.job_id], now)
+                    raw, size = self._read(job_fd, item, owner)
+                    claim = self._check(raw, item, owner, now)
                     with self.store.transaction() as tx:
-                        outcome = self._apply(tx, claim, owners[item.folder.job_id], now)
+                        outcome = apply_report(tx, claim, icefrog=owner.icefrog, now=now)
                 except Rejected as exc:
                     self._quarantine(job_fd, item, str(exc), size, claim)
                     return "rejected"
@@ -327,11 +336,11 @@ class ReportInbox:
         if item.folder.uid not in (owner.uid, 0):
             raise Rejected(
                 f"folder {item.folder.name} is held by uid {item.folder.uid} "
-                f"({_user_name(item.folder.uid)}), not by the job's owner uid {owner.uid}"
+                f"({user_name(item.folder.uid)}), not by the job's owner uid {owner.uid}"
             )
         return files.read_report(job_fd, item.name, owner.uid)
 
-    def _check(self, raw: bytes, item: Item, owner: _Owner, now: float) -> _Claim:
+    def _check(self, raw: bytes, item: Item, owner: _Owner, now: float) -> Claim:
         assert item.folder is not None and owner.uid is not None
         try:
             env = protocol.parse_envelope(raw)
@@ -352,7 +361,7 @@ class ReportInbox:
                 f"credential made by uid {cred.uid}; Slurm job {env.slurm_job_id} belongs to "
                 f"uid {owner.uid}"
             )
-        return _Claim(envelope=env, uid=cred.uid, digest=digest, munge_status=cred.status)
+        return Claim(envelope=env, uid=cred.uid, digest=digest, munge_status=cred.status)
 
     def _decode(self, credential: str, now: float) -> security.DecodedCredential:
         """The decoded credential; _Deferred while munged is unreachable (and backing off)."""
@@ -375,45 +384,9 @@ class ReportInbox:
         self._munge_retry_at, self._munge_wait_s = None, self.munge_retry_s
         return cred
 
-    def _apply(self, tx: StoreTx, claim: _Claim, owner: _Owner, now: float) -> str:
-        env = claim.envelope
-        seen = tx.accepted_digest(slurm_job_id=env.slurm_job_id, seq=env.seq)
-        if seen == claim.digest:
-            return "duplicate"
-        if seen is not None:
-            raise Rejected(
-                f"seq {env.seq} of Slurm job {env.slurm_job_id} was used for other content"
-            )
-        if claim.uid > protocol.INT32_MAX:
-            raise Rejected(f"uid {claim.uid} does not fit the store's 32-bit uid column")
-        payload = protocol.parse_payload(env.kind, env.payload)
-        job = tx.job_by_slurm_id(env.slurm_job_id)
-        if job is None:
-            job_id = _register(tx, claim, owner, payload, now)
-        else:
-            if job.owner_uid != claim.uid or job.name != env.job_name:
-                raise Rejected(
-                    f"Slurm job {env.slurm_job_id} is bound to icefrog job {job.id} "
-                    f"({job.name!r} of uid {job.owner_uid})"
-                )
-            job_id = job.id
-            _apply_payload(tx, job_id, env, payload, now)
-        tx.record_accepted(
-            slurm_job_id=env.slurm_job_id,
-            seq=env.seq,
-            kind=env.kind,
-            job_id=job_id,
-            uid=claim.uid,
-            digest=claim.digest,
-            sent_time=env.time,
-            now=now,
-            munge_status=claim.munge_status,
-        )
-        return "accepted"
-
     # ----- quarantine and archive --------------------------------------------------------
     def _quarantine(
-        self, src_fd: int, item: Item, reason: str, size: int, claim: _Claim | None
+        self, src_fd: int, item: Item, reason: str, size: int, claim: Claim | None
     ) -> None:
         """Record the rejection (a transient store fault defers it) and archive the entry."""
         reason = printable(reason, MAX_DETAIL)
@@ -459,47 +432,6 @@ class ReportInbox:
             log.info("inbox: pruned %d ledger rows and %d archived files", rows, count)
 
 
-def _register(tx: StoreTx, claim: _Claim, owner: _Owner, payload: Any, now: float) -> int:
-    """A new icefrog job for a ``register`` report of an icefrog-tagged Slurm job."""
-    env = claim.envelope
-    if env.kind != "register":
-        raise Rejected(f"Slurm job {env.slurm_job_id} has no icefrog job: register first")
-    if not owner.icefrog:
-        raise Rejected(
-            f"Slurm job {env.slurm_job_id} does not carry the icefrog tag (comment "
-            "icefrog:...): only jobs submitted by icefrog are adopted"
-        )
-    return tx.create_job(
-        name=env.job_name,
-        owner_uid=claim.uid,
-        owner_user=_user_name(claim.uid)[:64],
-        slurm_job_id=env.slurm_job_id,
-        spec=payload,
-        now=now,
-    )
-
-
-def _apply_payload(
-    tx: StoreTx, job_id: int, env: protocol.Envelope, payload: Any, now: float
-) -> None:
-    if isinstance(payload, protocol.JobSpec):
-        tx.set_spec(job_id=job_id, spec=payload)
-    elif isinstance(payload, list):
-        tx.add_profile_samples(
-            job_id=job_id, slurm_job_id=env.slurm_job_id, samples=payload, now=now
-        )
-    elif isinstance(payload, protocol.GradStats):
-        tx.put_grad_stats(job_id=job_id, stats=payload, now=now)
-    elif isinstance(payload, protocol.MetricReport):
-        tx.put_metric(job_id=job_id, metric=payload, now=now)
-    elif isinstance(payload, protocol.ProgressReport):
-        tx.set_progress(job_id=job_id, progress=payload, sent_time=env.time)
-    elif isinstance(payload, protocol.FinishedReport):
-        tx.mark_finished(job_id=job_id, report=payload, now=now)
-    else:  # pragma: no cover - parse_payload returns one of the above
-        raise Rejected(f"report kind {env.kind}: nothing to apply")
-
-
 def _transient_db(exc: BaseException) -> bool:
     """A database fault that says nothing of the report (connection, lock, timeout)."""
     if isinstance(exc, _TRANSIENT_DB):
@@ -509,10 +441,3 @@ def _transient_db(exc: BaseException) -> bool:
 
 def _why(exc: BaseException) -> str:
     return printable(f"{type(exc).__name__}: {exc}", 500)
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except (KeyError, OverflowError):
-        return str(uid)

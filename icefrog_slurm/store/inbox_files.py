@@ -34,12 +34,13 @@ from pathlib import Path
 from icefrog_slurm import protocol
 from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.jsonio import printable
-from icefrog_slurm.protocol import MAX_JOB_ID_DIGITS
+from icefrog_slurm.protocol import is_slurm_job_id
 
 log = logging.getLogger(__name__)
 
-FOLDER = re.compile(f"([0-9]{{1,{MAX_JOB_ID_DIGITS}}})(?:\\.[0-9a-f]{{8,64}})?")
-"""A job folder: ``<job id>`` or ``<job id>.<hex token>``; matched with ``fullmatch``."""
+FOLDER = re.compile(r"([0-9]{1,10})(?:\.[0-9a-f]{8,64})?")
+"""A job folder: ``<job id>`` or ``<job id>.<hex token>`` (``fullmatch``, then the id is
+checked by ``protocol.is_slurm_job_id``)."""
 FILE = re.compile(r"([0-9]{1,18})-([a-z_]{1,32})\.json")
 """A report file: ``<seq>-<kind>.json``; matched with ``fullmatch``."""
 JUNK_FOLDER = "_inbox"
@@ -90,9 +91,6 @@ class Scan:
     folders: tuple[Folder, ...]
     items: tuple[Item, ...]
 
-    def job_ids(self) -> set[str]:
-        return {f.job_id for f in self.folders}
-
 
 def scan(inbox_fd: int, *, stale_before: float) -> Scan:
     """The inbox now. Dot files are being written and are left alone, unless they were last
@@ -105,7 +103,7 @@ def scan(inbox_fd: int, *, stale_before: float) -> Scan:
         if st is None:
             continue
         m = FOLDER.fullmatch(name)
-        if m is None or not stat.S_ISDIR(st.st_mode):
+        if m is None or not is_slurm_job_id(m.group(1)) or not stat.S_ISDIR(st.st_mode):
             items.append(Item(None, name, st.st_uid))
             continue
         folder = Folder(name, m.group(1), st.st_uid, (st.st_dev, st.st_ino))

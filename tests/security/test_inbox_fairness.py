@@ -111,3 +111,20 @@ def test_archive_and_ledgers_are_pruned_after_the_retention(site: Site, clock: C
 def _rows(site: Site) -> tuple[int, int]:
     with site.inbox.store.transaction() as tx:
         return tx.accepted_count(), len(tx.rejected_reports())
+
+
+def test_folder_names_cannot_break_or_blow_up_the_slurm_lookup(site: Site) -> None:
+    """squeue refuses ids of 2^31 and above and 0, and one refused id fails the whole call
+    (every job would look unknown: no register adopted). Such names are junk, never looked
+    up; thousands of idle folders are looked up a bounded number at a time."""
+    site.register(BOB, BOB_JOB, name="bobs")
+    for name in ("2147483648", "0", "0202", "99999999999"):
+        site.put(ALICE, name, "1-metric.json", b"{}")
+    for n in range(1500):  # Alice's idle folders with plausible ids
+        (site.inbox_dir / str(100000 + n)).mkdir()
+    site.inbox.max_reports_per_owner = 10
+    assert site.drain() == DrainResult(accepted=1, rejected=4)
+    assert site.job(BOB_JOB) is not None  # adopted: Slurm's lookup saw his job
+    (looked_up,) = site.slurm.calls[:1]
+    assert "2147483648" not in looked_up and "0" not in looked_up
+    assert sum(len(c) for c in site.slurm.calls) <= 1 + 1000  # his folder and one window

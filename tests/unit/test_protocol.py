@@ -139,6 +139,9 @@ def test_integers_of_32_bit_columns_are_bounded(kind: str, payload: dict, field:
     [
         (lambda d: d.update(slurm_job_id="\u00b2"), "ASCII digits"),  # '²'.isdigit() is True
         (lambda d: d.update(slurm_job_id="1" * 19), "ASCII digits"),
+        (lambda d: d.update(slurm_job_id="2147483648"), "ASCII digits"),  # squeue refuses it
+        (lambda d: d.update(slurm_job_id="0"), "ASCII digits"),
+        (lambda d: d.update(slurm_job_id="042"), "ASCII digits"),
         (lambda d: d.update(seq=10**18), "report.seq: must be <="),
         (lambda d: d.update(job_name="a\x1b[2Jb"), "control character"),
         (lambda d: d["payload"].update(name="val\nacc"), "control character"),
