@@ -22,9 +22,11 @@ and rejects it otherwise with a logged and recorded reason, changing nothing els
 5. (Slurm job, seq) was not accepted before with other content. The same content again is
    a duplicate: it is archived and changes nothing.
 
-Owners come from ONE batched lookup a drain (``slurm_jobs``: the Slurm backend's poll),
-for every job folder present; a job Slurm has forgotten falls back to the owner the store
-recorded at register. Every file read is moved to ``<archive>/accepted|rejected/<job id>/``
+Owners come from one batched lookup a drain (``slurm_jobs``: the Slurm backend's poll; the
+module ``inbox_apply`` applies what is accepted), for the folders of the files the drain
+reads and, in turns, up to 1000 folders with nothing to read (calls of at most 1000 ids); a
+job Slurm has forgotten falls back to the owner the store recorded at register. Every file
+read is moved to ``<archive>/accepted|rejected/<job id>/``
 (entries that are no job folder to ``rejected/_inbox``); if a move fails the file is
 deleted, so nothing is ever processed twice. All file operations go through directory file
 descriptors with ``O_NOFOLLOW`` (``inbox_files``).
@@ -34,7 +36,9 @@ Guarantees:
 - **A drain cannot be stopped by a report.** Each file is handled under one catch-all:
   anything but a transient fault (below) quarantines it, archived as rejected with a reason
   made printable (``jsonio.printable``) before it is logged or stored, and the drain goes
-  on. Names are ASCII digits by regex; a name that is not UTF-8 is junk, quarantined.
+  on. A job folder's name is a Slurm job id by regex (ASCII digits, no leading zero, below
+  2^31: squeue refuses more, failing the whole lookup); anything else, a name that is not
+  UTF-8 included, is junk and quarantined whole.
 - **A transient fault loses nothing.** Slurm's lookup failing, the database unreachable
   (``OperationalError``, ``InterfaceError``, a dropped connection) or munged unreachable
   leaves the files in the inbox for a later drain. munged is judged unreachable only when a

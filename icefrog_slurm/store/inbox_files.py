@@ -24,6 +24,7 @@ import errno
 import logging
 import os
 import re
+import shutil
 import stat
 import time
 from collections.abc import Iterator, Sequence
@@ -204,11 +205,7 @@ def prune_archive(archive_dir: Path, *, before: float) -> int:
             for name in _listdir_path(folder):
                 head = name.split("-", 1)[0]
                 if head.isascii() and head.isdigit() and int(head) < before:
-                    try:
-                        os.unlink(folder / name)
-                        removed += 1
-                    except OSError as exc:
-                        log.warning("inbox: cannot prune %s: %s", printable(name), exc.strerror)
+                    removed += _delete(folder / name)
             with contextlib.suppress(OSError):  # not empty
                 os.rmdir(folder)
     return removed
@@ -234,6 +231,19 @@ def read_report(dir_fd: int, name: str, owner: int) -> tuple[bytes, int]:
         return raw, len(raw)
     finally:
         os.close(fd)
+
+
+def _delete(path: Path) -> int:
+    """Delete an archived entry (a junk folder with all it holds); 1 when it is gone."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path)  # fd-based on Linux: follows no symlink inside
+        else:
+            os.unlink(path)
+    except OSError as exc:
+        log.warning("inbox: cannot prune %s: %s", printable(str(path)), exc.strerror)
+        return 0
+    return 1
 
 
 def _listdir(fd: int) -> list[str]:
