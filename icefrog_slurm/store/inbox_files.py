@@ -9,7 +9,8 @@ report. Nothing here raises for a name or a file a user chose; an entry that van
 it is looked at is simply not there.
 
 - :func:`scan` lists the inbox: job folders (``<job id>`` and ``<job id>.<token>``, see
-  ``security.job_folder``) with their owner and report files, and junk entries.
+  ``security.job_folder``) with their owner and report files, and junk entries; at most
+  :data:`MAX_INBOX_ENTRIES` entries and :data:`MAX_FOLDER_ENTRIES` a folder a drain.
 - :func:`fair_order` picks what one drain reads: at most ``per_owner`` entries of each
   owner, taken in turn across owners, ``total`` in all, each job's reports in ``seq`` order.
 - :func:`read_report` reads a report file after checking what it is and who owns it.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import re
@@ -44,6 +46,10 @@ FOLDER = re.compile(r"([0-9]{1,10})(?:\.[0-9a-f]{8,64})?")
 checked by ``protocol.is_slurm_job_id``)."""
 FILE = re.compile(r"([0-9]{1,18})-([a-z_]{1,32})\.json")
 """A report file: ``<seq>-<kind>.json``; matched with ``fullmatch``."""
+MAX_INBOX_ENTRIES = 100_000
+"""Entries of the inbox one scan looks at (the rest wait until these are gone)."""
+MAX_FOLDER_ENTRIES = 10_000
+"""Entries of one job folder one scan looks at."""
 JUNK_FOLDER = "_inbox"
 """The archive folder of entries that are no job folder (``archive/rejected/_inbox``)."""
 
@@ -99,7 +105,7 @@ def scan(inbox_fd: int, *, stale_before: float) -> Scan:
     junk of their folder."""
     folders: list[Folder] = []
     items: list[Item] = []
-    for name in _listdir(inbox_fd):
+    for name in _listdir(inbox_fd, MAX_INBOX_ENTRIES):
         st = _lstat(name, inbox_fd)
         if st is None:
             continue
@@ -112,7 +118,7 @@ def scan(inbox_fd: int, *, stale_before: float) -> Scan:
             with open_folder(inbox_fd, folder) as job_fd:
                 inside = [
                     Item(folder, n, folder.uid)
-                    for n in _listdir(job_fd)
+                    for n in _listdir(job_fd, MAX_FOLDER_ENTRIES)
                     if not n.startswith(".") or _stale(n, job_fd, stale_before)
                 ]
         except OSError as exc:  # swapped or removed meanwhile: next drain
@@ -246,9 +252,12 @@ def _delete(path: Path) -> int:
     return 1
 
 
-def _listdir(fd: int) -> list[str]:
+def _listdir(fd: int, limit: int) -> list[str]:
+    """At most ``limit`` names of the folder (in the folder's own order, the same from one
+    drain to the next): a user's million files cost a drain no more than ``limit``."""
     try:
-        return os.listdir(fd)
+        with os.scandir(fd) as entries:
+            return [e.name for e in itertools.islice(entries, limit)]
     except OSError as exc:
         log.warning("inbox: cannot list a folder: %s", exc.strerror)
         return []

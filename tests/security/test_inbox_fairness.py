@@ -129,3 +129,21 @@ def test_folder_names_cannot_break_or_blow_up_the_slurm_lookup(site: Site) -> No
     (looked_up,) = site.slurm.calls[:1]
     assert "2147483648" not in looked_up and "0" not in looked_up
     assert sum(len(c) for c in site.slurm.calls) <= 1 + 1000  # his folder and one window
+
+
+def test_a_drain_lists_a_bounded_part_of_a_huge_folder(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder of more files than a scan looks at (bound lowered to 20 here): one drain
+    reads at most that many; the next drains take the rest."""
+    from icefrog_slurm.store import inbox_files
+
+    monkeypatch.setattr(inbox_files, "MAX_FOLDER_ENTRIES", 20)
+    site.inbox.max_reports_per_owner = site.inbox.max_reports = 1000
+    site.register(ALICE, ALICE_JOB)
+    assert site.drain() == DrainResult(accepted=1)
+    for seq in range(1, 51):
+        site.put(ALICE, ALICE_JOB, f"{seq}-metric.json", b"{not json")
+    assert site.drain() == DrainResult(rejected=20)
+    assert site.drain() == DrainResult(rejected=20)
+    assert site.drain() == DrainResult(rejected=10) and site.left_in_inbox() == []
