@@ -25,6 +25,7 @@ import re
 import secrets
 import stat
 import subprocess
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -52,6 +53,10 @@ class MungeError(IcefrogError):
 
 class MungeUnavailable(MungeError):
     """munged could not be asked (not running, no answer in time, internal fault): retry."""
+
+
+class MungeNotInstalled(MungeUnavailable):
+    """The munge or unmunge program is missing: waiting will not bring it."""
 
 
 @dataclass(frozen=True)
@@ -132,10 +137,21 @@ def sign(
     ttl_s: int | None = None,
     run_as: str | None = None,
     socket: str | None = None,
+    attempts: int = 3,
 ) -> Envelope:
-    """The envelope with a credential over ``body_digest(envelope.body())``."""
+    """The envelope with a credential over ``body_digest(envelope.body())``. While munged is
+    unavailable it is asked ``attempts`` times in all, 1 s, 2 s, ... apart (a restart of
+    munged is a short blip); then :class:`MungeUnavailable` is raised."""
     digest = body_digest(envelope.body())
-    return replace(envelope, credential=encode(digest, ttl_s=ttl_s, run_as=run_as, socket=socket))
+    for attempt in range(attempts):
+        try:
+            credential = encode(digest, ttl_s=ttl_s, run_as=run_as, socket=socket)
+            return replace(envelope, credential=credential)
+        except MungeUnavailable as exc:
+            if attempt + 1 >= attempts or isinstance(exc, MungeNotInstalled):
+                raise
+            time.sleep(2.0**attempt)
+    raise MungeUnavailable("munge: no attempt made")  # attempts < 1
 
 
 def drop_report(inbox_dir: str | Path, envelope: Envelope) -> Path:
@@ -231,7 +247,7 @@ def _run(cmd: list[str], *, stdin: bytes) -> subprocess.CompletedProcess[bytes]:
             cmd, input=stdin, capture_output=True, timeout=_TIMEOUT_S, check=False
         )
     except FileNotFoundError:
-        raise MungeUnavailable(f"{cmd[0]}: not installed") from None
+        raise MungeNotInstalled(f"{cmd[0]}: not installed") from None
     except subprocess.TimeoutExpired:
         raise MungeUnavailable(
             f"{cmd[0]}: no answer within {_TIMEOUT_S:g} s (is munged running?)"

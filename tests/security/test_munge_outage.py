@@ -125,6 +125,8 @@ def _outage_then_recovery(site: Site, clock: Clock, munged: Munged, held: str) -
             Envelope(1, "metric", alice_job, "cnn", 3, 1003.0, METRIC), run_as=ALICE
         )
         munged.stop()
+        with pytest.raises(security.MungeUnavailable):  # the job side is told "retry later"
+            security.sign(foreign, socket=munged.socket, attempts=1)
         for env in (*metrics, register, foreign):
             user = BOB if env.slurm_job_id == held else ALICE
             site.put(user, env.slurm_job_id, f"{env.seq}-{env.kind}.json", env.to_json().encode())
