@@ -2,10 +2,13 @@
 
 :func:`read_text` reads at most a given size and decodes UTF-8; every fault of the file
 (missing, a folder, unreadable, too large, not UTF-8) is an InputError naming it.
+:func:`path_arg` is the argparse type of a path option: an empty one is an error (``Path('')``
+would silently mean the current folder).
 """
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from icefrog_slurm.errors import InputError
@@ -16,6 +19,8 @@ def read_text(path: str | Path, *, limit: int, kind: str) -> str:
     """The UTF-8 text of ``path`` (at most ``limit`` bytes); ``kind`` names what the file
     should be in the message of a folder (``settings file``, ``CSV file``)."""
     name = printable(str(path), 200)
+    if not name:
+        raise InputError(f"{kind}: the path is empty")
     try:
         with open(path, "rb") as fh:
             raw = fh.read(limit + 1)
@@ -31,3 +36,10 @@ def read_text(path: str | Path, *, limit: int, kind: str) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"{name}: not UTF-8 (byte {exc.start})") from None
+
+
+def path_arg(text: str) -> Path:
+    """A path given on the command line; an empty one is refused."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return Path(text)

@@ -34,9 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def database_url(args: argparse.Namespace) -> str:
     """The URL chosen by --url, --config or the defaults."""
-    if args.url:
+    if args.url is not None:
         return str(args.url)
-    if args.config:
+    if args.config is not None:
         return load_settings(args.config).store.url
     if Path(DEFAULT_CONFIG).is_file():
         return load_settings(DEFAULT_CONFIG).store.url

@@ -38,6 +38,7 @@ from icefrog_slurm.sim.engine import Engine, SimOptions, SimResult
 from icefrog_slurm.sim.summary import summarize, write_plots, write_summary
 from icefrog_slurm.sim.truth import MEMORY_NOISE, PROFILE_TIME_NOISE, UTIL_NOISE
 from icefrog_slurm.sim.workload import read_workload
+from icefrog_slurm.userfiles import path_arg
 
 POLICIES: dict[str, tuple[str, str]] = {
     "icefrog": ("icefrog_slurm.policies.icefrog", "IcefrogPolicy"),
@@ -50,12 +51,12 @@ ALL = ("icefrog", "lucid+", "optimus+", "pollux+")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workload", required=True, type=Path, help="workload CSV")
+    parser.add_argument("--workload", required=True, type=path_arg, help="workload CSV")
     parser.add_argument("--gpus", type=int, default=48, help="GPUs in the cluster (48)")
     parser.add_argument("--gpus-per-node", type=int, default=4, help="GPUs a node (4)")
     parser.add_argument("--policy", default="all", help=f"{'|'.join(POLICIES)}|all")
     parser.add_argument("--seed", type=int, default=0, help="seed of the hidden truth (0)")
-    parser.add_argument("--out", required=True, type=Path, help="folder for the results")
+    parser.add_argument("--out", required=True, type=path_arg, help="folder for the results")
     parser.add_argument("--no-freeze", action="store_true", help="no job freezes layers")
     parser.add_argument("--no-share", action="store_true", help="no job shares a GPU")
     parser.add_argument(
@@ -72,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with policy.batch_scaling) (paper, spec section 12); fixed for all; or the batch "
         "each policy decides for all (tuned)",
     )
-    parser.add_argument("--config", type=Path, help="controller settings TOML (defaults)")
+    parser.add_argument("--config", type=path_arg, help="controller settings TOML (defaults)")
     parser.add_argument(
         "--set",
         action="append",

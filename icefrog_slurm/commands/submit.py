@@ -51,25 +51,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "The job is submitted held; the icefrog controller gives it its GPUs and releases it."
     )
     declaration.add_arguments(parser)
-    parser.add_argument("--job-name", default="", help="job name (default: the script's stem)")
+    parser.add_argument(
+        "--job-name", default=None, type=_nonempty, help="job name (default: the script's stem)"
+    )
     parser.add_argument(
         "--workdir",
-        default="",
+        default=None,
+        type=_nonempty,
         help="the job's own folder: script, checkpoints, decision.json (default ./<job name>)",
     )
     parser.add_argument(
-        "--output", default="", help="Slurm output file (default <workdir>/slurm-%%j.out)"
+        "--output",
+        default=None,
+        type=_nonempty,
+        help="Slurm output file (default <workdir>/slurm-%%j.out)",
     )
     parser.add_argument("--seed", type=int, default=0, help="data order and RNG seed")
     parser.add_argument(
         "--config",
         metavar="FILE",
-        default="",
+        default=None,
+        type=_nonempty,
         help=f"controller settings: inbox and partition (default {DEFAULT_CONFIG} if it exists)",
     )
-    parser.add_argument("--inbox", default="", help="the controller's report inbox (overrides)")
-    parser.add_argument("--partition", default="", help="Slurm partition (overrides)")
+    parser.add_argument(
+        "--inbox", default=None, type=_nonempty, help="the controller's report inbox (overrides)"
+    )
+    parser.add_argument(
+        "--partition", default=None, type=_nonempty, help="Slurm partition (overrides)"
+    )
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- train.py ARGS...")
+
+
+def _nonempty(text: str) -> str:
+    """An option given as '' is an error, never its default."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
 
 
 def batch_script(*, launch: list[str], env: dict[str, str], header: str = "") -> str:

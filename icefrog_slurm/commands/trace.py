@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from pathlib import Path
 
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.limits import MAX_SEED
@@ -21,19 +20,20 @@ from icefrog_slurm.sim.calibration import shipped_calibration
 from icefrog_slurm.sim.catalog import shipped_catalog
 from icefrog_slurm.sim.trace import BASE_JOBS, parse_hours, read_philly, sample_workload, sidecar
 from icefrog_slurm.sim.workload import by_task, write_workload
+from icefrog_slurm.userfiles import path_arg
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="trace_command", metavar="SUBCOMMAND", required=True)
     sp = sub.add_parser("sample", help="sample a workload from the Philly trace")
-    sp.add_argument("--philly", required=True, type=Path, help="philly.csv (Pollux's copy)")
+    sp.add_argument("--philly", required=True, type=path_arg, help="philly.csv (Pollux's copy)")
     sp.add_argument("--hours", default="3-6", help="hours of the day FIRST-LAST (default 3-6)")
     sp.add_argument("--jobs", type=int, default=BASE_JOBS, help="jobs at 1x load (120)")
     sp.add_argument("--load", type=float, default=1.0, help="load factor W: jobs x W are drawn")
     sp.add_argument("--seed", type=int, required=True, help="random seed (saved in the sidecar)")
     sp.add_argument("--tasks", default="", help="comma-separated catalog tasks to map to "
                     "(default: the paper's tasks available here)")  # fmt: skip
-    sp.add_argument("--out", required=True, type=Path, help="workload CSV to write")
+    sp.add_argument("--out", required=True, type=path_arg, help="workload CSV to write")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,7 +19,6 @@ when it restarts.
 
 from __future__ import annotations
 
-import math
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -57,6 +56,9 @@ MIN_ROUND_S = 1.0
 """Shortest simulated round (a shorter one makes a simulation of days take forever)."""
 MIN_POLL_S = 0.1
 """Shortest simulated wait while reconcile waits for checkpoints."""
+MAX_NOISE_SD = 2.0
+"""Largest noise sd of ``--profile-noise`` / ``--share-noise`` (on a log scale a factor
+e^2 a sd; far larger ones drive profiled times to zero)."""
 
 
 class SimClock:
@@ -122,8 +124,8 @@ class SimOptions:
             ("--profile-noise", self.profile_noise),
             ("--share-noise", self.share_noise),
         ):
-            if sd is not None and not (math.isfinite(sd) and sd >= 0):
-                raise InputError(f"{name}: must be a finite number >= 0, got {sd}")
+            if sd is not None and not 0 <= sd <= MAX_NOISE_SD:  # nan fails too
+                raise InputError(f"{name}: must be within [0, {MAX_NOISE_SD:g}], got {sd}")
 
     def noise(self) -> ProfileNoise:
         """The noise on the jobs' profile samples (the throughput-model noise ablation)."""

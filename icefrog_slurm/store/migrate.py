@@ -56,8 +56,11 @@ def upgrade(url: str, revision: str = "head") -> None:
             _refuse_foreign(conn, scripts, shown)
     finally:
         engine.dispose()
-    with _database_errors(shown, sqlite=sqlite):
-        command.upgrade(config, revision)
+    try:
+        with _database_errors(shown, sqlite=sqlite):
+            command.upgrade(config, revision)
+    except CommandError as exc:  # a relative revision that goes nowhere ("-1" at the base)
+        raise InputError(f"--revision {printable(revision, 80)}: {exc}") from None
 
 
 def head_revision() -> str | None:
