@@ -368,7 +368,11 @@ def _value(hint: Any, data: Mapping[str, Any], f: dataclasses.Field[Any], where:
     if hint is float:
         return jsonio.get_number(data, name, where, **bounds)
     if hint is str:
-        return jsonio.get_str(data, name, where)
+        text = jsonio.get_str(data, name, where)
+        if not text.isprintable():  # a NUL in a path or URL fails far from here
+            shown = jsonio.printable(text, 60)
+            raise InputError(f"{where}.{name}: must be printable text, got {shown!r}")
+        return text
     raise TypeError(f"settings field {name}: unsupported type {hint!r}")  # a bug, not input
 
 

@@ -244,6 +244,8 @@ CASES = [
          {"c.toml": b"[controller]\nround_period_s = inf\n"}),
     case("config-empty-string", "controller --dry-run --config {d}/c.toml", 2, "partition",
          {"c.toml": b'[slurm]\npartition = ""\n'}),
+    case("config-nul", "db upgrade --config {d}/c.toml", 2, "state.dir: must be printable",
+         {"c.toml": b'[state]\ndir = "/tmp/a\\u0000b"\n'}),
     case("config-unknown", "controller --dry-run --config {d}/c.toml", 2, "unknown field",
          {"c.toml": b"[controller]\nround = 1\n"}),
     case("config-not-toml", "controller --dry-run --config {d}/c.toml", 2, "not valid TOML",
