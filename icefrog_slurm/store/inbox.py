@@ -75,6 +75,7 @@ from icefrog_slurm.settings import InboxSettings
 from icefrog_slurm.store import inbox_files as files
 from icefrog_slurm.store.inbox_apply import Claim, apply_report, user_name
 from icefrog_slurm.store.inbox_files import Folder, Item, Rejected
+from icefrog_slurm.store.leader import LostLead
 from icefrog_slurm.store.ledger import MAX_DETAIL
 from icefrog_slurm.store.records import ACTIVE_STATES
 from icefrog_slurm.store.sql import SqlStore
@@ -82,7 +83,7 @@ from icefrog_slurm.store.sql import SqlStore
 log = logging.getLogger(__name__)
 
 _TRANSIENT_DB = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError,
-                 sa_exc.TimeoutError)  # fmt: skip
+                 sa_exc.TimeoutError, LostLead)  # fmt: skip
 _MAX_TRANSIENT_IN_A_ROW = 3
 _PRUNE_EVERY_S = 3600.0
 _LOOKUP_CHUNK = 1000  # job ids a Slurm lookup call

@@ -10,6 +10,7 @@ Slurm, shared by both controllers behind a recorder).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +31,7 @@ from icefrog_slurm.store.sql import SqlStore, make_engine
 from tests.integration.conftest import wait_for
 from tests.integration.controller.support import FixedPolicy
 from tests.integration.store.helpers import spec
-from tests.support.lease import POSTGRES_ONLY, lock_waiters, steal_the_lead
+from tests.support.lease import POSTGRES_ONLY, lock_waiters, read, steal_the_lead
 
 MUTATING = frozenset(
     {"submit_held", "release", "release_now", "update_pending", "signal_batch"}
@@ -257,3 +258,53 @@ def test_a_killed_lock_connection_never_gives_two_enacting_leaders(
     assert ("release_now", sid_b) in {(c.name, c.job_id) for c in by_second}
     assert max(c.seq for c in by_first) < min(c.seq for c in by_second)
     assert "NOT THE ACTIVE CONTROLLER ANY MORE (led as epoch 1)" in caplog.text
+
+
+def test_a_stale_leaders_drain_leaves_every_report_for_the_leader(
+    db_url: str, tmp_path: Path
+) -> None:
+    """The inbox writes through the fenced store: a controller that lost the lead neither
+    accepts nor rejects a report (both would be final); the real leader's drain does."""
+    from icefrog_slurm.store.inbox import ReportInbox, SlurmJobFacts
+    from icefrog_slurm.store.models import RejectedReportRow
+
+    def inbox(store: SqlStore) -> ReportInbox:
+        return ReportInbox(
+            store=store,
+            inbox_dir=tmp_path / "inbox",
+            archive_dir=tmp_path / "archive",
+            slurm_jobs=lambda ids: {i: SlurmJobFacts(uid=os.getuid(), icefrog=True) for i in ids},
+        )
+
+    def files() -> list[Path]:
+        return sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+
+    old_store, new_store = SqlStore(db_url), SqlStore(db_url)
+    try:
+        old = old_store.try_lead()
+        assert old is not None
+        stale = inbox(old_store)
+        stale.prepare()
+        steal_the_lead(db_url)
+        new = new_store.try_lead()
+        assert new is not None
+        (tmp_path / "inbox" / "junk").mkdir()
+        (tmp_path / "inbox" / "junk" / "x").write_text("x")
+        before = files()
+        stale.drain()  # junk alone: judged file by file, the rejection refused
+        assert files() == before
+        (tmp_path / "inbox" / "4242").mkdir()
+        (tmp_path / "inbox" / "4242" / "1-progress.json").write_text("{not json")
+        before = files()
+        stale.drain()  # a job's folder: the owners' lookup refused first
+        assert files() == before  # nothing archived, nothing lost
+        assert read(db_url, select(RejectedReportRow.id)) == []
+        with new.hold():
+            inbox(new_store).drain()  # the leader's drain judges them
+        assert len(read(db_url, select(RejectedReportRow.id))) == 2
+        assert not any((tmp_path / "inbox").rglob("*.json"))
+        old.release()
+        new.release()
+    finally:
+        old_store.close()
+        new_store.close()
