@@ -64,12 +64,13 @@ class Shared:
         self.epochs = epochs
         self._engine = make_engine(url)
         self.gate_hit, self.gate = threading.Event(), threading.Event()
+        self.gated = "first"  # whose first release_now waits at the gate
 
     def close(self) -> None:
         self._engine.dispose()
 
     def run(self, who: str, name: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
-        if who == "first" and name == "release_now" and not self.gate_hit.is_set():
+        if who == self.gated and name == "release_now" and not self.gate_hit.is_set():
             self.gate_hit.set()  # the first leader, in the middle of enacting, stops here
             assert self.gate.wait(60), "the test never opened the gate"
         with self.lock:
@@ -258,6 +259,31 @@ def test_a_killed_lock_connection_never_gives_two_enacting_leaders(
     assert ("release_now", sid_b) in {(c.name, c.job_id) for c in by_second}
     assert max(c.seq for c in by_first) < min(c.seq for c in by_second)
     assert "NOT THE ACTIVE CONTROLLER ANY MORE (led as epoch 1)" in caplog.text
+
+
+def test_a_leader_that_lost_its_lock_leads_again_under_a_new_epoch(
+    pair: Pair, db_url: str, tmp_path: Path
+) -> None:
+    """No standby: the controller notices its lock is gone, waits for it again, takes a
+    new epoch and goes on enacting (a Postgres restart or a network cut loses no job)."""
+    (a, _), (b, sid_b) = pair.jobs["a"], pair.jobs["b"]
+    node = pair.shared.sim.node_names[0]
+    pair.shared.gated = ""
+    pair.policy.decisions[a] = (1, False, (node,))
+    errors: list[BaseException] = []
+    solo = start(pair, "first", tmp_path, errors)
+    wait_for("job a to run", lambda: running(pair, "a"))
+    steal_the_lead(db_url)
+    wait_for("a new lead", lambda: len(pair.stores["first"].epochs) == 2)
+    pair.policy.decisions[b] = (1, False, (node,))
+    pair.clock.offset += ROUND_S + 1
+    wait_for("job b to run", lambda: running(pair, "b"))
+    pair.clock.stop.set()
+    solo.join(30)
+    assert not errors, errors
+    assert pair.stores["first"].epochs == [1, 2]
+    assert [c.issuer_epoch for c in pair.shared.commands if c.job_id == sid_b] == [2, 2]
+    assert all(c.issuer_epoch == c.db_epoch for c in pair.shared.commands)
 
 
 def test_a_stale_leaders_drain_leaves_every_report_for_the_leader(
