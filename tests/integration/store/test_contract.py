@@ -215,21 +215,6 @@ def test_round_trajectory_of_a_job(store: SqlStore) -> None:
     assert [(n, a.gpus, a.frozen) for n, a in trajectory] == [(1, 0, 1), (2, 2, 2), (3, 4, 3)]
 
 
-def test_only_one_controller_leads(db_url: str) -> None:
-    first, second = SqlStore(db_url), SqlStore(db_url)
-    try:
-        lock = first.try_lead()
-        assert lock is not None
-        assert second.try_lead() is None
-        lock.release()
-        again = second.try_lead()
-        assert again is not None and first.try_lead() is None
-        again.release()
-    finally:
-        first.close()
-        second.close()
-
-
 def test_a_consistent_transaction_reads_one_state(store: SqlStore) -> None:
     if store.engine.dialect.name == "sqlite":
         pytest.skip("SQLite: a write transaction (BEGIN IMMEDIATE) excludes other writers")

@@ -51,7 +51,7 @@ def test_each_lead_takes_a_new_epoch(stores: tuple[SqlStore, SqlStore]) -> None:
     assert a is not None and second.try_lead() is None
     a.release()
     b = second.try_lead()
-    assert b is not None and b.epoch == a.epoch + 1
+    assert b is not None and b.epoch == a.epoch + 1 and first.try_lead() is None
     with b.hold():
         add_job(second, "1")  # the leader writes
     add_job(first, "2")  # a store that released its lease writes as a plain client
