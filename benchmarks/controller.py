@@ -154,9 +154,6 @@ class MemoryCluster:
     def gres_allocation(self, *, job_id: str) -> tuple[GresAllocation, ...]:
         return ()
 
-    def owner_uid(self, *, job_id: str) -> int:
-        return 0
-
     def hostnames(self, *, nodelist: str) -> tuple[str, ...]:
         return tuple(expand_hostlist(nodelist))
 

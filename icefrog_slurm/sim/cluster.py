@@ -228,9 +228,6 @@ class SimCluster:
             foreign_job_ids=(),
         )
 
-    def owner_uid(self, *, job_id: str) -> int:
-        return self._get(job_id).user_id
-
     def resubmit(
         self,
         *,

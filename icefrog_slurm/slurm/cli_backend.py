@@ -299,9 +299,6 @@ class SlurmCliBackend:
             partition=partition, nodes=nodes, jobs=jobs, shard_gpus=shard_gpus
         )
 
-    def owner_uid(self, *, job_id: str) -> int:
-        return self.job_detail(job_id=job_id).user_id
-
     def hostnames(self, *, nodelist: str) -> tuple[str, ...]:
         return parse.parse_hostnames(self._run(commands.hostnames(nodelist)))
 

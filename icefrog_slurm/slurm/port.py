@@ -317,10 +317,6 @@ class ClusterPort(Protocol):
         """The partition's usable GPUs minus those held by foreign (non-icefrog) jobs."""
         ...
 
-    def owner_uid(self, *, job_id: str) -> int:
-        """The uid that owns a job (reports are accepted only from that uid)."""
-        ...
-
     def resubmit(
         self,
         *,

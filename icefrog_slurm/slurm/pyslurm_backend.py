@@ -279,9 +279,6 @@ class SlurmPyslurmBackend:
     def partition_capacity(self, *, partition: str) -> PartitionCapacity:
         return self._cli.partition_capacity(partition=partition)
 
-    def owner_uid(self, *, job_id: str) -> int:
-        return self.job_detail(job_id=job_id).user_id
-
     def hostnames(self, *, nodelist: str) -> tuple[str, ...]:
         return self._cli.hostnames(nodelist=nodelist)
 

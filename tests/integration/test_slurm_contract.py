@@ -250,7 +250,7 @@ def test_foreign_job_gpus_are_excluded_from_capacity(port: ClusterPort, job_dir:
     assert before.total_gpus == 16
     foreign = _submit_as_nobody(job_dir, "-J", "ct-foreign", "--gres=gpu:2", "-w", "node4")
     _running(port, foreign)
-    assert port.owner_uid(job_id=foreign) == NOBODY
+    assert port.job_detail(job_id=foreign).user_id == NOBODY
     after = port.partition_capacity(partition="gpu")
     assert foreign in after.foreign_job_ids and after.total_gpus == 16
     assert after.available_gpus == before.available_gpus - 2
