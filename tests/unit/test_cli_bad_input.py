@@ -11,7 +11,9 @@ and ``{db}`` a migrated, empty SQLite state store.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
 import json
 import logging
 import os
@@ -23,9 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as settings_hyp
+from hypothesis import strategies as st
 from sqlalchemy import inspect
 
 from icefrog_slurm.cli import main
+from icefrog_slurm.commands import solve, tune
+from icefrog_slurm.errors import InputError
+from icefrog_slurm.settings import load_settings
 from icefrog_slurm.store import migrate
 from icefrog_slurm.store.sql import make_engine
 
@@ -525,3 +533,58 @@ def test_db_upgrade_migrates_an_emptied_version_table(
     _create(empty_db_url, "CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
     assert main(["db", "upgrade", "--url", empty_db_url]) == 0
     assert f"is at revision {migrate.head_revision()}" in capsys.readouterr().out
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner),
+    max_leaves=20,
+)
+_FIELDS = sorted({*tune.FIELDS, *solve.TOP, *solve.JOB, *solve.OPTION, "options", "id"})
+
+
+def _documents(base: Mapping[str, object]) -> st.SearchStrategy[dict[str, object]]:
+    """``base`` with some fields replaced by any JSON value (or dropped)."""
+    edit = st.dictionaries(st.sampled_from(_FIELDS), _JSON | st.just(None), max_size=3)
+    return edit.map(lambda e: {k: v for k, v in {**base, **e}.items() if v is not None})
+
+
+@settings_hyp(max_examples=150, deadline=None)
+@given(doc=_documents(TUNE))
+def test_tune_documents_fail_only_with_input_errors(doc: dict[str, object]) -> None:
+    with contextlib.suppress(InputError):
+        tune.choose(tune.parse_request(json.loads(json.dumps(doc))))
+
+
+@settings_hyp(max_examples=150, deadline=None)
+@given(doc=_documents(SOLVE))
+def test_solve_documents_fail_only_with_input_errors(doc: dict[str, object]) -> None:
+    with contextlib.suppress(InputError):
+        solve.parse_problem(json.loads(json.dumps(doc)))
+
+
+@settings_hyp(max_examples=150, deadline=None)
+@given(text=st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
+def test_any_settings_file_loads_or_fails_with_an_input_error(state_db: Path, text: bytes) -> None:
+    path = state_db.parent / "c.toml"
+    path.write_bytes(b"[controller]\n" + text)
+    with contextlib.suppress(InputError):
+        load_settings(path)
+
+
+_OPTION_TEXT = st.text(st.characters(codec="utf-8"), max_size=30) | st.sampled_from(
+    ["", ",", "now-9999999999999999weeks", "JobID%0", "JobID%9999999", "\u0663", "all"]
+)
+
+
+@settings_hyp(max_examples=150, deadline=None)
+@given(
+    option=st.sampled_from(["--user", "--jobs", "--state", "--starttime", "--endtime", "--format"]),
+    value=_OPTION_TEXT,
+)
+def test_sacct_options_list_or_fail_in_one_line(state_db: Path, option: str, value: str) -> None:
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(["sacct", "--db", f"sqlite:///{state_db}", f"{option}={value}"])
+    assert code in (0, 2), err.getvalue()
+    assert code == 0 or err.getvalue().count("\n") == 1, err.getvalue()
