@@ -9,13 +9,15 @@ after a requeue (same Slurm job id, an empty folder) and not after ``icefrog sub
 time in microseconds: increasing within a process and across restarts.
 
 Credential: icefrog_slurm.security.sign (``munge -s <body_digest>``, the digest of the
-report body, encoded with the sender's uid); when munge is missing or fails the credential
-stays empty and the controller will reject the report.
+report body, encoded with the sender's uid). When munged cannot be asked (stopped,
+restarting, slow) a report is kept, in order, and signed and written at the next report;
+the ``finished`` report, the last one, waits for munged up to ``FINAL_WAIT_S``. A report
+that munge refuses, or that cannot be signed because munge is not installed, is written
+with no credential (the controller rejects it and says why).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import time
@@ -25,6 +27,11 @@ from typing import Any
 
 from icefrog_slurm import security
 from icefrog_slurm.protocol import PROTOCOL_VERSION, Envelope
+
+FINAL_WAIT_S = 120.0
+"""How long the last report of a job waits for munged to answer."""
+MAX_WAITING = 10000
+"""Reports kept while munged is away; beyond that the oldest are written unsigned."""
 
 
 class Reporter:
@@ -38,6 +45,7 @@ class Reporter:
         self.slurm_job_id = slurm_job_id
         self.job_name = job_name
         self.seq = 1
+        self.waiting: list[Envelope] = []  # made while munged could not be asked
         if self.enabled:
             Path(inbox).mkdir(parents=True, exist_ok=True)
             # <job id>, or a token folder of this process when another user took that name
@@ -61,8 +69,30 @@ class Reporter:
             time=time.time(),
             payload=json.loads(json.dumps(payload)),  # tuples -> lists, as parsed back
         )
-        with contextlib.suppress(security.MungeError):  # unsigned: the controller rejects it
-            envelope = security.sign(envelope)
-        path = security.drop_report(self.folder.parent, envelope)
+        self.waiting.append(envelope)
         self.seq += 1
+        deadline = time.monotonic() + (FINAL_WAIT_S if kind == "finished" else 0.0)
+        while True:
+            path = self._drop_waiting()
+            if not self.waiting or time.monotonic() >= deadline:
+                return path
+            time.sleep(min(5.0, max(deadline - time.monotonic(), 0.0)))
+
+    def _drop_waiting(self) -> Path | None:
+        """Sign and write the kept reports, oldest first; stop at the first that munged
+        cannot sign yet. The path of the last report written, or None."""
+        path = None
+        while self.waiting:
+            envelope = self.waiting[0]
+            try:
+                envelope = security.sign(envelope)
+            except security.MungeNotInstalled:
+                pass  # no munge at all: unsigned, and the controller says why it rejects it
+            except security.MungeUnavailable:
+                if len(self.waiting) <= MAX_WAITING:
+                    return path
+            except security.MungeError:
+                pass  # munge refused to sign it: unsigned as well
+            path = security.drop_report(self.folder.parent, envelope)
+            self.waiting.pop(0)
         return path

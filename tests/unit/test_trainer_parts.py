@@ -5,6 +5,7 @@ utilisation."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -15,7 +16,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from icefrog_slurm.errors import InputError  # noqa: E402
-from icefrog_slurm.protocol import Decision, parse_decision, parse_envelope, parse_payload  # noqa: E402
+from icefrog_slurm.protocol import (  # noqa: E402
+    Decision,
+    Envelope,
+    parse_decision,
+    parse_envelope,
+    parse_payload,
+)
 from launcher import checkpoint  # noqa: E402
 from launcher.decision import read_decision  # noqa: E402
 from launcher.profiler import (  # noqa: E402
@@ -102,6 +109,40 @@ def test_report_without_munge_is_written_unsigned(
     assert path.name == f"{envelope.seq}-metric.json"
     assert path.stat().st_mode & 0o777 == 0o600
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left
+
+
+def test_reports_wait_for_munged_and_keep_their_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """munged away: a report is kept, not written unsigned; back: the kept ones are signed and
+    written first, in order; the last report waits for munged (here: it comes back)."""
+    from icefrog_slurm import security
+    from launcher import reports
+
+    up = [False]
+
+    def sign(envelope: Envelope, **_: object) -> Envelope:
+        if not up[0]:
+            raise security.MungeUnavailable("munged: socket refused")
+        return dataclasses.replace(envelope, credential=f"MUNGE:{envelope.seq}")
+
+    monkeypatch.setattr(security, "sign", sign)
+    reporter = Reporter(inbox=str(tmp_path / "inbox"), slurm_job_id="19", job_name="m")
+    assert reporter.send("metric", {"epoch": 1, "name": "loss", "value": 2.0}) is None
+    assert reporter.send("metric", {"epoch": 2, "name": "loss", "value": 1.0}) is None
+    assert list(reporter.folder.iterdir()) == [] and len(reporter.waiting) == 2
+    up[0] = True
+    last = reporter.send("metric", {"epoch": 3, "name": "loss", "value": 0.5})
+    written = sorted(reporter.folder.iterdir(), key=lambda p: int(p.name.split("-")[0]))
+    assert last == written[-1] and reporter.waiting == []
+    envelopes = [parse_envelope(p.read_bytes()) for p in written]
+    assert [e.payload["epoch"] for e in envelopes] == [1, 2, 3]
+    assert all(e.credential == f"MUNGE:{e.seq}" for e in envelopes)
+    up[0] = False
+    monkeypatch.setattr(reports, "FINAL_WAIT_S", 0.2)
+    monkeypatch.setattr(time, "sleep", lambda s: up.__setitem__(0, True))  # back after a wait
+    final = reporter.send("finished", {"reason": "max_epochs", "epoch": 3, "final_metric": 0.5})
+    assert final is not None and parse_envelope(final.read_bytes()).credential.startswith("MUNGE:")
 
 
 def test_decision_parsing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
