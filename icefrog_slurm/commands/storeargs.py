@@ -56,4 +56,4 @@ def print_lines(lines: Iterable[str]) -> None:
 
 
 def print_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2) + "\n")
+    print_lines([json.dumps(value, indent=2)])
