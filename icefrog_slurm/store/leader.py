@@ -8,9 +8,10 @@ held :class:`Lease` (None while another controller holds the lock):
 - Postgres: ``pg_try_advisory_lock`` on a dedicated connection (the lock ends with that
   session, so a killed controller's lock goes with its connection);
 - SQLite: ``flock`` on ``<real path of the database>.leader``: the path is resolved first, so
-  a symlink or another spelling of the path finds the same lock. A URL with no file to lock
-  (``sqlite://`` in memory, a URI filename) or of another dialect is refused (InputError):
-  nothing would keep a second controller out.
+  a symlink or another spelling of the path finds the same lock; the lock file must be a
+  plain file of the controller's own uid (a symlink is never followed). A URL with no file
+  to lock (``sqlite://`` in memory, a URI filename) or of another dialect is refused
+  (InputError): nothing would keep a second controller out.
 
 A lock that was taken once proves nothing later: its connection can drop (a network blip,
 a Postgres restart, ``pg_terminate_backend``) while the controller runs on, and a standby
@@ -39,6 +40,7 @@ import fcntl
 import logging
 import os
 import socket
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import NoReturn
@@ -57,6 +59,13 @@ TAKEOVER_WAIT_S = 10
 """How long a new leader's epoch bump waits for the previous leader's tick to end (Postgres)
 before it lets go of the lock and tries again later."""
 _LOCK_NOT_AVAILABLE = "55P03"  # Postgres SQLSTATE of a lock_timeout
+_SERVER_KEEPALIVES = text(
+    "SELECT set_config('tcp_keepalives_idle', '30', false),"
+    " set_config('tcp_keepalives_interval', '10', false),"
+    " set_config('tcp_keepalives_count', '3', false)"
+)
+"""On the lock's session: the server drops it (and the lock) within about a minute of
+losing the controller on a cut network, so a standby can take over (the OS default: 2 h)."""
 
 
 class LostLead(IcefrogError):
@@ -184,6 +193,7 @@ def _lead_postgres(engine: Engine) -> Lease | None:
         if not got:
             conn.close()
             return None
+        conn.execute(_SERVER_KEEPALIVES)
         epoch = _bump(engine)
     except BaseException:
         _drop(conn)
@@ -197,6 +207,7 @@ def _lead_postgres(engine: Engine) -> Lease | None:
 def _lead_sqlite(engine: Engine, path: str) -> Lease | None:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
+        _require_own_file(fd, path)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if not _same_file(fd, path):  # replaced between open and flock: try again later
             os.close(fd)
@@ -236,6 +247,18 @@ def _bump(engine: Engine) -> int | None:
             raise IcefrogError("the leader_lease row is missing: run `icefrog db upgrade`")
     log.info("leading as epoch %d (%s)", epoch, holder)
     return int(epoch)
+
+
+def _require_own_file(fd: int, path: str) -> None:
+    """A lock file someone else made (a user who could write the folder) is not ours to
+    trust: its owner could hold the lock for ever."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        raise IcefrogError(
+            f"lock file {path} is not a plain file of uid {os.geteuid()} (a "
+            f"{stat.filemode(st.st_mode)} file of uid {st.st_uid}): remove it, and make its "
+            "folder writable by this controller's user alone"
+        )
 
 
 def _same_file(fd: int, path: str) -> bool:

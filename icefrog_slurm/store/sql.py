@@ -46,6 +46,16 @@ from icefrog_slurm.store.records import StoreSnapshot
 from icefrog_slurm.store.tx import StoreTx
 
 _BEGIN_OPTION = "icefrog_sqlite_begin"
+_PG_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 60_000,  # ms
+}
+"""libpq's TCP keepalives and send timeout (unless the URL sets them): a connection the
+network cut fails in about a minute instead of hanging for many, so a controller finds out
+it lost the lead, and a store call a fault stopped is retried, in time."""
 
 
 def make_engine(url: str) -> Engine:
@@ -56,7 +66,8 @@ def make_engine(url: str) -> Engine:
             engine = create_engine(parsed, connect_args={"timeout": 30.0})
             _configure_sqlite(engine, in_memory=parsed.database in (None, "", ":memory:"))
             return engine
-        return create_engine(parsed, pool_pre_ping=True)
+        keepalives = {k: v for k, v in _PG_KEEPALIVES.items() if k not in parsed.query}
+        return create_engine(parsed, pool_pre_ping=True, connect_args=keepalives)
     except (ArgumentError, NoSuchModuleError) as exc:
         raise InputError(f"database URL {url!r}: {exc}") from None
 

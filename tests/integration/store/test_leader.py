@@ -4,20 +4,21 @@ write; databases no lock can guard are refused for the controller."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
-from icefrog_slurm.errors import InputError
+from icefrog_slurm.errors import IcefrogError, InputError
 from icefrog_slurm.settings import settings_from_mapping
 from icefrog_slurm.store import leader
 from icefrog_slurm.store.leader import Lease, LostLead
 from icefrog_slurm.store.models import Job, LeaderLease
-from icefrog_slurm.store.sql import SqlStore
+from icefrog_slurm.store.sql import SqlStore, make_engine
 from tests.integration.conftest import wait_for
 from tests.integration.store.helpers import spec
 from tests.support.lease import POSTGRES_ONLY, lock_waiters, read, steal_the_lead
@@ -198,3 +199,56 @@ def test_the_daemon_will_not_run_on_an_in_memory_database() -> None:
 
 def test_the_lease_row_is_one_row(db_url: str) -> None:
     assert read(db_url, select(LeaderLease.id, LeaderLease.epoch)) == [(1, 0)]
+
+
+def test_a_lock_file_made_by_someone_else_is_refused(tmp_path: Path, sqlite_template: Path) -> None:
+    """A user who can write the state folder plants the lock file (to hold its flock for
+    ever, or to point it elsewhere): the controller names it and takes no lead."""
+    db = tmp_path / "icefrog.db"
+    shutil.copyfile(sqlite_template, db)
+    store = SqlStore(f"sqlite:///{db}")
+    lock = Path(f"{db}.leader")
+    try:
+        lock.write_text("")
+        os.chown(lock, 4242, 4242)
+        with pytest.raises(
+            IcefrogError,
+            match=r"icefrog.db.leader is not a plain file of uid \d+ "
+            r"\(a -rw-.* file of uid 4242\)",
+        ):
+            store.try_lead()
+        lock.unlink()
+        lock.symlink_to(tmp_path / "elsewhere")
+        with pytest.raises(OSError):  # never followed
+            store.try_lead()
+        assert not (tmp_path / "elsewhere").exists()
+        lock.unlink()
+        lease = store.try_lead()  # the folder is the controller's again
+        assert lease is not None
+        lease.release()
+    finally:
+        store.close()
+
+
+@POSTGRES_ONLY
+def test_a_cut_network_drops_the_lock_in_about_a_minute(
+    db_url: str, stores: tuple[SqlStore, SqlStore]
+) -> None:
+    """Keepalives on both ends: the server ends a vanished leader's session (freeing the
+    lock for a standby), and the leader's own queries fail rather than hang."""
+    first, _ = stores
+    lease = first.try_lead()
+    assert isinstance(lease, leader._PgLease)
+    server = lease._conn.execute(text("SHOW tcp_keepalives_idle")).scalar()
+    assert server in ("30", "30s")
+    with first.engine.connect() as conn:
+        client = conn.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
+    assert (client["keepalives_idle"], client["tcp_user_timeout"]) == ("30", "60000")
+    lease.release()
+    engine = make_engine(f"{db_url}?keepalives_idle=5")  # the URL's own setting wins
+    try:
+        with engine.connect() as conn:
+            params = conn.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
+        assert params["keepalives_idle"] == "5"
+    finally:
+        engine.dispose()
