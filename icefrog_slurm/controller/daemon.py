@@ -22,7 +22,8 @@ while a job is checkpointing it comes back every ``reconcile_poll_s``. When slur
 down or slow (``SlurmUnavailable``) or the database fails, the tick is abandoned (its
 transaction rolled back: the decision is recorded only together with its intents), the
 error logged, and the loop backs off exponentially up to the round period. It never exits
-on such errors.
+on such errors; a database it cannot reach while taking the lead is retried too. Only a
+database no lock can guard (``sqlite://`` in memory: InputError) stops it at the start.
 """
 
 from __future__ import annotations

@@ -30,6 +30,11 @@ then takes the lock. So the lease is proved again and again:
   SQLite) and a stale one raises :class:`LostLead`, so the transaction rolls back before a
   step's Slurm command runs.
 
+What is left: should the guard's own connection drop in the middle of a tick too (with the
+lock's), or the SQLite lock file be removed then, a standby can take the lease while the old
+leader's current reconcile step runs its Slurm command; that step's next write is refused,
+so at most that one step overlaps.
+
 Once lost, a lease stays lost. ``release`` lets go of the lock; the store then writes as an
 ordinary client again (what a controller that stopped leading on purpose may do).
 """
