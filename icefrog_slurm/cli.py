@@ -3,6 +3,11 @@
 Each subcommand lives in its own module with ``add_arguments(parser)`` and ``run(args) -> int``;
 modules are imported only when their subcommand runs, so ``icefrog tune`` never loads
 SQLAlchemy and ``icefrog launch`` (job side, torch) never loads the controller.
+
+Errors end a command in one printable line, ``icefrog COMMAND: error: MESSAGE``: an
+:class:`IcefrogError` exits with its code (an InputError, bad input, with 2); a file error no
+command foresaw names the file (2 for a bad path, 1 for a system fault such as a full disk);
+argparse's own errors exit 2. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 The database is ``--url URL``, else ``store.url`` of ``--config FILE`` (default
 /etc/icefrog/icefrog.toml when it exists, else the built-in default: a SQLite file in
-/var/lib/icefrog). For SQLite the file's folder is created.
+/var/lib/icefrog). For SQLite the file's folder is created. Only an empty database or one of
+icefrog's is migrated: another application's (tables without an icefrog revision) or one at
+a revision this icefrog does not know is left untouched, exit 2 naming it (``migrate.py``).
 """
 
 from __future__ import annotations
