@@ -588,3 +588,18 @@ def test_sacct_options_list_or_fail_in_one_line(state_db: Path, option: str, val
         code = main(["sacct", "--db", f"sqlite:///{state_db}", f"{option}={value}"])
     assert code in (0, 2), err.getvalue()
     assert code == 0 or err.getvalue().count("\n") == 1, err.getvalue()
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+def test_a_simulated_clock_that_cannot_advance_stops_with_an_error() -> None:
+    """Past the workload reader's bound (the engine's own callers): at 1e300 s a round of
+    300 s no longer moves a float clock; the loop says so instead of spinning forever."""
+    from icefrog_slurm.policies.standin import StandInPolicy
+    from icefrog_slurm.settings import Settings
+    from icefrog_slurm.sim.engine import Engine, SimOptions
+    from icefrog_slurm.sim.workload import Job
+
+    job = Job("j0", 1e300, "resnet18-cifar10", 1, 128)
+    engine = Engine([job], StandInPolicy(), settings=Settings(), options=SimOptions(gpus=4))
+    with pytest.raises(InputError, match="simulated time cannot advance past 1e"):
+        engine.run()
