@@ -10,7 +10,6 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from icefrog_slurm.errors import InputError
@@ -22,8 +21,6 @@ MAX_DEPTH = 32
 """Deepest nesting of arrays and objects any JSON input may have."""
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 """Every JSON integer must fit a signed 64-bit column (SQLite and Postgres BIGINT)."""
-MAX_INPUT_BYTES = 64 * 1024 * 1024
-"""Largest JSON document a user may hand the CLI."""
 
 _STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 _BAD_CHARS = re.compile("[\x00\ud800-\udfff]")
@@ -132,29 +129,6 @@ def _printable(text: str, limit: int) -> str:
             break
         out.append(piece)
     return "".join(out)
-
-
-def load_json_file(path: str | Path) -> Any:
-    """Parse a JSON file given on the command line (``-``: stdin) with :func:`loads`; a
-    missing file, a folder, an unreadable or oversized file is :class:`InputError`."""
-    import sys
-
-    name = printable(str(path), 200)
-    try:
-        if str(path) == "-":
-            raw = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
-        else:
-            with open(path, "rb") as fh:
-                raw = fh.read(MAX_INPUT_BYTES + 1)
-    except FileNotFoundError:
-        raise InputError(f"{name}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{name}: is a folder, not a JSON file") from None
-    except OSError as exc:
-        raise InputError(f"{name}: cannot read: {exc.strerror}") from None
-    if len(raw) > MAX_INPUT_BYTES:
-        raise InputError(f"{name}: larger than {MAX_INPUT_BYTES} bytes")
-    return loads(raw, name)
 
 
 def expect_object(value: Any, where: str) -> JsonObject:

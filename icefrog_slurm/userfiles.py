@@ -1,7 +1,9 @@
 """Reading a file a user names on the command line (settings, workloads, traces).
 
-:func:`read_text` reads at most a given size and decodes UTF-8; every fault of the file
-(missing, a folder, unreadable, too large, not UTF-8) is an InputError naming it.
+:func:`read_bytes` reads at most a given size, :func:`read_text` decodes it as UTF-8 and
+:func:`load_json_file` parses it with the bounded reader ``jsonio.loads``; every fault of the
+file (missing, a folder, unreadable, too large, not UTF-8, not JSON) is an InputError naming
+it.
 :func:`path_arg` is the argparse type of a path option: an empty one is an error (``Path('')``
 would silently mean the current folder).
 """
@@ -9,15 +11,40 @@ would silently mean the current folder).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import Any
 
 from icefrog_slurm.errors import InputError
-from icefrog_slurm.jsonio import printable
+from icefrog_slurm.jsonio import loads, printable
+
+MAX_JSON_BYTES = 64 * 1024 * 1024
+"""Largest JSON document a user may hand the CLI."""
+
+
+def load_json_file(path: str | Path) -> Any:
+    """Parse the JSON file ``path`` (``-``: stdin) with ``jsonio.loads``."""
+    if str(path) == "-":
+        raw = sys.stdin.buffer.read(MAX_JSON_BYTES + 1)
+        if len(raw) > MAX_JSON_BYTES:
+            raise InputError(f"-: larger than {MAX_JSON_BYTES} bytes")
+        return loads(raw, "-")
+    return loads(read_bytes(path, limit=MAX_JSON_BYTES, kind="JSON file"), printable(str(path)))
 
 
 def read_text(path: str | Path, *, limit: int, kind: str) -> str:
     """The UTF-8 text of ``path`` (at most ``limit`` bytes); ``kind`` names what the file
     should be in the message of a folder (``settings file``, ``CSV file``)."""
+    raw = read_bytes(path, limit=limit, kind=kind)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{printable(str(path), 200)}: not UTF-8 (byte {exc.start})") from None
+
+
+def read_bytes(path: str | Path, *, limit: int, kind: str) -> bytes:
+    """The bytes of ``path`` (at most ``limit``); ``kind`` names what the file should be in
+    the message of a folder."""
     name = printable(str(path), 200)
     if not name:
         raise InputError(f"{kind}: the path is empty")
@@ -32,10 +59,7 @@ def read_text(path: str | Path, *, limit: int, kind: str) -> str:
         raise InputError(f"{name}: cannot read: {exc.strerror or exc}") from None
     if len(raw) > limit:
         raise InputError(f"{name}: larger than {limit} bytes")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{name}: not UTF-8 (byte {exc.start})") from None
+    return raw
 
 
 def path_arg(text: str) -> Path:

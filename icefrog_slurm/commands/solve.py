@@ -26,6 +26,7 @@ from icefrog_slurm.core.solver import (
 )
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.limits import MAX_CLUSTER_GPUS, MAX_GPUS_PER_NODE, MAX_JOB_GPUS
+from icefrog_slurm.userfiles import load_json_file
 
 TOP = ("gpus", "gpus_per_node", "gpu_mem_gb", "nodes", "max_jobs_per_gpu", "mem_safety", "jobs")
 JOB = ("id", "weight", "current", "options")
@@ -172,7 +173,7 @@ def _check_options(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check_options(args)
-    problem = parse_problem(jsonio.load_json_file(args.file))
+    problem = parse_problem(load_json_file(args.file))
     settings = SolverSettings(
         method=args.solver,
         time_limit_s=args.time_limit,

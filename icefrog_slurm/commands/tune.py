@@ -28,12 +28,12 @@ from icefrog_slurm.jsonio import (
     get_list,
     get_number,
     int_list,
-    load_json_file,
     number_list,
     reject_unknown,
 )
 from icefrog_slurm.limits import MAX_JOB_GPUS
 from icefrog_slurm.protocol import INT32_MAX, MAX_LAYERS, ProfileSample
+from icefrog_slurm.userfiles import load_json_file
 
 FIELDS = (
     "layers",
