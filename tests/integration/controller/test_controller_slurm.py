@@ -148,7 +148,8 @@ def test_two_jobs_share_a_gpu_and_one_moves_back(
     back = chain(store, b)
     assert len(back) == 3 and back[:2] == (sid_b, new_b)
     state = running(cluster, back[-1])
-    assert state.gres == Gres("gpu", 1) and state.user_id == cluster.job_detail(job_id=new_a).user_id
+    owner = cluster.job_detail(job_id=new_a).user_id
+    assert state.gres == Gres("gpu", 1) and state.user_id == owner
     assert running(cluster, new_a).gres == Gres("shard", 1)  # the other stays shared
 
 
