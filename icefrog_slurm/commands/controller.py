@@ -8,9 +8,9 @@ set, the Prometheus endpoint. ``--once`` makes one tick;
 ``--dry-run`` makes one tick, prints the plan as JSON and enacts nothing (nothing is
 recorded either). ``--policy`` picks the policy: ``icefrog`` (default) or ``standin``.
 
-Testing hook: ``ICEFROG_KILL_AFTER_STEP=K`` makes the process SIGKILL itself right after
-the K-th reconcile step point (a Slurm command done, or its outcome logged), to prove that
-a controller killed anywhere converges after a restart.
+:func:`run` takes an optional ``after_step`` callback, called at each reconcile step point
+(a Slurm command done, its outcome logged, a decision file about to be renamed into place);
+the command line never sets it: only tests do, to kill the process at such a point.
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-from collections.abc import Callable
 
 from icefrog_slurm.controller.daemon import Controller
 from icefrog_slurm.controller.plan import Policy
 from icefrog_slurm.controller.ports import FsJobFiles, SystemClock
+from icefrog_slurm.controller.reconcile import StepHook
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.settings import Settings, load_settings
 from icefrog_slurm.slurm.port import JobNotFound
@@ -73,24 +72,7 @@ def setup_logging(settings: Settings, environ: dict[str, str]) -> None:
     root.setLevel(settings.logging.level)
 
 
-def kill_hook(environ: dict[str, str]) -> Callable[[str], None] | None:
-    raw = environ.get("ICEFROG_KILL_AFTER_STEP")
-    if not raw:
-        return None
-    if not raw.isdigit():
-        raise InputError("ICEFROG_KILL_AFTER_STEP: must be a positive integer")
-    left = [int(raw)]
-
-    def hook(what: str) -> None:
-        left[0] -= 1
-        if left[0] <= 0:
-            print(f"killing myself after step {raw} ({what})", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return hook
-
-
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, after_step: StepHook | None = None) -> int:
     from icefrog_slurm.store.inbox import ReportInbox
     from icefrog_slurm.store.sql import SqlStore
 
@@ -128,10 +110,10 @@ def run(args: argparse.Namespace) -> int:
         cluster=cluster,
         store=store,
         clock=SystemClock(),
-        files=FsJobFiles(),
+        files=FsJobFiles(after_step=after_step),
         drain=inbox.drain,
         dry_run=args.dry_run,
-        after_step=kill_hook(environ),
+        after_step=after_step,
         on_tick=on_tick,
     )
     try:

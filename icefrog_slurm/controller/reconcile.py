@@ -27,7 +27,8 @@ step, so repeating a step never does harm:
 - pending and held: gpu<->shard needs a resubmission as the job's owner (Slurm 22.05 cannot
   change a pending job's GRES type), linked into the icefrog job's chain (a job released but
   not started yet is held first: ``scontrol hold``); otherwise update
-  GRES / NumNodes=N-N / ReqNodeList; then release with StartTime=now;
+  GRES / NumNodes=N-N / ReqNodeList; then release with StartTime=now (also a requeued job
+  found released but with no release logged: the controller stopped inside that step);
 - pending and told to wait: done (it stays held; a job released but not started yet is
   held again first).
 
@@ -343,7 +344,8 @@ class Reconciler:
         target: Target,
         r: ReconcileResult,
     ) -> str:
-        if state.held:  # both raise _Waiting: look again next pass, before any update
+        release = state.held or self._release_unfinished(job_id, sid)
+        if release:  # both raise _Waiting: look again next pass, before any update
             self._retry_later(job_id, state)
             self._after_requeue_gap(job_id, sid)
         if state.held or target.nodes or not matches(state, target):
@@ -359,11 +361,25 @@ class Reconciler:
                     job_id=sid, gres=target.gres, num_nodes=target.num_nodes, nodes=nodes
                 ),
             )
-        if state.held:
+        if release:
             self._do(
                 intent, job_id, sid, "release", r, lambda: self.cluster.release_now(job_id=sid)
             )
         return f"released as {target.gres} on {','.join(target.nodes) or 'any node'}"
+
+    def _release_unfinished(self, job_id: int, sid: str) -> bool:
+        """Whether the Slurm job was requeued and not released since, by the audit log: a
+        controller stopped inside ``release_now`` released it without ``StartTime=now``, and
+        Slurm would start it only ~2 minutes after the requeue."""
+        with self.store.transaction() as tx:
+            done = [
+                a
+                for a in tx.actions(job_id=job_id)
+                if a.slurm_job_id == sid
+                and a.outcome == "ok"
+                and a.action in ("requeue_hold", "release")
+            ]
+        return bool(done) and max(done, key=lambda a: a.time).action == "requeue_hold"
 
     def _after_requeue_gap(self, job_id: int, sid: str) -> None:
         """Raise _Waiting inside ``release_gap_s`` of the Slurm job's last requeue: a release

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +16,7 @@ from icefrog_slurm.controller.ports import FsJobFiles
 from icefrog_slurm.controller.snapshot import Snapshot
 from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.slurm.cli_backend import CliSettings, SlurmCliBackend
+from icefrog_slurm.slurm.identity import TagSigner
 from icefrog_slurm.slurm.port import Gres, IcefrogTag, JobState, SubmitRequest
 from icefrog_slurm.store import migrate
 from icefrog_slurm.store.records import Allocation
@@ -87,8 +88,14 @@ def make_store(settings: Settings) -> SqlStore:
     return SqlStore(settings.store.url)
 
 
-def backend() -> SlurmCliBackend:
-    return SlurmCliBackend(CliSettings(timeout_s=10, attempts=2, backoff_s=0.2))
+def backend(signer: TagSigner | None = None) -> SlurmCliBackend:
+    return SlurmCliBackend(CliSettings(timeout_s=10, attempts=2, backoff_s=0.2), signer=signer)
+
+
+def state_signer(settings: Settings) -> TagSigner:
+    """The tag signer whose secret is in the state folder: a restarted controller (or one
+    in a forked child) then recognises the resubmissions of the one before it."""
+    return TagSigner.from_file(Path(settings.state.dir) / "tag-secret")
 
 
 def submit_job(
@@ -132,16 +139,32 @@ def submit_job(
 
 
 def make_controller(
-    settings: Settings, store: SqlStore, policy: object, clock: OffsetClock
+    settings: Settings,
+    store: SqlStore,
+    policy: object,
+    clock: OffsetClock,
+    drain: Callable[[], object] | None = None,
 ) -> Controller:
     return Controller(
         settings=settings,
         policy=policy,  # type: ignore[arg-type]
-        cluster=backend(),
+        cluster=backend(state_signer(settings)),
         store=store,
         clock=clock,
         files=FsJobFiles(),
+        drain=drain,
     )
+
+
+def inbox_drain(settings: Settings, store: SqlStore) -> Callable[[], object]:
+    """The report inbox's drain, wired as the daemon wires it."""
+    from icefrog_slurm.store.inbox import ReportInbox, slurm_jobs_of
+
+    inbox = ReportInbox.from_settings(
+        settings.inbox, store=store, slurm_jobs=slurm_jobs_of(backend())
+    )
+    inbox.prepare()
+    return inbox.drain
 
 
 def converge(controller: Controller, timeout: float = 60.0) -> None:

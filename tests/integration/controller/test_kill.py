@@ -1,9 +1,13 @@
-"""Kill test: SIGKILL the controller process at every step point of a reconcile, restart
-it, and check the cluster converges to the plan with no job lost, duplicated or left held.
+"""Kill tests: SIGKILL the controller at a step point, restart it, and check the cluster
+converges to the plan with no job lost, duplicated or left held, and the store agrees.
 
 The plan (stand-in policy): job A runs on 1 GPU and needs 2 (checkpoint, requeue, update,
-release), job B is held and starts on 1 GPU (update, release). Step points are the moments
-right after a Slurm command and right after its outcome is logged (``ICEFROG_KILL_AFTER_STEP``).
+release), job B is held and starts on 1 GPU (update, release). The controller runs under
+``kill_runner`` (the points are named there): after any reconcile step, inside
+``release_now`` (between ``scontrol release`` and ``StartTime=now``), while decision.json is
+written, during a drain of the report inbox, and a second time while it recovers from the
+first kill. A move to a shared GPU is killed the same way, also between a resubmission's
+sbatch and the scancel of the job it replaces.
 """
 
 from __future__ import annotations
@@ -13,18 +17,25 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from icefrog_slurm.policies.standin import StandInPolicy
+from icefrog_slurm.protocol import Envelope, parse_decision
+from icefrog_slurm.runfiles import DECISION_FILE
+from icefrog_slurm.security import drop_report, sign
+from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
 from icefrog_slurm.slurm.port import Gres
 from icefrog_slurm.store.sql import SqlStore
+from tests.integration.controller.kill_runner import RECONCILE_STEPS, killer, watch_commands
 from tests.integration.controller.support import (
     OffsetClock,
     backend,
     converge,
+    inbox_drain,
     live_tagged,
     make_controller,
     make_settings,
@@ -33,25 +44,43 @@ from tests.integration.controller.support import (
     submit_job,
 )
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
 REPO = Path(__file__).resolve().parents[3]
 STEP_POINTS = 12  # A: signal; B: update, release; A: requeue_hold, update, release (x2)
 
 
 @pytest.fixture
-def cluster() -> Iterator[SlurmCliBackend]:
+def tag() -> str:
+    """This test's prefix of icefrog keys (other sessions share the cluster)."""
+    return f"kill-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def cluster(tag: str) -> Iterator[SlurmCliBackend]:
     be = backend()
     yield be
-
-    for j in be._jobs().values():
-        if not j.finished and j.tag is not None and j.tag.key.startswith("kill-"):
+    for j in be._jobs().values():  # this test's jobs only
+        if not j.finished and j.tag is not None and j.tag.key.startswith(tag):
             be.cancel(job_id=j.job_id)
 
 
-@pytest.mark.parametrize("step", range(1, STEP_POINTS + 1))
-def test_killed_at_any_step_converges_after_restart(
-    step: int, tmp_path: Path, job_dir: Path, cluster: SlurmCliBackend
-) -> None:
+@dataclass
+class TwoJobs:
+    """Job A running on 1 GPU (it needs 2), job B held; the controller's config file."""
+
+    settings: Settings
+    config: Path
+    store: SqlStore
+    tag: str
+    a: int
+    sid_a: str
+    dir_a: Path
+    b: int
+    sid_b: str
+    dir_b: Path
+
+
+def two_jobs(tmp_path: Path, job_dir: Path, cluster: SlurmCliBackend, tag: str) -> TwoJobs:
     settings = make_settings(tmp_path, checkpoint_timeout_s=15.0)
     config = tmp_path / "icefrog.toml"
     config.write_text(
@@ -59,71 +88,158 @@ def test_killed_at_any_step_converges_after_restart(
         "[controller]\nreconcile_poll_s = 0.3\ncheckpoint_timeout_s = 15.0\n"
     )
     store: SqlStore = make_store(settings)
-    tag = f"kill-{uuid.uuid4().hex[:6]}"
-    a, sid_a, _ = submit_job(store, cluster, job_dir, f"{tag}-a", held=False, min_gpus=2)
+    a, sid_a, dir_a = submit_job(store, cluster, job_dir, f"{tag}-a", held=False, min_gpus=2)
     running(cluster, sid_a)
-    b, sid_b, _ = submit_job(store, cluster, job_dir, f"{tag}-b", min_gpus=1)
-    env = {**os.environ, "ICEFROG_KILL_AFTER_STEP": str(step), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "icefrog_slurm", "controller", "--config", str(config),
-         "--max-ticks", "200", "--policy", "standin"],
-        env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert proc.returncode == -9, proc.stdout + proc.stderr  # it died at that step
+    b, sid_b, dir_b = submit_job(store, cluster, job_dir, f"{tag}-b", min_gpus=1)
+    return TwoJobs(settings, config, store, tag, a, sid_a, dir_a, b, sid_b, dir_b)
 
-    restarted = make_controller(
-        settings, SqlStore(settings.store.url), StandInPolicy(), OffsetClock()
-    )
-    converge(restarted)
-    assert running(cluster, sid_a).gres == Gres("gpu", 2)
-    assert running(cluster, sid_b).gres == Gres("gpu", 1)
-    for key in (f"{tag}-a", f"{tag}-b"):
+
+def killed(config: Path, at: str, nth: int = 1) -> None:
+    """Run the controller until it kills itself at the ``nth`` point matching ``at``."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.integration.controller.kill_runner", "--at", at,
+         "--nth", str(nth), "--", "--config", str(config), "--max-ticks", "200",
+         "--policy", "standin"],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=90, check=False,
+    )  # fmt: skip
+    assert proc.returncode == -9, proc.stdout + proc.stderr  # it died at that point
+
+
+def restarted_converges(jobs: TwoJobs, cluster: SlurmCliBackend) -> None:
+    """A restarted controller converges: A on 2 GPUs, B on 1, each once, none held; the
+    store has no open intent and the same Slurm jobs; each job has this round's decision."""
+    settings = jobs.settings
+    store = SqlStore(settings.store.url)
+    converge(make_controller(settings, store, StandInPolicy(), OffsetClock()))
+    assert running(cluster, jobs.sid_a).gres == Gres("gpu", 2)
+    assert running(cluster, jobs.sid_b).gres == Gres("gpu", 1)
+    for key in (f"{jobs.tag}-a", f"{jobs.tag}-b"):
         live = live_tagged(cluster, key)
         assert len(live) == 1 and not live[0].held, live  # none lost, doubled or held
-    with store.transaction() as tx:
+    with jobs.store.transaction() as tx:
         assert tx.open_intents() == []
-        assert tx.job(a).slurm_job_ids == (sid_a,) and tx.job(b).slurm_job_ids == (sid_b,)
+        assert tx.job(jobs.a).slurm_job_ids == (jobs.sid_a,)
+        assert tx.job(jobs.b).slurm_job_ids == (jobs.sid_b,)
+        last = tx.round()
+    assert last is not None
+    for run_dir, gpus in ((jobs.dir_a, 2), (jobs.dir_b, 1)):
+        decision = parse_decision((run_dir / DECISION_FILE).read_text())
+        assert (decision.round, decision.gpus) == (last.round_no, gpus)
+        assert not list(run_dir.glob(".decision*"))  # no temp file left by a killed write
     store.close()
+    jobs.store.close()
+
+
+@pytest.mark.parametrize("step", range(1, STEP_POINTS + 1))
+def test_killed_at_any_step_converges_after_restart(
+    step: int, tmp_path: Path, job_dir: Path, cluster: SlurmCliBackend, tag: str
+) -> None:
+    jobs = two_jobs(tmp_path, job_dir, cluster, tag)
+    killed(jobs.config, RECONCILE_STEPS, step)
+    restarted_converges(jobs, cluster)
+
+
+@pytest.mark.parametrize("nth", [1, 2])  # B's release (held job), then A's (requeued job)
+def test_killed_between_release_and_start_now_converges(
+    nth: int, tmp_path: Path, job_dir: Path, cluster: SlurmCliBackend, tag: str
+) -> None:
+    jobs = two_jobs(tmp_path, job_dir, cluster, tag)
+    killed(jobs.config, "run:scontrol release", nth)
+    restarted_converges(jobs, cluster)
+
+
+def test_killed_while_writing_a_decision_converges(
+    tmp_path: Path, job_dir: Path, cluster: SlurmCliBackend, tag: str
+) -> None:
+    jobs = two_jobs(tmp_path, job_dir, cluster, tag)
+    killed(jobs.config, "decision:temp")
+    temps = [*jobs.dir_a.glob(".decision*"), *jobs.dir_b.glob(".decision*")]
+    assert len(temps) == 1  # killed between the temp file and its rename
+    restarted_converges(jobs, cluster)
+
+
+@pytest.mark.parametrize(("first", "second"), [(2, 1), (4, 2), (7, 3)])
+def test_killed_again_while_recovering_converges(
+    first: int, second: int, tmp_path: Path, job_dir: Path, cluster: SlurmCliBackend, tag: str
+) -> None:
+    jobs = two_jobs(tmp_path, job_dir, cluster, tag)
+    killed(jobs.config, RECONCILE_STEPS, first)
+    killed(jobs.config, RECONCILE_STEPS, second)  # the restarted one, while recovering
+    restarted_converges(jobs, cluster)
+
+
+REPORTS = 4
+
+
+@pytest.mark.parametrize("nth", [1, 2, 3])
+def test_killed_during_a_drain_loses_and_doubles_no_report(
+    nth: int, tmp_path: Path, job_dir: Path, cluster: SlurmCliBackend, tag: str
+) -> None:
+    jobs = two_jobs(tmp_path, job_dir, cluster, tag)
+    inbox = Path(jobs.settings.inbox.dir)
+    inbox_drain(jobs.settings, jobs.store)  # (makes the inbox, as the daemon does)
+    for seq in range(1, REPORTS + 1):
+        payload = {"epoch": seq, "samples_done": 100 * seq, "effective_samples_done": 90.0 * seq}
+        envelope = Envelope(1, "progress", jobs.sid_a, f"{jobs.tag}-a", seq, 1000.0 + seq, payload)
+        drop_report(inbox, sign(envelope))
+    killed(jobs.config, "drain:commit", nth)
+    left = [p for p in inbox.rglob("*.json") if p.is_file()]
+    assert 0 < len(left) < REPORTS + 1, left  # killed mid-drain: some reports still there
+
+    settings = jobs.settings
+    store = SqlStore(settings.store.url)
+    ctl = make_controller(
+        settings, store, StandInPolicy(), OffsetClock(), drain=inbox_drain(settings, store)
+    )
+    converge(ctl)
+    assert [p for p in inbox.rglob("*.json") if p.is_file()] == []  # every report handled
+    with jobs.store.transaction() as tx:
+        assert all(
+            tx.accepted_digest(slurm_job_id=jobs.sid_a, seq=s) for s in range(1, REPORTS + 1)
+        )
+        assert tx.accepted_count(job_id=jobs.a) == REPORTS  # each once
+        assert tx.rejected_reports() == []
+        assert tx.job(jobs.a).progress.epoch == REPORTS
+    store.close()
+    restarted_converges(jobs, cluster)
 
 
 MOVE_POINTS = 9  # signal, requeue_hold, resubmit (x2: done, logged), link, release (x2)
+MOVE_KILLS = [(RECONCILE_STEPS, n) for n in range(1, MOVE_POINTS + 1)] + [("run:sbatch", 1)]
 
 
-def _move_child(url: str, state_dir: str, job: int, step: int) -> None:
+def _move_child(url: str, state_dir: str, job: int, at: str, nth: int) -> None:
     """In a forked child: a controller deciding a shared GPU for ``job``, killing itself
-    after step point ``step``."""
+    at the ``nth`` point matching ``at`` (kill_runner's names)."""
     from tests.integration.controller.support import FixedPolicy
 
     settings = make_settings(Path(state_dir).parent, checkpoint_timeout_s=15.0)
-    left = [step]
-
-    def hook(_what: str) -> None:
-        left[0] -= 1
-        if left[0] <= 0:
-            os.kill(os.getpid(), 9)
-
+    hook = killer(at, nth)
+    watch_commands(hook)
     policy = FixedPolicy({job: (1, True, ("node4",))})
     ctl = make_controller(settings, SqlStore(url), policy, OffsetClock())
     ctl.reconciler.after_step = hook
     ctl.run(max_ticks=200)
 
 
-@pytest.mark.parametrize("step", range(1, MOVE_POINTS + 1))
+@pytest.mark.parametrize(("at", "nth"), MOVE_KILLS)
 def test_killed_while_moving_to_a_shared_gpu_converges_after_restart(
-    step: int, tmp_path: Path, job_dir: Path, cluster: SlurmCliBackend
+    at: str, nth: int, tmp_path: Path, job_dir: Path, cluster: SlurmCliBackend, tag: str
 ) -> None:
+    """(``run:sbatch``: the new job exists, the old one is not cancelled yet.)"""
     import multiprocessing
 
     from tests.integration.controller.support import FixedPolicy
 
     settings = make_settings(tmp_path, checkpoint_timeout_s=15.0)
     store = make_store(settings)
-    key = f"kill-{uuid.uuid4().hex[:6]}"
+    key = tag
     job, sid, _ = submit_job(store, cluster, job_dir, key, held=False)
     running(cluster, sid)
     ctx = multiprocessing.get_context("fork")
     child = ctx.Process(
-        target=_move_child, args=(settings.store.url, settings.state.dir, job, step)
+        target=_move_child, args=(settings.store.url, settings.state.dir, job, at, nth)
     )
     child.start()
     child.join(60)
