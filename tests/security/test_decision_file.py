@@ -218,3 +218,63 @@ def test_the_checkpoint_marker_is_read_in_the_owners_folder_only(
     assert files.checkpoint_marked(run_dir=str(run), since=0.0, owner_uid=alice.uid)
     mtime = (run / CHECKPOINT_MARKER).stat().st_mtime
     assert not files.checkpoint_marked(run_dir=str(run), since=mtime + 5, owner_uid=alice.uid)
+
+
+def _submit_held_as(user: User, key: str, workdir: Path) -> str:
+    """A held Slurm job of ``user`` whose WorkDir is ``workdir`` (Slurm keeps the path)."""
+    argv = ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups",
+            "sbatch", "--parsable", "-H", "-p", "gpu", "--gres=gpu:1", f"-J it-{key}",
+            f"--comment=icefrog:{key}", f"--chdir={workdir}", "-o", "/dev/null",
+            "--wrap", "sleep 600"]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+@pytest.mark.slurm
+def test_the_controller_refuses_alices_folder_and_decides_bobs_round(
+    base: Path, users: tuple[User, User], tmp_path: Path
+) -> None:
+    """Alice's job names (as its WorkDir) a link to Bob's job folder. One controller tick on
+    the real cluster: Bob's job gets its own decision for the round, Alice's is refused and
+    the refusal, naming her link, is in the audit log."""
+    from tests.integration.controller.support import (
+        FixedPolicy,
+        OffsetClock,
+        backend,
+        make_controller,
+        make_settings,
+        make_store,
+    )
+    from tests.integration.store.helpers import spec
+
+    alice, bob = users
+    bobs, link = base / bob.name / "run", base / alice.name / "run"
+    bob.run("mkdir", str(bobs))
+    alice.run("ln", "-s", str(bobs), str(link))
+    settings = make_settings(tmp_path)
+    store = make_store(settings)
+    sids = {}
+    try:
+        with store.transaction() as tx:
+            for user, folder in ((alice, link), (bob, bobs)):
+                key = f"dec-{user.name}-{os.getpid()}"
+                sids[user.name] = sid = _submit_held_as(user, key, folder)
+                tx.create_job(name=key, owner_uid=user.uid, owner_user=user.name,
+                              slurm_job_id=sid, spec=spec(), now=0.0)  # fmt: skip
+            ids = {j.owner_user: j.id for j in tx.jobs()}
+        policy = FixedPolicy({ids[alice.name]: (2, False, ()), ids[bob.name]: (1, False, ())})
+        make_controller(settings, store, policy, OffsetClock()).tick_once()
+        with store.transaction() as tx:
+            last = tx.round()
+            refusals = [a for a in tx.actions(job_id=ids[alice.name]) if a.action == "decision"]
+        assert last is not None
+        decision = parse_decision((bobs / DECISION_FILE).read_text())
+        assert (decision.round, decision.gpus) == (last.round_no, 1)  # Bob's, not Alice's 2
+        assert sorted(p.name for p in bobs.iterdir()) == [DECISION_FILE]
+        assert [(a.outcome, a.slurm_job_id) for a in refusals] == [("refused", sids[alice.name])]
+        assert f"{link}: is a symbolic link" in refusals[0].detail
+    finally:
+        for sid in sids.values():
+            backend().cancel(job_id=sid)
+        store.close()
