@@ -44,13 +44,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from icefrog_slurm.controller.jobdir import UnsafeJobDir
-from icefrog_slurm.controller.plan import JobPlan, Plan, Target
+from icefrog_slurm.controller.decisions import DecisionWriter
+from icefrog_slurm.controller.plan import Plan, Target
 from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort
 from icefrog_slurm.controller.tick import launch_refused, matches, run_dir_of
 from icefrog_slurm.errors import IcefrogError
-from icefrog_slurm.jsonio import printable
-from icefrog_slurm.protocol import Decision
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.port import ClusterPort, JobState, SlurmRejected, SlurmUnavailable
 from icefrog_slurm.store.records import ACTIVE_STATES, Intent
@@ -193,8 +191,10 @@ class Reconciler:
         self.cluster, self.store, self.clock = cluster, store, clock
         self.files, self.settings = files, settings
         self.after_step = after_step or (lambda _what: None)
-        self._written: dict[int, int] = {}  # job id -> round whose decision file is written
         self._workdirs: dict[str, str] = {}  # Slurm job id -> WorkDir
+        self.decisions = DecisionWriter(
+            files=files, store=store, clock=clock, job_dir=self._job_dir
+        )
 
     # ----- one pass --------------------------------------------------------------------
     def enact(self, plan: Plan) -> ReconcileResult:
@@ -494,57 +494,9 @@ class Reconciler:
 
     # ----- decision files ----------------------------------------------------------------
     def _write_decisions(self, plan: Plan) -> None:
-        """decision.json for every job given GPUs, once per round: retried until written,
-        except into a folder refused as unsafe (recorded; tried again next round)."""
-        if plan.decided_round is None:
-            return
-        for job in plan.jobs:
-            a = job.allocation
-            if a.gpus <= 0 or a.batch < 1 or self._written.get(job.job_id) == plan.decided_round:
-                continue
-            if self._write_decision(job, plan.decided_round):
-                self._written[job.job_id] = plan.decided_round
+        self.decisions.write(plan)
         live = {j.slurm_job_id for j in plan.jobs}
         self._workdirs = {s: d for s, d in self._workdirs.items() if s in live}
-
-    def _write_decision(self, job: JobPlan, round_no: int) -> bool:
-        """Write one job's decision; False when it is to be tried again next pass."""
-        a = job.allocation
-        extra = {"nodes": list(a.nodes), "psi": a.psi, "predicted_tta_s": a.predicted_tta_s}
-        decision = Decision(
-            round=round_no,
-            gpus=a.gpus,
-            batch=a.batch,
-            frozen=a.frozen,
-            shared=a.shared,
-            extra={**extra, "share": a.share},
-        )
-        run_dir = ""
-        try:
-            run_dir = self._job_dir(job.slurm_job_id, job.run_dir)
-            self.files.write_decision(run_dir=run_dir, decision=decision, owner_uid=job.owner_uid)
-        except UnsafeJobDir as exc:
-            self._refused(job, run_dir, str(exc))
-            return True
-        except (OSError, IcefrogError) as exc:
-            log.warning("job %d: decision.json not written yet: %s", job.job_id, exc)
-            return False
-        return True
-
-    def _refused(self, job: JobPlan, run_dir: str, reason: str) -> None:
-        """Log and record (audit log, action ``decision``) a folder refused for a decision."""
-        log.warning("job %d: decision.json not written: %s", job.job_id, printable(reason))
-        with self.store.transaction() as tx:
-            tx.log_action(
-                action="decision",
-                command=("write", printable(run_dir)),
-                outcome="refused",
-                now=self.clock.now(),
-                duration_s=0.0,
-                detail=printable(reason),
-                slurm_job_id=job.slurm_job_id,
-                job_id=job.job_id,
-            )
 
 
 def retry_wait_s(*, last_release: float | None, now: float, retry_s: float) -> float:

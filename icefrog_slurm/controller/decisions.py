@@ -1,0 +1,83 @@
+"""decision.json for every job a round gives GPUs, written once a round into the job's folder.
+
+The :class:`~icefrog_slurm.controller.reconcile.Reconciler` calls :meth:`DecisionWriter.write`
+after each pass. A write that fails (the folder is on a filesystem that is down, say) is
+tried again next pass. A folder :class:`~icefrog_slurm.controller.jobdir.UnsafeJobDir`
+refuses is not tried again until the next round: the refusal is logged and recorded in the
+audit log (action ``decision``, outcome ``refused``, the reason naming the component), and
+the other jobs' decisions are written as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from icefrog_slurm.controller.jobdir import UnsafeJobDir
+from icefrog_slurm.controller.plan import JobPlan, Plan
+from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort
+from icefrog_slurm.errors import IcefrogError
+from icefrog_slurm.jsonio import printable
+from icefrog_slurm.protocol import Decision
+
+log = logging.getLogger(__name__)
+
+JobDir = Callable[[str, str], str]
+"""(Slurm job id, folder its reports name) -> the job's folder (Reconciler._job_dir)."""
+
+
+class DecisionWriter:
+    """Writes the round's decisions (module docstring); remembers what each job has."""
+
+    def __init__(self, *, files: JobFiles, store: StorePort, clock: Clock, job_dir: JobDir) -> None:
+        self.files, self.store, self.clock, self.job_dir = files, store, clock, job_dir
+        self._written: dict[int, int] = {}  # job id -> round whose decision is handled
+
+    def write(self, plan: Plan) -> None:
+        """decision.json for every job ``plan`` gives GPUs, once per round."""
+        if plan.decided_round is None:
+            return
+        for job in plan.jobs:
+            a = job.allocation
+            if a.gpus <= 0 or a.batch < 1 or self._written.get(job.job_id) == plan.decided_round:
+                continue
+            if self._write_one(job, plan.decided_round):
+                self._written[job.job_id] = plan.decided_round
+
+    def _write_one(self, job: JobPlan, round_no: int) -> bool:
+        """Write one job's decision; False when it is to be tried again next pass."""
+        a = job.allocation
+        extra = {"nodes": list(a.nodes), "psi": a.psi, "predicted_tta_s": a.predicted_tta_s}
+        decision = Decision(
+            round=round_no,
+            gpus=a.gpus,
+            batch=a.batch,
+            frozen=a.frozen,
+            shared=a.shared,
+            extra={**extra, "share": a.share},
+        )
+        run_dir = ""
+        try:
+            run_dir = self.job_dir(job.slurm_job_id, job.run_dir)
+            self.files.write_decision(run_dir=run_dir, decision=decision, owner_uid=job.owner_uid)
+        except UnsafeJobDir as exc:
+            self._refused(job, run_dir, str(exc))
+            return True
+        except (OSError, IcefrogError) as exc:
+            log.warning("job %d: decision.json not written yet: %s", job.job_id, exc)
+            return False
+        return True
+
+    def _refused(self, job: JobPlan, run_dir: str, reason: str) -> None:
+        log.warning("job %d: decision.json not written: %s", job.job_id, printable(reason))
+        with self.store.transaction() as tx:
+            tx.log_action(
+                action="decision",
+                command=("write", printable(run_dir)),
+                outcome="refused",
+                now=self.clock.now(),
+                duration_s=0.0,
+                detail=printable(reason),
+                slurm_job_id=job.slurm_job_id,
+                job_id=job.job_id,
+            )
