@@ -12,10 +12,11 @@ import os
 from typing import Any
 
 import pytest
-from sqlalchemy import Executable, text
+from sqlalchemy import Connection, Executable, text
 
 from icefrog_slurm.store import leader
 from icefrog_slurm.store.sql import make_engine
+from tests.integration.conftest import wait_for
 
 POSTGRES_ONLY = pytest.mark.parametrize(
     "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
@@ -33,17 +34,26 @@ def steal_the_lead(url: str) -> None:
             os.unlink(path)
             return
         with engine.connect() as conn:
-            killed = conn.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
-                    " AND objid = :lo AND classid = :hi AND database = (SELECT oid FROM"
-                    " pg_database WHERE datname = current_database())"
-                ),
-                _KEY,
+            [(pid, killed)] = conn.execute(
+                text(f"SELECT pid, pg_terminate_backend(pid) {_HOLDERS}"), _KEY
             ).all()
-        assert killed == [(True,)], killed
+            assert killed
+            # the session ends (and frees the lock) a moment after the signal
+            wait_for("the killed session's lock to go", lambda: _lock_gone(conn, pid))
     finally:
         engine.dispose()
+
+
+_HOLDERS = (
+    "FROM pg_locks WHERE locktype = 'advisory' AND objid = :lo AND classid = :hi"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+
+def _lock_gone(conn: Connection, pid: int) -> bool:
+    return not conn.execute(
+        text(f"SELECT pid {_HOLDERS} AND pid = :pid"), {**_KEY, "pid": pid}
+    ).all()
 
 
 def lock_waiters(url: str) -> int:
