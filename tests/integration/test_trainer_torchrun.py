@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from icefrog_slurm.runfiles import CHECKPOINT_MARKER
+from icefrog_slurm.controller.ports import FsJobFiles
 
 pytest.importorskip("torch")
 
@@ -117,9 +117,12 @@ def test_resize_two_to_one_matches_uninterrupted(tmp_path: Path) -> None:
     epochs = {"ICEFROG_MAX_EPOCHS": "4", "ICEFROG_BATCH": "32-64"}
     done = _torchrun(2, _env(base, PROBE_MODE="plain", **epochs))
     assert done.returncode == 0, done.stderr[-3000:]
+    started = time.time()
     first = _torchrun(2, _env(resized, PROBE_MODE="resize", PROBE_RESIZE_AT="1", **epochs))
     assert first.returncode != 0 and "requeue requested" in first.stderr
-    assert (resized / CHECKPOINT_MARKER).exists()
+    # the checkpoint marker, found where and as the controller looks for it
+    marked = FsJobFiles().checkpoint_marked
+    assert marked(run_dir=str(resized), since=started, owner_uid=os.getuid())
     second = _torchrun(1, _env(resized, PROBE_MODE="plain", **epochs))
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed from checkpoint" in second.stderr and "was 2" in second.stderr
