@@ -9,9 +9,10 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import Engine, select, text
 
 from icefrog_slurm.errors import IcefrogError, InputError
 from icefrog_slurm.settings import settings_from_mapping
@@ -241,14 +242,17 @@ def test_a_cut_network_drops_the_lock_in_about_a_minute(
     assert isinstance(lease, leader._PgLease)
     server = lease._conn.execute(text("SHOW tcp_keepalives_idle")).scalar()
     assert server in ("30", "30s")
-    with first.engine.connect() as conn:
-        client = conn.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
+    client = libpq_parameters(first.engine)
     assert (client["keepalives_idle"], client["tcp_user_timeout"]) == ("30", "60000")
     lease.release()
     engine = make_engine(f"{db_url}?keepalives_idle=5")  # the URL's own setting wins
     try:
-        with engine.connect() as conn:
-            params = conn.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
-        assert params["keepalives_idle"] == "5"
+        assert libpq_parameters(engine)["keepalives_idle"] == "5"
     finally:
         engine.dispose()
+
+
+def libpq_parameters(engine: Engine) -> dict[str, str]:
+    with engine.connect() as conn:
+        dbapi: Any = conn.connection.dbapi_connection
+        return dict(dbapi.info.get_parameters())
