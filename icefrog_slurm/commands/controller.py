@@ -19,6 +19,7 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 from icefrog_slurm.controller.daemon import Controller
 from icefrog_slurm.controller.plan import Policy
@@ -26,7 +27,7 @@ from icefrog_slurm.controller.ports import FsJobFiles, SystemClock
 from icefrog_slurm.controller.reconcile import StepHook
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.settings import Settings, load_settings
-from icefrog_slurm.slurm.port import JobNotFound
+from icefrog_slurm.slurm.identity import TAG_SECRET, TagSigner
 from icefrog_slurm.slurm.select import make_cluster
 
 DEFAULT_CONFIG = "/etc/icefrog/icefrog.toml"
@@ -73,28 +74,22 @@ def setup_logging(settings: Settings, environ: dict[str, str]) -> None:
 
 
 def run(args: argparse.Namespace, *, after_step: StepHook | None = None) -> int:
-    from icefrog_slurm.store.inbox import ReportInbox
+    from icefrog_slurm.store.inbox import ReportInbox, slurm_jobs_of
     from icefrog_slurm.store.sql import SqlStore
 
     settings = load_settings(args.config)
     environ = dict(os.environ)
     setup_logging(settings, environ)
     policy = make_policy(args.policy)
-    cluster = make_cluster(settings.slurm.backend)  # a missing pyslurm stops us here
+    # the secret of resubmitted jobs' tags: kept across restarts, so a restarted controller
+    # recognises a resubmission it was killed in the middle of
+    Path(settings.state.dir).mkdir(mode=0o755, parents=True, exist_ok=True)
+    signer = TagSigner.from_file(Path(settings.state.dir) / TAG_SECRET)
+    cluster = make_cluster(settings.slurm.backend, signer=signer)  # a missing pyslurm stops here
     store = SqlStore.from_settings(settings)
 
-    def owner_of(slurm_job_id: str) -> int | None:
-        try:
-            return cluster.owner_uid(job_id=slurm_job_id)
-        except JobNotFound:
-            return None
-
-    inbox = ReportInbox(
-        store=store,
-        inbox_dir=settings.inbox.dir,
-        archive_dir=settings.inbox.archive_dir,
-        owner_of=owner_of,
-        max_reports=settings.inbox.max_reports_per_drain,
+    inbox = ReportInbox.from_settings(
+        settings.inbox, store=store, slurm_jobs=slurm_jobs_of(cluster)
     )
     inbox.prepare()
     on_tick = None

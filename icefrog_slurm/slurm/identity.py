@@ -26,6 +26,8 @@ from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.slurm.port import IcefrogTag, JobState
 
 SECRET_BYTES = 32
+TAG_SECRET = "tag.key"
+"""The secret's file name in the controller's state folder."""
 _SIG_HEX = 32  # 128 bits of the HMAC
 
 
