@@ -110,7 +110,8 @@ def submit_job(
 ) -> tuple[int, str, Path]:
     """An icefrog job: its run dir, a Slurm job (held, or already released) and its record."""
     run_dir = base / key
-    run_dir.mkdir(mode=0o777)
+    run_dir.mkdir()
+    run_dir.chmod(0o755)  # its owner's alone, whatever the umask: decision.json goes there
     script = run_dir / "job.sh"
     script.write_text(SCRIPT)
     sid = cluster.submit_held(
