@@ -16,7 +16,7 @@ from icefrog_slurm.controller.ports import FsJobFiles
 from icefrog_slurm.controller.snapshot import Snapshot
 from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.slurm.cli_backend import CliSettings, SlurmCliBackend
-from icefrog_slurm.slurm.identity import TagSigner
+from icefrog_slurm.slurm.identity import TAG_SECRET, TagSigner
 from icefrog_slurm.slurm.port import Gres, IcefrogTag, JobState, SubmitRequest
 from icefrog_slurm.store import migrate
 from icefrog_slurm.store.records import Allocation
@@ -93,9 +93,9 @@ def backend(signer: TagSigner | None = None) -> SlurmCliBackend:
 
 
 def state_signer(settings: Settings) -> TagSigner:
-    """The tag signer whose secret is in the state folder: a restarted controller (or one
-    in a forked child) then recognises the resubmissions of the one before it."""
-    return TagSigner.from_file(Path(settings.state.dir) / "tag-secret")
+    """The daemon's tag signer (its secret in the state folder): a restarted controller, or
+    one in a forked child, recognises the resubmissions of the one before it."""
+    return TagSigner.from_file(Path(settings.state.dir) / TAG_SECRET)
 
 
 def submit_job(
