@@ -164,7 +164,9 @@ def run(args: argparse.Namespace) -> int:
     inbox = os.path.abspath(args.inbox or settings.inbox.dir)
     if not os.path.isdir(inbox):
         raise InputError(f"inbox {inbox}: no such folder (is the controller set up? see --config)")
-    workdir = Path(os.path.abspath(args.workdir or name))
+    # symlinks resolved (a /home that is a link): the controller writes decision.json only
+    # into a folder it reaches without following any link
+    workdir = Path(os.path.realpath(args.workdir or name))
     if not Path(script[0]).is_absolute() and Path(script[0]).is_file():
         script[0] = os.path.abspath(script[0])
     launch = [sys.executable, "-m", "icefrog_slurm", "launch", *declared.launch_options()]
