@@ -37,6 +37,7 @@ import subprocess
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from icefrog_slurm.slurm import capacity, commands, parse
 from icefrog_slurm.slurm.commands import Argv
@@ -55,6 +56,7 @@ from icefrog_slurm.slurm.port import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Messages of Slurm clients that mean "slurmctld did not answer": retry later.
 _UNAVAILABLE = (
@@ -149,9 +151,14 @@ class SlurmCliBackend:
         self, argv: Argv, *, stdin: str | None = None, env: Mapping[str, str] | None = None
     ) -> str:
         """Run an idempotent command, retrying while slurmctld is unavailable."""
+        return self._retrying(argv, lambda: self._once(argv, stdin=stdin, env=env))
+
+    def _retrying(self, argv: Argv, attempt_once: Callable[[], T]) -> T:
+        """``attempt_once()`` until it does not raise SlurmUnavailable, at most ``attempts``
+        times with a doubling backoff."""
         for attempt in range(self.settings.attempts):
             try:
-                return self._once(argv, stdin=stdin, env=env)
+                return attempt_once()
             except SlurmUnavailable as exc:
                 if attempt + 1 == self.settings.attempts:
                     raise SlurmUnavailable(
@@ -196,7 +203,12 @@ class SlurmCliBackend:
         return {k: d.state_view() for k, d in parse.parse_squeue_json(out).items()}
 
     def _details(self) -> dict[str, JobDetail]:
-        return parse.parse_squeue_json(self._run(commands.squeue_json()))
+        """Every job, from one ``squeue --json`` (retried also when its output says
+        slurmctld did not answer)."""
+        argv = commands.squeue_json()
+        return self._retrying(
+            argv, lambda: parse.parse_squeue_json(self._once(argv, stdin=None, env=None))
+        )
 
     def _jobs(self) -> dict[str, JobState]:
         return {k: d.state_view() for k, d in self._details().items()}

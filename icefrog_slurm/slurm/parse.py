@@ -34,6 +34,7 @@ from icefrog_slurm.slurm.port import (
     JobDetail,
     NodeGpus,
     SlurmError,
+    SlurmUnavailable,
 )
 
 log = logging.getLogger(__name__)
@@ -93,14 +94,18 @@ def parse_gres_request(text: str | None) -> Gres | None:
 
 def parse_squeue_json(text: str) -> dict[str, JobDetail]:
     """``squeue --json`` -> {job id: JobDetail}. A record that cannot be read (a field
-    missing or of the wrong type) is skipped and logged: one odd job never hides the rest."""
+    missing or of the wrong type) is skipped and logged: one odd job never hides the rest.
+    squeue exits 0 with an empty job list and an ``errors`` entry when slurmctld does not
+    answer: that is ``SlurmUnavailable``, never "no jobs"."""
     try:
         doc = json.loads(text)
-        records = doc["jobs"]
-        if not isinstance(records, list):
-            raise TypeError("jobs is not a list")
-    except (ValueError, KeyError, TypeError) as exc:
+        records, errors = doc["jobs"], doc.get("errors") or []
+        if not isinstance(records, list) or not isinstance(errors, list):
+            raise TypeError("jobs or errors is not a list")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ParseError(f"squeue --json: not a job list ({exc}): {text[:200]!r}") from None
+    if errors:  # exit code 0, no jobs, and why: slurmctld did not answer
+        raise SlurmUnavailable(f"squeue --json: {_errors_text(errors)}")
     jobs: dict[str, JobDetail] = {}
     for record in records:
         try:
@@ -111,6 +116,16 @@ def parse_squeue_json(text: str) -> dict[str, JobDetail]:
             continue
         jobs[detail.job_id] = detail
     return jobs
+
+
+def _errors_text(errors: list[Any]) -> str:
+    parts = []
+    for e in errors[:3]:
+        if isinstance(e, dict):
+            parts.append(" ".join(str(e.get(k, "")) for k in ("source", "description", "error")))
+        else:
+            parts.append(str(e))
+    return "; ".join(p.strip() for p in parts)[:300]
 
 
 def _job_from_json(r: Mapping[str, Any]) -> JobDetail:

@@ -16,6 +16,7 @@ from icefrog_slurm.slurm.port import (
     JobDetail,
     JobState,
     NodeGpus,
+    SlurmUnavailable,
     SubmitRequest,
 )
 
@@ -85,6 +86,24 @@ def test_squeue_json_skips_a_record_it_cannot_read() -> None:
     assert len(parse.parse_squeue_json(json.dumps(doc))) == good
     with pytest.raises(parse.ParseError, match="not a job list"):
         parse.parse_squeue_json('{"jobs": 5}')
+
+
+def test_squeue_json_saying_slurmctld_is_away_is_no_empty_queue() -> None:
+    """What 22.05's squeue --json prints, exit code 0, with slurmctld stopped."""
+    down = {
+        "meta": {"plugin": {"type": "openapi/v0.0.38"}},
+        "errors": [
+            {
+                "description": "Failed while looking for jobs",
+                "error_number": -1,
+                "error": "Unspecified error",
+                "source": "slurm_load_jobs",
+            }
+        ],
+        "jobs": [],
+    }
+    with pytest.raises(SlurmUnavailable, match="slurm_load_jobs Failed while looking"):
+        parse.parse_squeue_json(json.dumps(down))
 
 
 def test_squeue_json_newer_layout() -> None:
