@@ -30,6 +30,7 @@ parameters: their gradients are dropped when frozen and autograd never sets them
 
 from __future__ import annotations
 
+import atexit
 import copy
 import dataclasses
 import os
@@ -120,6 +121,10 @@ class Trainer:
         local_rank = int(env.get("LOCAL_RANK", "0"))
         if self.world > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            # torn down at exit: a process that exits with the group's threads still running
+            # is aborted ("terminate called without an active exception"), and torchrun
+            # then takes the whole finished run for a failure
+            atexit.register(_destroy_process_group)
         cuda = torch.cuda.is_available()
         self.device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
         node = env.get("SLURMD_NODENAME") or socket.gethostname()
@@ -451,3 +456,8 @@ class Trainer:
                 f"{self.samples_done} samples, {self.world} processes, was {state['world']})",
                 file=sys.stderr,
             )
+
+
+def _destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
