@@ -264,7 +264,7 @@ def test_a_missing_sqlite_file_is_not_created(
 
     path = Path(str(tmp_path)) / "absent.db"
     code, _, err = run(capsys, "sacct", "--db", f"sqlite:///{path}")
-    assert code == 1 and f"no state store at {path}" in err and not path.exists()
+    assert code == 2 and f"no state store at {path}" in err and not path.exists()
 
 
 def test_a_waiting_jobs_recorded_reason_reaches_squeue_and_show(
