@@ -27,7 +27,6 @@ from icefrog_slurm.slurm.port import Gres
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.conftest import wait_for
 from tests.integration.controller.support import (
-    SCRIPT,
     FixedPolicy,
     OffsetClock,
     backend,
@@ -40,26 +39,16 @@ from tests.integration.controller.support import (
     state_of,
 )
 from tests.integration.store.helpers import spec
+from tests.security.slurm_support import sbatch_as
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
 
 SPOOF_DIR = "run UserId=root(0) GroupId=root(0)"
 
 
-def _sbatch_as(uid: int, workdir: Path, *args: str) -> str:
-    pw = pwd.getpwuid(uid)
-    out = subprocess.run(
-        ["setpriv", f"--reuid={uid}", f"--regid={pw.pw_gid}", "--init-groups", "--",
-         "sbatch", "--parsable", "-p", "gpu", f"--chdir={workdir}",
-         f"--output={workdir}/%j.out", *args],
-        input=SCRIPT, capture_output=True, text=True, check=True, env=dict(os.environ),
-    )  # fmt: skip
-    return out.stdout.strip().split(";")[0]
-
-
 def _icefrog_job(store: SqlStore, uid: int, workdir: Path, name: str) -> tuple[int, str]:
     """A held icefrog job of ``uid`` (its own sbatch), registered in the store as its."""
-    sid = _sbatch_as(
+    sid = sbatch_as(
         uid, workdir, "-H", "--requeue", "-J", name, f"--comment=icefrog:{name}", "--gres=gpu:1"
     )
     return _register(store, name=name, uid=uid, sid=sid), sid
@@ -120,10 +109,10 @@ def test_hostile_jobs_change_nothing_but_their_own(
     b_job, b_sid = _icefrog_job(store, bob, b_dir, f"{key}-b")
     # bob: a decoy with the name and the old, predictable comment of alice's resubmission
     decoy = f"--comment=icefrog:{key}-a;prev={a_sid}"
-    d_sid = _sbatch_as(bob, b_dir, "-H", "-J", f"{key}-a", decoy, "--gres=gpu:4")
+    d_sid = sbatch_as(bob, b_dir, "-H", "-J", f"{key}-a", decoy, "--gres=gpu:4")
     # bob: a job whose comment and name carry a line break and a fake squeue record
     fake = f"{a_sid}|RUNNING|gres:gpu:4|1|node1|None|1|0|gpu|icefrog:{key}-a"
-    x_sid = _sbatch_as(bob, b_dir, "-H", "-J", f"x\n{fake}", f"--comment=junk\n{fake}")
+    x_sid = sbatch_as(bob, b_dir, "-H", "-J", f"x\n{fake}", f"--comment=junk\n{fake}")
 
     detail = cluster.job_detail(job_id=b_sid)
     assert detail.user_id == bob and SPOOF_DIR in detail.work_dir  # the spoof is only text
