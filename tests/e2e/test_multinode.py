@@ -41,8 +41,10 @@ def test_two_node_job_trains_and_resumes_after_requeue(job_dir: Path) -> None:
             assert {r for r, _ in ranks} == {"0", "1"}, logs[-4000:]  # c10d picks the order
             assert {n for _, n in ranks} == {"node1", "node2"}, logs[-4000:]
             assert any(s.gpus == 2 for s in r.view().samples)
-            # stopped by USR1 (srun -> relay -> TERM): rank 0 checkpointed, nothing killed
-            assert "checkpointed; requeue requested (signal" in logs, logs[-4000:]
+            # stopped by USR1 (srun -> relay -> TERM), or by the new round's decision.json
+            # when an epoch ended before the signal came: rank 0 checkpointed, nothing killed
+            stopped = re.search(r"checkpointed; requeue requested \((signal|decision round)", logs)
+            assert stopped, logs[-4000:]
             assert "Killed" not in logs and "exit code 138" not in logs, logs[-4000:]  # 128+USR1
             # the requeued run resumed from the 2-rank checkpoint on 1 process
             assert "rank 0 of 1 on node3" in logs, logs[-4000:]
