@@ -26,7 +26,7 @@ step, so repeating a step never does harm:
   released again only ``launch_retry_s`` after the refused release; never failed;
 - pending and held: gpu<->shard needs a resubmission as the job's owner (Slurm 22.05 cannot
   change a pending job's GRES type), linked into the icefrog job's chain (a job released but
-  not started yet is held first: ``scontrol hold``); otherwise update
+  not started yet is held first: ``scontrol uhold``, a user hold); otherwise update
   GRES / NumNodes=N-N / ReqNodeList; then release with StartTime=now (also a requeued job
   found released but with no release logged: the controller stopped inside that step);
 - pending and told to wait: done (it stays held; a job released but not started yet is
