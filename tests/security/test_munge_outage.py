@@ -5,8 +5,9 @@ folder: the system munged that Slurm needs is never touched) and points the inbo
 (``munge_socket``). Reports are signed as the real test users while it runs; it is stopped;
 drains run (every report waits in the inbox, none is rejected, munged is asked again only
 after the back-off); it is started again with the same key and the next drain accepts them
-all, including the ``register`` of Bob's held job on the real cluster. A credential of
-another munge realm (the system munged's key) is rejected once munged can tell.
+all, including the ``register`` of Bob's held job on the real cluster, which the next round
+then releases. A credential of another munge realm (the system munged's key) is rejected
+once munged can tell.
 """
 
 from __future__ import annotations
@@ -22,10 +23,19 @@ from pathlib import Path
 import pytest
 
 from icefrog_slurm import security
+from icefrog_slurm.controller.daemon import Controller
+from icefrog_slurm.controller.ports import FsJobFiles
+from icefrog_slurm.policies.standin import StandInPolicy
 from icefrog_slurm.protocol import Envelope
 from icefrog_slurm.store.inbox import DrainResult, slurm_jobs_of
 from icefrog_slurm.store.sql import SqlStore
-from tests.integration.controller.support import backend
+from tests.integration.controller.support import (
+    OffsetClock,
+    backend,
+    converge,
+    make_settings,
+    running,
+)
 from tests.security.inbox_support import METRIC, Site, make_site, spec_payload
 from tests.support.munge import USERS
 
@@ -108,6 +118,17 @@ def test_an_outage_of_munged_loses_no_report(
     try:
         site.inbox.slurm_jobs = slurm_jobs_of(cluster)
         _outage_then_recovery(site, clock, munged, held)
+        # the held job whose register waited out the outage is released by the next round
+        ctl = Controller(
+            settings=make_settings(tmp_path / "ctl"),
+            policy=StandInPolicy(),
+            cluster=cluster,
+            store=store,
+            clock=OffsetClock(),
+            files=FsJobFiles(),
+        )
+        converge(ctl)
+        assert running(cluster, held).user_id == munge_users[BOB]
     finally:
         cluster.cancel(job_id=held)
 
