@@ -1,12 +1,13 @@
 """``icefrog controller --config FILE [--once] [--dry-run]``: the scheduling daemon.
 
 Runs in the foreground and logs to stdout (under systemd, where ``JOURNAL_STREAM`` is set,
-without timestamps: journald adds its own). Wires the real adapters: ``SqlStore``, the
-Slurm backend (``slurm.backend``: ``SlurmCliBackend`` or ``SlurmPyslurmBackend``), the
-system clock, job files on the filesystem, the report inbox and, when ``metrics.port`` is
-set, the Prometheus endpoint. ``--once`` makes one tick;
-``--dry-run`` makes one tick, prints the plan as JSON and enacts nothing (nothing is
-recorded either). ``--policy`` picks the policy: ``icefrog`` (default) or ``standin``.
+each line with its syslog priority ``<N>`` and without timestamps: journald adds its own).
+Wires the real adapters: ``SqlStore``, the Slurm backend (``slurm.backend``:
+``SlurmCliBackend`` or ``SlurmPyslurmBackend``), the system clock, job files on the
+filesystem, the report inbox and, when ``metrics.port`` is set, the Prometheus endpoint.
+``--once`` makes one tick; ``--dry-run`` makes one tick, prints the plan as JSON and enacts
+nothing (nothing is recorded either). ``--policy`` picks the policy: ``icefrog`` (default)
+or ``standin``.
 
 :func:`run` takes an optional ``after_step`` callback, called at each reconcile step point
 (a Slurm command done, its outcome logged, a decision file about to be renamed into place);
@@ -61,16 +62,43 @@ def make_policy(name: str) -> Policy:
     raise InputError(f"--policy: unknown policy {name!r}")
 
 
+THIRD_PARTY_LOGGERS = ("alembic", "mip", "sqlalchemy", "urllib3")
+"""Libraries whose INFO lines say nothing an admin acts on: kept at WARNING (unless DEBUG)."""
+
+
+class JournalFormatter(logging.Formatter):
+    """Each line prefixed with its syslog priority, ``<N>`` (sd-daemon(3)): journald files
+    it at that level, so ``journalctl -p warning`` shows warnings and errors only. Every line
+    of a multi-line record (a traceback) gets the prefix, as journald reads line by line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        priority = _syslog_priority(record.levelno)
+        return "\n".join(f"<{priority}>{line}" for line in super().format(record).splitlines())
+
+
+def _syslog_priority(levelno: int) -> int:
+    for floor, priority in ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4)):
+        if levelno >= floor:
+            return priority
+    return 6 if levelno >= logging.INFO else 7
+
+
 def setup_logging(settings: Settings, environ: dict[str, str]) -> None:
-    """stdout, at ``logging.level``; no timestamps under systemd (journald adds them)."""
+    """stdout, at ``logging.level``; under systemd (``JOURNAL_STREAM`` set) with syslog
+    priority prefixes and no timestamps (journald adds its own); other libraries' loggers at
+    WARNING unless the level is DEBUG."""
     fmt = "%(levelname)s %(name)s: %(message)s"
-    if "JOURNAL_STREAM" not in environ:
-        fmt = "%(asctime)s " + fmt
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter(fmt))
+    if "JOURNAL_STREAM" in environ:
+        handler.setFormatter(JournalFormatter(fmt))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s " + fmt))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.logging.level)
+    quiet = logging.DEBUG if settings.logging.level == "DEBUG" else logging.WARNING
+    for name in THIRD_PARTY_LOGGERS:
+        logging.getLogger(name).setLevel(quiet)
 
 
 def run(args: argparse.Namespace, *, after_step: StepHook | None = None) -> int:
