@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pwd
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from icefrog_slurm.store.inbox import DrainResult, slurm_jobs_of
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.controller.support import backend
 from tests.security.inbox_support import METRIC, Site, as_user, make_site, spec_payload
+from tests.security.slurm_support import held_job_as
 from tests.support.munge import USERS
 
 ALICE, BOB = USERS
@@ -125,17 +125,6 @@ def test_register_adopts_only_icefrog_tagged_jobs(site: Site) -> None:
     assert site.job("303") is None
 
 
-def _sbatch_as(user: str, *args: str) -> str:
-    pw = pwd.getpwnam(user)
-    out = subprocess.run(
-        ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--",
-         "sbatch", "--parsable", "-H", "-p", "gpu", "--chdir=/tmp", "--output=/dev/null",
-         "--gres=gpu:1", *args],
-        input="#!/bin/sh\nsleep 60\n", capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return out.stdout.strip().split(";")[0]
-
-
 @pytest.mark.slurm
 @pytest.mark.timeout(120)
 def test_on_real_slurm_a_squatter_and_an_untagged_job_get_nowhere(
@@ -144,8 +133,8 @@ def test_on_real_slurm_a_squatter_and_an_untagged_job_get_nowhere(
     """Bob's held icefrog job and Alice's plain one, both real; the owners and the tag come
     from one real squeue poll for every folder of the drain."""
     cluster = backend()
-    bob_job = _sbatch_as(BOB, f"--comment=icefrog:claim-{uuid.uuid4().hex[:8]}")
-    alice_job = _sbatch_as(ALICE)
+    bob_job = held_job_as(BOB, f"--comment=icefrog:claim-{uuid.uuid4().hex[:8]}")
+    alice_job = held_job_as(ALICE)
     try:
         site.inbox.slurm_jobs = slurm_jobs_of(cluster)
         _squat(site, bob_job)  # Alice holds Bob's folder before his first report

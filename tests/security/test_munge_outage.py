@@ -13,7 +13,6 @@ once munged can tell.
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
 import uuid
@@ -37,6 +36,7 @@ from tests.integration.controller.support import (
     running,
 )
 from tests.security.inbox_support import METRIC, Site, make_site, spec_payload
+from tests.security.slurm_support import held_job_as
 from tests.support.munge import USERS
 
 ALICE, BOB = USERS
@@ -95,17 +95,6 @@ class Clock:
         return self.now
 
 
-def _held_icefrog_job(user: str) -> str:
-    pw = pwd.getpwnam(user)
-    out = subprocess.run(
-        ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--",
-         "sbatch", "--parsable", "-H", "-p", "gpu", "--chdir=/tmp", "--output=/dev/null",
-         "--gres=gpu:1", f"--comment=icefrog:outage-{uuid.uuid4().hex[:8]}"],
-        input="#!/bin/sh\nsleep 60\n", capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return out.stdout.strip().split(";")[0]
-
-
 def test_an_outage_of_munged_loses_no_report(
     store: SqlStore, tmp_path: Path, munge_users: dict[str, int], munged: Munged
 ) -> None:
@@ -114,7 +103,7 @@ def test_an_outage_of_munged_loses_no_report(
         store, tmp_path, munge_users, munge_socket=munged.socket, clock=clock, munge_retry_s=30.0
     )
     cluster = backend()
-    held = _held_icefrog_job(BOB)
+    held = held_job_as(BOB, f"--comment=icefrog:outage-{uuid.uuid4().hex[:8]}")
     try:
         site.inbox.slurm_jobs = slurm_jobs_of(cluster)
         _outage_then_recovery(site, clock, munged, held)
@@ -134,7 +123,7 @@ def test_an_outage_of_munged_loses_no_report(
 
 
 def _outage_then_recovery(site: Site, clock: Clock, munged: Munged, held: str) -> None:
-    alice_job = _held_icefrog_job(ALICE)
+    alice_job = held_job_as(ALICE, f"--comment=icefrog:outage-{uuid.uuid4().hex[:8]}")
     try:
         site.register(ALICE, alice_job)
         assert site.drain() == DrainResult(accepted=1)
