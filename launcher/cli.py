@@ -17,10 +17,10 @@ from launcher.config import JobConfig
 from launcher.launch import (
     DEFAULT_PORT,
     REQUEUE_EXIT_CODE,
-    allocation_from_env,
     build_command,
     child_env,
     environ,
+    layout_from_env,
     rendezvous_host,
     resolves,
     run_training,
@@ -77,10 +77,10 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     config.validate()
-    alloc = allocation_from_env(env, args.procs_per_node)
-    alloc = rendezvous_host(alloc, resolves, socket.gethostname())
+    layout = layout_from_env(env, args.procs_per_node)
+    layout = rendezvous_host(layout, resolves, socket.gethostname())
     relay = [sys.executable, "-m", "launcher.relay"]
-    command = build_command(alloc, script, torchrun=args.torchrun, port=args.port, relay=relay)
+    command = build_command(layout, script, torchrun=args.torchrun, port=args.port, relay=relay)
     extra = config.to_env()
     if args.dry_run:
         for key, value in sorted(extra.items()):
@@ -90,4 +90,4 @@ def run(args: argparse.Namespace) -> int:
     os.makedirs(config.workdir, exist_ok=True)
     print(f"icefrog launch: {shlex.join(command)}", file=sys.stderr)
     sys.stdout.flush()
-    return run_training(command, child_env(env, alloc, extra), config.workdir, stop_signal(alloc))
+    return run_training(command, child_env(env, layout, extra), config.workdir, stop_signal(layout))

@@ -1,9 +1,10 @@
 """``icefrog launch``: run the training script under torchrun inside a Slurm allocation.
 
-Pure parts (tested with plain dicts for the environment): :func:`allocation_from_env` reads
-the allocation Slurm gives the batch script, :func:`build_command` turns it into the
-torchrun (or ``srun ... torchrun`` across nodes) command line. The impure part,
-:func:`run_training`, starts that command in the background and traps USR1/TERM.
+Pure parts (tested with plain dicts for the environment): :func:`layout_from_env` reads
+the job's :class:`NodeLayout` (nodes, processes per node) from the variables Slurm gives the
+batch script, :func:`build_command` turns it into the torchrun (or ``srun ... torchrun``
+across nodes) command line. The impure part, :func:`run_training`, starts that command in
+the background and traps USR1/TERM.
 
 Exit status of ``icefrog launch``:
 
@@ -51,8 +52,8 @@ DEFAULT_PORT = 29500
 
 
 @dataclass(frozen=True)
-class Allocation:
-    """What one node of the allocation runs: node count, processes per node, devices."""
+class NodeLayout:
+    """This job's nodes and what each runs: node count, processes per node, devices."""
 
     nnodes: int
     nproc_per_node: int
@@ -85,8 +86,8 @@ def _device_list(text: str, name: str) -> list[str]:
     return devices
 
 
-def allocation_from_env(env: Mapping[str, str], procs_override: int | None = None) -> Allocation:
-    """Read the allocation from Slurm's variables.
+def layout_from_env(env: Mapping[str, str], procs_override: int | None = None) -> NodeLayout:
+    """Read the node layout from Slurm's variables.
 
     Processes per node, first match wins: ``procs_override``; CUDA_VISIBLE_DEVICES (a GPU
     job on a node with real devices); GPU_DEVICE_ORDINAL (a shard job: Slurm sets no
@@ -116,7 +117,7 @@ def allocation_from_env(env: Mapping[str, str], procs_override: int | None = Non
             raise InputError("--procs-per-node: must be >= 1")
         nproc = procs_override
     nodelist = env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", "localhost"))
-    return Allocation(
+    return NodeLayout(
         nnodes=nnodes,
         nproc_per_node=nproc,
         first_node=first_host(nodelist),
@@ -126,15 +127,15 @@ def allocation_from_env(env: Mapping[str, str], procs_override: int | None = Non
 
 
 def rendezvous_host(
-    alloc: Allocation, resolves: Callable[[str], bool], fallback: str
-) -> Allocation:
-    """The c10d host: the allocation's first node when its name resolves, else
+    layout: NodeLayout, resolves: Callable[[str], bool], fallback: str
+) -> NodeLayout:
+    """The c10d host: the layout's first node when its name resolves, else
     ``fallback`` (the batch host, where the launcher runs: Slurm runs the batch script on
     the first node). Node names need not resolve, e.g. on a test cluster whose nodes
     are all ``NodeHostname=localhost``."""
-    if alloc.nnodes == 1 or resolves(alloc.first_node):
-        return alloc
-    return dataclasses.replace(alloc, first_node=fallback)
+    if layout.nnodes == 1 or resolves(layout.first_node):
+        return layout
+    return dataclasses.replace(layout, first_node=fallback)
 
 
 def resolves(host: str) -> bool:
@@ -146,7 +147,7 @@ def resolves(host: str) -> bool:
 
 
 def build_command(
-    alloc: Allocation,
+    layout: NodeLayout,
     script: Sequence[str],
     *,
     torchrun: str = "torchrun",
@@ -163,35 +164,35 @@ def build_command(
     """
     if not script:
         raise InputError("launch: give the training script after '--' (e.g. -- train.py)")
-    base = [torchrun, f"--nproc-per-node={alloc.nproc_per_node}"]
-    if alloc.nnodes == 1:
+    base = [torchrun, f"--nproc-per-node={layout.nproc_per_node}"]
+    if layout.nnodes == 1:
         return [*base, "--standalone", "--nnodes=1", *script]
     if port is None:
-        port = DEFAULT_PORT + (int(alloc.job_id) % 1000 if alloc.job_id.isdigit() else 0)
+        port = DEFAULT_PORT + (int(layout.job_id) % 1000 if layout.job_id.isdigit() else 0)
     rdzv = [
-        f"--nnodes={alloc.nnodes}",
+        f"--nnodes={layout.nnodes}",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={alloc.first_node}:{port}",
-        f"--rdzv-id={alloc.job_id}",
+        f"--rdzv-endpoint={layout.first_node}:{port}",
+        f"--rdzv-id={layout.job_id}",
     ]
-    srun = ["srun", f"--nodes={alloc.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    srun = ["srun", f"--nodes={layout.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     return [*srun, *relay, *base, *rdzv, *script]
 
 
-def stop_signal(alloc: Allocation) -> signal.Signals:
+def stop_signal(layout: NodeLayout) -> signal.Signals:
     """What the launcher sends its child to stop the trainers: TERM to torchrun on one
     node; USR1 to ``srun`` across nodes (srun passes USR1 on to the relays; see the
     module docstring)."""
-    return signal.SIGTERM if alloc.nnodes == 1 else signal.SIGUSR1
+    return signal.SIGTERM if layout.nnodes == 1 else signal.SIGUSR1
 
 
 def child_env(
-    env: Mapping[str, str], alloc: Allocation, extra: Mapping[str, str]
+    env: Mapping[str, str], layout: NodeLayout, extra: Mapping[str, str]
 ) -> dict[str, str]:
     """The environment of torchrun: the caller's, the device mapping and the job config."""
     out = dict(env)
-    if alloc.cuda_visible_devices is not None:
-        out["CUDA_VISIBLE_DEVICES"] = alloc.cuda_visible_devices
+    if layout.cuda_visible_devices is not None:
+        out["CUDA_VISIBLE_DEVICES"] = layout.cuda_visible_devices
     out.update(extra)
     return out
 

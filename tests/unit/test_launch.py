@@ -1,4 +1,4 @@
-"""The launcher's pure parts: target and range parsing, the allocation read from Slurm's
+"""The launcher's pure parts: target and range parsing, the node layout read from Slurm's
 variables (plain dicts: this is logic, not a Slurm mock) and the torchrun command."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from icefrog_slurm.runfiles import CHECKPOINT_MARKER
 from launcher.config import JobConfig, Target, parse_range, parse_target
 from launcher.launch import (
     REQUEUE_EXIT_CODE,
-    allocation_from_env,
     build_command,
     child_env,
     first_host,
+    layout_from_env,
     rendezvous_host,
     run_training,
     stop_signal,
@@ -92,11 +92,11 @@ def test_first_host() -> None:
         first_host("")
 
 
-def test_allocation_gpu_job_single_node() -> None:
+def test_layout_gpu_job_single_node() -> None:
     env = {"SLURM_JOB_NUM_NODES": "1", "CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_ID": "7"}
-    alloc = allocation_from_env(env)
-    assert (alloc.nnodes, alloc.nproc_per_node, alloc.cuda_visible_devices) == (1, 2, None)
-    cmd = build_command(alloc, ["train.py", "--lr", "0.1"])
+    layout = layout_from_env(env)
+    assert (layout.nnodes, layout.nproc_per_node, layout.cuda_visible_devices) == (1, 2, None)
+    cmd = build_command(layout, ["train.py", "--lr", "0.1"])
     assert cmd == [
         "torchrun",
         "--nproc-per-node=2",
@@ -108,45 +108,45 @@ def test_allocation_gpu_job_single_node() -> None:
     ]
 
 
-def test_allocation_shard_job_maps_ordinals_to_cuda_visible_devices() -> None:
+def test_layout_shard_job_maps_ordinals_to_cuda_visible_devices() -> None:
     env = {"SLURM_JOB_NUM_NODES": "1", "GPU_DEVICE_ORDINAL": "2,2", "SLURM_SHARDS_ON_NODE": "2"}
-    alloc = allocation_from_env(env)
-    assert alloc.nproc_per_node == 1
-    assert alloc.cuda_visible_devices == "2"
-    assert child_env(env, alloc, {"ICEFROG_X": "1"})["CUDA_VISIBLE_DEVICES"] == "2"
+    layout = layout_from_env(env)
+    assert layout.nproc_per_node == 1
+    assert layout.cuda_visible_devices == "2"
+    assert child_env(env, layout, {"ICEFROG_X": "1"})["CUDA_VISIBLE_DEVICES"] == "2"
 
 
-def test_allocation_multi_node_uses_srun_and_c10d_on_first_node() -> None:
+def test_layout_multi_node_uses_srun_and_c10d_on_first_node() -> None:
     env = {
         "SLURM_JOB_NUM_NODES": "2",
         "SLURM_GPUS_ON_NODE": "4",
         "SLURM_JOB_NODELIST": "node[3-4]",
         "SLURM_JOB_ID": "99",
     }
-    alloc = allocation_from_env(env)
-    assert (alloc.nnodes, alloc.nproc_per_node, alloc.first_node) == (2, 4, "node3")
-    cmd = build_command(alloc, ["train.py"], port=29600, relay=["py", "-m", "relay"])
+    layout = layout_from_env(env)
+    assert (layout.nnodes, layout.nproc_per_node, layout.first_node) == (2, 4, "node3")
+    cmd = build_command(layout, ["train.py"], port=29600, relay=["py", "-m", "relay"])
     assert cmd[:4] == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     assert cmd[4:8] == ["py", "-m", "relay", "torchrun"]  # srun runs the relay per node
-    assert stop_signal(alloc) == signal.SIGUSR1  # srun passes USR1 on; TERM kills the step
+    assert stop_signal(layout) == signal.SIGUSR1  # srun passes USR1 on; TERM kills the step
     assert "--rdzv-endpoint=node3:29600" in cmd and "--rdzv-id=99" in cmd
     assert "--nproc-per-node=4" in cmd and cmd[-1] == "train.py"
-    assert "--rdzv-endpoint=node3:29599" in build_command(alloc, ["train.py"])  # 29500 + 99
+    assert "--rdzv-endpoint=node3:29599" in build_command(layout, ["train.py"])  # 29500 + 99
     # a node name that does not resolve: the batch host (the launcher's own) instead
-    assert rendezvous_host(alloc, lambda h: True, "batchhost").first_node == "node3"
-    assert rendezvous_host(alloc, lambda h: False, "batchhost").first_node == "batchhost"
+    assert rendezvous_host(layout, lambda h: True, "batchhost").first_node == "node3"
+    assert rendezvous_host(layout, lambda h: False, "batchhost").first_node == "batchhost"
 
 
-def test_allocation_without_gpus_and_override() -> None:
-    assert allocation_from_env({}).nproc_per_node == 1
-    assert stop_signal(allocation_from_env({})) == signal.SIGTERM  # torchrun on one node
-    relay = build_command(allocation_from_env({}), ["t.py"], relay=["py", "-m", "relay"])
+def test_layout_without_gpus_and_override() -> None:
+    assert layout_from_env({}).nproc_per_node == 1
+    assert stop_signal(layout_from_env({})) == signal.SIGTERM  # torchrun on one node
+    relay = build_command(layout_from_env({}), ["t.py"], relay=["py", "-m", "relay"])
     assert relay[0] == "torchrun"  # one node: no srun, no relay
-    assert allocation_from_env({"SLURM_GPUS_ON_NODE": "0"}, procs_override=3).nproc_per_node == 3
+    assert layout_from_env({"SLURM_GPUS_ON_NODE": "0"}, procs_override=3).nproc_per_node == 3
     with pytest.raises(InputError, match="SLURM_JOB_NUM_NODES"):
-        allocation_from_env({"SLURM_JOB_NUM_NODES": "x"})
+        layout_from_env({"SLURM_JOB_NUM_NODES": "x"})
     with pytest.raises(InputError, match="script"):
-        build_command(allocation_from_env({}), [])
+        build_command(layout_from_env({}), [])
 
 
 def test_cli_dry_run(capsys: pytest.CaptureFixture[str], tmp_path: object) -> None:
