@@ -21,13 +21,13 @@ import numpy as np
 
 from icefrog_slurm.core.fit import ape, fit_ddp_model
 from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.throughput import (
     DdpThroughputModel,
     FreezeParams,
     LinearCurve,
     SyncCurve,
 )
-from icefrog_slurm.protocol import ProfileSample
 from icefrog_slurm.sim.pollux import read_placements
 
 ONE_LAYER = LayerTable.uniform(1)

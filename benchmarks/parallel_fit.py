@@ -33,9 +33,9 @@ from icefrog_slurm.core.parallel_fit import (
     split_held_back,
     synthetic_samples,
 )
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.throughput import DdpThroughputModel
 from icefrog_slurm.core.transformer_tables import load_shipped_table
-from icefrog_slurm.protocol import ProfileSample
 
 Configs = list[tuple[int, int, int]]
 

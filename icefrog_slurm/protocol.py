@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from icefrog_slurm.core.parallelism import DDP, Parallelism
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.tuner import powers_of_two
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.jsonio import check_int as _int
@@ -115,23 +116,6 @@ def accumulation_steps(global_batch: int, gpus: int, batch: int) -> int:
     """Micro-steps an optimizer step takes so it covers ``global_batch`` samples with
     ``batch`` per GPU on ``gpus`` GPUs (1 when one step of gpus x batch covers it)."""
     return max(1, -(-global_batch // (gpus * batch)))
-
-
-@dataclass(frozen=True)
-class ProfileSample:
-    """One measured configuration, averaged over several iterations (kind ``profile``)."""
-
-    gpus: int
-    batch: int  # per-GPU
-    frozen: int
-    shared: bool
-    t_fwd_s: float
-    t_bwd_s: float
-    t_sync_s: float  # the part of synchronisation not hidden behind backward
-    t_iter_s: float
-    samples_per_s: float
-    peak_mem_bytes: float = 0.0
-    gpu_util: float = -1.0  # 0..1; -1 when unknown (no NVML, CPU run)
 
 
 @dataclass(frozen=True)

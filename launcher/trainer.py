@@ -51,14 +51,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from icefrog_slurm.core.layers import LayerTable
-from icefrog_slurm.protocol import (
-    Decision,
-    FinishedReport,
-    GradStats,
-    MetricReport,
-    ProfileSample,
-    ProgressReport,
-)
+from icefrog_slurm.core.samples import ProfileSample
+from icefrog_slurm.protocol import Decision, FinishedReport, GradStats, MetricReport, ProgressReport
 from icefrog_slurm.runfiles import CHECKPOINT_MARKER
 from icefrog_slurm.security import write_atomic
 from launcher import checkpoint

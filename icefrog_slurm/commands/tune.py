@@ -17,6 +17,7 @@ from typing import Any
 from icefrog_slurm.core.fit import fit_ddp_model
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.penalty import PenaltyTable
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.sharing import sharing_lambda
 from icefrog_slurm.core.tuner import TunerChoice, legal_frozen, measured_or_predicted, tune
 from icefrog_slurm.errors import IcefrogError, InputError
@@ -32,7 +33,7 @@ from icefrog_slurm.jsonio import (
     reject_unknown,
 )
 from icefrog_slurm.limits import MAX_JOB_GPUS
-from icefrog_slurm.protocol import INT32_MAX, MAX_LAYERS, ProfileSample
+from icefrog_slurm.protocol import INT32_MAX, MAX_LAYERS
 from icefrog_slurm.userfiles import load_json_file
 
 FIELDS = (

@@ -28,6 +28,7 @@ import numpy.typing as npt
 from scipy.optimize import least_squares
 
 from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.throughput import (
     DEFAULT_GPUS_PER_NODE,
     DdpThroughputModel,
@@ -38,7 +39,6 @@ from icefrog_slurm.core.throughput import (
 )
 from icefrog_slurm.core.tuner import ThroughputModel
 from icefrog_slurm.errors import InputError
-from icefrog_slurm.protocol import ProfileSample
 
 FloatArray = npt.NDArray[np.float64]
 Residuals = Callable[[Mapping[str, Any]], FloatArray]

@@ -27,9 +27,9 @@ from icefrog_slurm.core.parallel import (
     SdpModel,
     SdpParams,
 )
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.throughput import DEFAULT_GPUS_PER_NODE, DdpThroughputModel
 from icefrog_slurm.errors import InputError
-from icefrog_slurm.protocol import ProfileSample
 
 M = TypeVar("M", SdpModel, PipelineModel)
 

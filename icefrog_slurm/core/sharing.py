@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.errors import InputError
-from icefrog_slurm.protocol import ProfileSample
 
 DEFAULT_MEMORY_SAFETY = 1.1
 DEFAULT_SHARED_LAMBDA = 0.9

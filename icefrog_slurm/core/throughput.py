@@ -34,8 +34,8 @@ import numpy as np
 import numpy.typing as npt
 
 from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.errors import InputError
-from icefrog_slurm.protocol import ProfileSample
 
 FloatArray = npt.NDArray[np.float64]
 Num = TypeVar("Num", float, FloatArray)

@@ -54,6 +54,7 @@ from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.parallel_fit import fitter_for
 from icefrog_slurm.core.parallelism import DDP, Kind, Parallelism
 from icefrog_slurm.core.penalty import PenaltyTable
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.sharing import Load, SharingPredictor, fit_sharing
 from icefrog_slurm.core.tta import time_to_accuracy
 from icefrog_slurm.core.tuner import (
@@ -66,7 +67,7 @@ from icefrog_slurm.core.tuner import (
     tune_grid,
 )
 from icefrog_slurm.errors import IcefrogError
-from icefrog_slurm.protocol import GradStats, JobSpec, ProfileSample
+from icefrog_slurm.protocol import GradStats, JobSpec
 from icefrog_slurm.settings import Freezing, Settings
 
 log = logging.getLogger(__name__)

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from icefrog_slurm.core.penalty import frozen_penalty
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.protocol import (
     Decision,
     FinishedReport,
     GradStats,
     JobSpec,
     MetricReport,
-    ProfileSample,
     ProgressReport,
     fixed_per_gpu_batch,
 )

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.errors import InputError
-from icefrog_slurm.protocol import ProfileSample
 
 FloatArray = npt.NDArray[np.float64]
 MeasuredRow = tuple[ProfileSample, int]  # (sample, nodes)

@@ -42,9 +42,10 @@ import numpy.typing as npt
 
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.penalty import frozen_penalty
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.throughput import iteration_time, nodes_for
 from icefrog_slurm.errors import InputError
-from icefrog_slurm.protocol import GradStats, ProfileSample
+from icefrog_slurm.protocol import GradStats
 from icefrog_slurm.sim.calibration import TaskCalibration
 from icefrog_slurm.sim.catalog import Catalog, Task
 

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from icefrog_slurm.protocol import GradStats, JobSpec, MetricReport, ProfileSample
+from icefrog_slurm.core.samples import ProfileSample
+from icefrog_slurm.protocol import GradStats, JobSpec, MetricReport
 
 JobState = Literal["pending", "running", "finished", "failed", "cancelled"]
 JOB_STATES: tuple[str, ...] = ("pending", "running", "finished", "failed", "cancelled")

@@ -18,14 +18,8 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import identity_key
 
 from icefrog_slurm.core.parallelism import Parallelism
-from icefrog_slurm.protocol import (
-    FinishedReport,
-    GradStats,
-    JobSpec,
-    MetricReport,
-    ProfileSample,
-    ProgressReport,
-)
+from icefrog_slurm.core.samples import ProfileSample
+from icefrog_slurm.protocol import FinishedReport, GradStats, JobSpec, MetricReport, ProgressReport
 from icefrog_slurm.store.ledger import LedgerTx, StoreError, columns, record
 from icefrog_slurm.store.models import (
     GradStatsRow,

@@ -8,7 +8,8 @@ from icefrog_slurm.controller.plan import PolicyResult, Target
 from icefrog_slurm.controller.reconcile import retry_wait_s
 from icefrog_slurm.controller.snapshot import Snapshot, build_snapshot
 from icefrog_slurm.controller.tick import EVICTED, launch_refused, run_dir_of, target_of, tick
-from icefrog_slurm.protocol import JobSpec, ProfileSample
+from icefrog_slurm.core.samples import ProfileSample
+from icefrog_slurm.protocol import JobSpec
 from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.slurm.port import Gres, JobState, NodeCapacity, PartitionCapacity
 from icefrog_slurm.store.records import Allocation, JobRecord, JobView, Progress, StoreSnapshot

@@ -11,6 +11,7 @@ from icefrog_slurm.core.fit import (
     fit_params,
 )
 from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.throughput import (
     DdpThroughputModel,
     FreezeParams,
@@ -18,7 +19,6 @@ from icefrog_slurm.core.throughput import (
     SyncCurve,
 )
 from icefrog_slurm.errors import InputError
-from icefrog_slurm.protocol import ProfileSample
 
 LAYERS = LayerTable(
     flops=tuple(float(x) for x in np.linspace(2.0, 1.0, 20)),

@@ -10,13 +10,14 @@ from hypothesis import strategies as st
 
 from icefrog_slurm.controller.snapshot import Current, JobSnapshot
 from icefrog_slurm.core.freezeout import FreezeOut, tune_freezeout
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.policies.estimate import Estimator
 from icefrog_slurm.policies.icefrog import IcefrogPolicy
 from icefrog_slurm.policies.lucid_plus import LucidPlusPolicy
 from icefrog_slurm.policies.optimus_plus import OptimusPlusPolicy
 from icefrog_slurm.policies.pollux_plus import PolluxPlusPolicy
-from icefrog_slurm.protocol import GradStats, JobSpec, ProfileSample
+from icefrog_slurm.protocol import GradStats, JobSpec
 from icefrog_slurm.settings import settings_from_mapping
 from icefrog_slurm.store.records import JobRecord, JobView, Progress
 

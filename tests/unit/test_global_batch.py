@@ -12,13 +12,13 @@ import pytest
 
 from icefrog_slurm import declaration
 from icefrog_slurm.controller.snapshot import Current, JobSnapshot, Snapshot
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.policies.estimate import Candidate, Estimator
 from icefrog_slurm.policies.icefrog import IcefrogPolicy
 from icefrog_slurm.protocol import (
     MAX_GLOBAL_BATCH,
     JobSpec,
-    ProfileSample,
     accumulation_steps,
     fixed_per_gpu_batch,
     parse_payload,

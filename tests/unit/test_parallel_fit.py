@@ -16,11 +16,11 @@ from icefrog_slurm.core.parallel_fit import (
     split_held_back,
     synthetic_samples,
 )
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.throughput import DdpThroughputModel
 from icefrog_slurm.core.transformer_tables import load_shipped_table
 from icefrog_slurm.core.tuner import measured_or_predicted, tune
 from icefrog_slurm.errors import InputError
-from icefrog_slurm.protocol import ProfileSample
 
 # The paper's largest prediction error on the LLaMA jobs, per cent (section 7).
 PAPER_WORST_APE = 13.4

@@ -1,6 +1,7 @@
 import pytest
 
 from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.sharing import (
     Load,
     admissible,
@@ -9,7 +10,6 @@ from icefrog_slurm.core.sharing import (
     sharing_lambda,
 )
 from icefrog_slurm.errors import InputError
-from icefrog_slurm.protocol import ProfileSample
 
 GB = 1e9
 

@@ -18,8 +18,8 @@ import pytest
 
 from icefrog_slurm.controller.daemon import Controller
 from icefrog_slurm.controller.tick import EVICTED
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.policies.standin import StandInPolicy
-from icefrog_slurm.protocol import ProfileSample
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
 from icefrog_slurm.slurm.parse import expand_hostlist

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.policies.icefrog import IcefrogPolicy
-from icefrog_slurm.protocol import GradStats, ProfileSample
+from icefrog_slurm.protocol import GradStats
 from icefrog_slurm.slurm.parse import expand_hostlist
 from tests.integration.controller.support import (
     OffsetClock,

@@ -6,7 +6,8 @@ from collections.abc import Collection
 
 from sqlalchemy import MetaData, Table, insert
 
-from icefrog_slurm.protocol import JobSpec, ProfileSample
+from icefrog_slurm.core.samples import ProfileSample
+from icefrog_slurm.protocol import JobSpec
 from icefrog_slurm.store import migrate
 from icefrog_slurm.store.sql import make_engine
 from icefrog_slurm.store.tx import _speccolumns
