@@ -1,9 +1,11 @@
 """``icefrog trace sample``: draw an evaluation workload from the Philly trace (spec section 12).
 
-    icefrog trace sample --philly philly.csv --hours 3-6 --jobs 120 --load 2 --seed 1 --out w.csv
+    icefrog trace sample --hours 3-6 --jobs 120 --load 2 --seed 1 --out w.csv
 
-writes ``w.csv`` (Pollux's workload format: name,time,application,num_replicas,batch_size)
-and ``w.json`` beside it: the seed, the parameters, each task's reference GPU time and the
+reads the Philly trace the package ships (Pollux's copy, gzip-compressed) unless
+``--philly PATH`` names another (a plain CSV or a ``.csv.gz``), and writes ``w.csv``
+(Pollux's workload format: name,time,application,num_replicas,batch_size) and ``w.json``
+beside it: the seed, the parameters, each task's reference GPU time and the
 per-job mapping (Philly row, its GPU time, the task chosen). The sampling rules are in
 ``icefrog_slurm/sim/trace.py``. Bad arguments or files exit with code 2.
 """
@@ -18,7 +20,14 @@ from icefrog_slurm.errors import InputError
 from icefrog_slurm.limits import MAX_SEED
 from icefrog_slurm.sim.calibration import shipped_calibration
 from icefrog_slurm.sim.catalog import shipped_catalog
-from icefrog_slurm.sim.trace import BASE_JOBS, parse_hours, read_philly, sample_workload, sidecar
+from icefrog_slurm.sim.trace import (
+    BASE_JOBS,
+    packaged_philly,
+    parse_hours,
+    read_philly,
+    sample_workload,
+    sidecar,
+)
 from icefrog_slurm.sim.workload import by_task, write_workload
 from icefrog_slurm.userfiles import path_arg
 
@@ -26,7 +35,8 @@ from icefrog_slurm.userfiles import path_arg
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="trace_command", metavar="SUBCOMMAND", required=True)
     sp = sub.add_parser("sample", help="sample a workload from the Philly trace")
-    sp.add_argument("--philly", required=True, type=path_arg, help="philly.csv (Pollux's copy)")
+    sp.add_argument("--philly", type=path_arg, default=None,
+                    help="philly.csv or .csv.gz (default: the packaged trace)")  # fmt: skip
     sp.add_argument("--hours", default="3-6", help="hours of the day FIRST-LAST (default 3-6)")
     sp.add_argument("--jobs", type=int, default=BASE_JOBS, help="jobs at 1x load (120)")
     sp.add_argument("--load", type=float, default=1.0, help="load factor W: jobs x W are drawn")
@@ -61,13 +71,14 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--tasks: no calibration for {', '.join(missing)}")
     task_gpu_s = {n: calibration[n].reference_gpu_seconds(catalog.get(n)) for n in names}
     count = round(args.jobs * args.load)
+    philly = args.philly if args.philly is not None else packaged_philly()
     jobs, mapped = sample_workload(
-        read_philly(args.philly), hours=hours, count=count, seed=args.seed, catalog=catalog,
+        read_philly(philly), hours=hours, count=count, seed=args.seed, catalog=catalog,
         task_gpu_s=task_gpu_s,
     )  # fmt: skip
     write_workload(jobs, args.out)
     params = {
-        "philly": str(args.philly),
+        "philly": str(args.philly) if args.philly is not None else "packaged:philly.csv.gz",
         "hours": list(hours),
         "jobs_at_1x": args.jobs,
         "load": args.load,

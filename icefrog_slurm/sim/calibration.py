@@ -20,8 +20,9 @@ relative to the smallest batch) applied to its own P_0 = max_epochs x samples_pe
 its own smallest global batch.
 
 The result ships as ``icefrog_slurm/sim/data/calibration.json`` (regenerate with
-``python -m icefrog_slurm.sim.calibration --pollux DIR``) so the simulator needs neither
-the Pollux files nor a fit at run time.
+``python -m icefrog_slurm.sim.calibration``, which reads the repository's
+``data/pollux/traces``, or ``--pollux DIR`` outside a checkout) so the simulator needs
+neither the Pollux files nor a fit at run time.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ INTER_NODE_SYNC_SCALE = 0.5
 HELD_BACK_FRACTION = 0.25
 SIZE_THRESHOLDS_H = (1.0, 10.0, 100.0)
 """GPU-hours bounds of small / medium / large / xlarge (Pollux's workload generator)."""
-DEFAULT_POLLUX_DIR = Path("/work/shared/data/pollux/traces")
+CHECKOUT_POLLUX_DIR = Path(__file__).resolve().parents[2] / "data" / "pollux" / "traces"
+"""Pollux's measured traces in a source checkout (absent from an installed package)."""
 ONE_LAYER = LayerTable.uniform(1)
 _MODEL_KEYS = (
     "fwd_intercept",
@@ -310,12 +312,20 @@ def _model_values(model: DdpThroughputModel) -> dict[str, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Calibrate the simulator's tasks")
-    parser.add_argument("--pollux", type=Path, default=DEFAULT_POLLUX_DIR)
+    parser.add_argument("--pollux", type=Path, default=None,
+                        help="Pollux's traces/ folder (default: data/pollux/traces of the "
+                        "source checkout)")  # fmt: skip
     default_out = Path(__file__).resolve().parent / "data" / "calibration.json"
     parser.add_argument("--out", type=Path, default=default_out)
     args = parser.parse_args(argv)
+    pollux = args.pollux
+    if pollux is None:
+        if not CHECKOUT_POLLUX_DIR.is_dir():
+            parser.error("--pollux DIR is required outside a source checkout (Pollux's traces/"
+                         " folder; the repository keeps it in data/pollux/traces)")  # fmt: skip
+        pollux = CHECKOUT_POLLUX_DIR
     catalog = shipped_catalog()
-    calibrations = calibrate_all(args.pollux, catalog)
+    calibrations = calibrate_all(pollux, catalog)
     doc = to_document(calibrations, catalog)
     args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print("| task | source | held-back APE mean / p95 / max % | GPU-h | size (time) | declared |")

@@ -13,26 +13,34 @@ and a 30-GPU-hour job is more alike a 58-hour task (1.9x) than a 14.5-hour one (
 which a plain difference would turn round. A task's GPU time is its calibrated reference
 (``calibration.TaskCalibration.reference_gpu_seconds``). The GPU request is clipped to the
 task's legal GPU counts (the original is kept in the mapping).
+
+The package carries Pollux's copy of the trace gzip-compressed (``sim/data/philly.csv.gz``,
+Apache-2.0, notice beside it); :func:`packaged_philly` names it, and :func:`read_philly`
+reads a plain or a ``.gz`` CSV.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import math
 import re
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.jsonio import printable
 from icefrog_slurm.sim.catalog import Catalog, Task
 from icefrog_slurm.sim.workload import MAX_CSV_BYTES, Job
-from icefrog_slurm.userfiles import read_text
+from icefrog_slurm.userfiles import read_bytes, read_text
 
 MIN_DURATION_S = 60.0
 MAX_GPU_TIME_S = 1000 * 3600.0
@@ -67,9 +75,21 @@ class Mapped:
     gpus: int
 
 
+def packaged_philly() -> Path:
+    """The Philly trace the package ships (``icefrog_slurm/sim/data/philly.csv.gz``)."""
+    resource = files("icefrog_slurm.sim.data") / "philly.csv.gz"
+    if not isinstance(resource, Path):  # a zipped install: no file to name
+        raise InputError("the packaged Philly trace is not a file here; give --philly PATH")
+    return resource
+
+
 def read_philly(path: str | Path) -> list[PhillyJob]:
-    """Parse philly.csv (``timestamp,duration,num_gpus,gpu_time,cluster``)."""
-    text = read_text(path, limit=MAX_CSV_BYTES, kind="CSV file")
+    """Parse philly.csv (``timestamp,duration,num_gpus,gpu_time,cluster``); a name ending
+    in ``.gz`` is gunzipped first (at most MAX_CSV_BYTES either way)."""
+    if str(path).endswith(".gz"):
+        text = _read_gzip_text(path)
+    else:
+        text = read_text(path, limit=MAX_CSV_BYTES, kind="CSV file")
     jobs = []
     try:
         reader = csv.DictReader(io.StringIO(text, newline=""))
@@ -84,6 +104,23 @@ def read_philly(path: str | Path) -> list[PhillyJob]:
     if not jobs:
         raise InputError(f"{path}: no jobs")
     return jobs
+
+
+def _read_gzip_text(path: str | Path) -> str:
+    """The UTF-8 text of the gzip file ``path``, refusing more than MAX_CSV_BYTES unpacked."""
+    raw = read_bytes(path, limit=MAX_CSV_BYTES, kind="gzip file")
+    name = printable(str(path), 200)
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as fh:
+            data = fh.read(MAX_CSV_BYTES + 1)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InputError(f"{name}: not a readable gzip file: {exc}") from None
+    if len(data) > MAX_CSV_BYTES:
+        raise InputError(f"{name}: more than {MAX_CSV_BYTES} bytes unpacked")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{name}: not UTF-8 (byte {exc.start})") from None
 
 
 def _philly_row(rec: Mapping[str, str], line: int, where: str) -> PhillyJob:

@@ -18,7 +18,7 @@ from icefrog_slurm.sim.calibration import (
 from icefrog_slurm.sim.catalog import shipped_catalog
 from icefrog_slurm.sim.pollux import read_placements, read_validation
 
-TRACES = Path("/work/shared/data/pollux/traces")
+TRACES = Path(__file__).resolve().parents[2] / "data" / "pollux" / "traces"
 pytestmark = pytest.mark.skipif(not TRACES.exists(), reason="Pollux data not present")
 
 

@@ -16,13 +16,14 @@ from icefrog_slurm.sim.trace import (
     PhillyJob,
     in_window,
     nearest_task,
+    packaged_philly,
     parse_hours,
     read_philly,
     sample_workload,
 )
 from icefrog_slurm.sim.workload import read_workload, write_workload
 
-POLLUX = Path("/work/shared/data/pollux")
+POLLUX = Path(__file__).resolve().parents[2] / "data" / "pollux"
 PHILLY = POLLUX / "traces" / "philly.csv"
 needs_data = pytest.mark.skipif(not PHILLY.exists(), reason="Pollux/Philly data not present")
 
@@ -156,6 +157,31 @@ def test_cli_bad_files_exit_2(tmp_path: Path, capsys) -> None:
     bad.write_text("timestamp,duration,num_gpus,gpu_time\n2017-10-01 03:00:00,100,1,100\n")
     assert main(["trace", "sample", "--philly", str(bad), "--seed", "1", "--out", out]) == 2
     assert "window holds only 1" in capsys.readouterr().err
+
+
+def test_packaged_trace_reads() -> None:
+    jobs = read_philly(packaged_philly())
+    assert len(jobs) == 82247
+    assert (jobs[0].row, jobs[0].num_gpus, jobs[0].duration_s) == (2, 1, 66.0)
+    if PHILLY.exists():  # the same rows as the checkout's plain copy
+        assert jobs == read_philly(PHILLY)
+
+
+def test_cli_samples_the_packaged_trace_without_philly(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "w.csv"
+    argv = ["trace", "sample", "--seed", "3", "--jobs", "20", "--out", str(out)]
+    assert main(argv) == 0
+    assert "20 jobs" in capsys.readouterr().out
+    assert len(read_workload(out, shipped_catalog())) == 20
+    meta = json.loads(out.with_suffix(".json").read_text())
+    assert "packaged" in json.dumps(meta)
+
+
+def test_gzip_trace_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "p.csv.gz"
+    bad.write_bytes(b"not gzip at all")
+    with pytest.raises(InputError, match="not a readable gzip file"):
+        read_philly(bad)
 
 
 @needs_data
