@@ -4,7 +4,7 @@ Owns the reading of ``icefrog_slurm/sim/data/tasks.json`` (ranges, targets, epoc
 class, where calibration comes from) and of the per-layer tables it names:
 
 - ``layers: NAME`` — ``icefrog_slurm/sim/data/layers/NAME.json``, generated from a real
-  architecture definition by ``launcher/tools/gen_task_catalog.py`` (torch on the meta
+  architecture definition by ``tools/gen_task_catalog.py`` (torch on the meta
   device, ``torch.utils.flop_counter``) and committed, so the simulator needs no torch;
 - ``layers: core:NAME`` — a table shipped by ``icefrog_slurm.core.transformer_tables``
   (the LLaMA-3B/7B tables, computed analytically by the parallel-models work).

@@ -122,7 +122,7 @@ def test_unknown_task_lists_the_known_ones() -> None:
 @pytest.mark.torch
 def test_regenerated_table_matches_the_committed_one() -> None:
     pytest.importorskip("torch")
-    from launcher.tools.gen_task_catalog import layer_table
+    from tools.gen_task_catalog import layer_table
 
     fresh = layer_table("resnet18-cifar10")
     committed = layer_document("resnet18-cifar10")

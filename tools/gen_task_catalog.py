@@ -15,7 +15,7 @@ DeepSpeech2, NeuMF). LLaMA tables are produced analytically by
 ``icefrog_slurm.core.transformer_tables`` and are not generated here.
 
 Usage (from the repository root, needs torch):
-    python -m launcher.tools.gen_task_catalog [--out icefrog_slurm/sim/data/layers] [--only NAME]
+    python -m tools.gen_task_catalog [--out icefrog_slurm/sim/data/layers] [--only NAME]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 BYTES_PER_PARAM = 4
-DEFAULT_OUT = Path(__file__).resolve().parents[2] / "icefrog_slurm" / "sim" / "data" / "layers"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "icefrog_slurm" / "sim" / "data" / "layers"
 
 
 class Units(nn.Module):
@@ -571,7 +571,7 @@ def layer_table(name: str) -> dict[str, Any]:
         raise RuntimeError(f"{name}: units do not cover every parameter")
     return {
         "name": name,
-        "generator": "launcher/tools/gen_task_catalog.py",
+        "generator": "tools/gen_task_catalog.py",
         "torch": torch.__version__.split("+")[0],
         "input": f"one sample: {described}",
         "flops": "forward FLOPs of one sample (torch.utils.flop_counter, 2 a multiply-add)",
