@@ -1,7 +1,7 @@
 """Prediction error of the SDP, PP and HP models fitted to noisy synthetic profiles.
 
 For each LLaMA table and model: samples of the known ground truth
-(``icefrog_slurm.core.parallel_examples``) at every profiled (a, m, l), each time times
+(``tests/support/parallel_examples.py``) at every profiled (a, m, l), each time times
 1 + u, u uniform in [-noise, noise]; fit on the rest, report the APE on two held-back sets:
 
 - random: a seeded random 30 % of the configurations;
@@ -11,7 +11,7 @@ For each LLaMA table and model: samples of the known ground truth
 APE is against the noisy held-back sample (as a profile would be) and against the
 noise-free truth. Then the paper's ablation at model level: the DDP model fitted to the
 same SDP / HP profiles, its APE and its error on the speedup freezing brings.
-Usage: python benchmarks/parallel_fit.py [--seeds 5] [--noise 0.05]
+Usage (from the repository root): python -m benchmarks.parallel_fit [--seeds 5] [--noise 0.05]
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import numpy as np
 from icefrog_slurm.core.fit import ape
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.parallel import Kind, Parallelism, PipelineModel, SdpModel
-from icefrog_slurm.core.parallel_examples import Scenario, scenarios
 from icefrog_slurm.core.parallel_fit import (
     fit_large_model,
     fitter_for,
@@ -36,6 +35,7 @@ from icefrog_slurm.core.parallel_fit import (
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.throughput import DdpThroughputModel
 from icefrog_slurm.core.transformer_tables import load_shipped_table
+from tests.support.parallel_examples import Scenario, scenarios
 
 Configs = list[tuple[int, int, int]]
 

@@ -7,7 +7,6 @@ import pytest
 
 from icefrog_slurm.core.fit import ape
 from icefrog_slurm.core.parallel import Kind, Parallelism, PipelineModel, SdpModel
-from icefrog_slurm.core.parallel_examples import scenarios
 from icefrog_slurm.core.parallel_fit import (
     fit_large_model,
     fitter_for,
@@ -21,6 +20,7 @@ from icefrog_slurm.core.throughput import DdpThroughputModel
 from icefrog_slurm.core.transformer_tables import load_shipped_table
 from icefrog_slurm.core.tuner import measured_or_predicted, tune
 from icefrog_slurm.errors import InputError
+from tests.support.parallel_examples import scenarios
 
 # The paper's largest prediction error on the LLaMA jobs, per cent (section 7).
 PAPER_WORST_APE = 13.4

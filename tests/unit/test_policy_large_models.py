@@ -8,7 +8,6 @@ import pytest
 
 from icefrog_slurm.controller.snapshot import Current, JobSnapshot
 from icefrog_slurm.core.parallel import Kind, Parallelism, SdpModel
-from icefrog_slurm.core.parallel_examples import scenarios
 from icefrog_slurm.core.parallel_fit import synthetic_samples
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.throughput import DdpThroughputModel
@@ -17,6 +16,7 @@ from icefrog_slurm.policies.estimate import Candidate, Estimator
 from icefrog_slurm.protocol import JobSpec
 from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.store.records import JobRecord, JobView, Progress
+from tests.support.parallel_examples import scenarios
 
 ON = settings_from_mapping({})
 OFF = settings_from_mapping({"policy": {"large_model_models": False}})

@@ -3,9 +3,8 @@
 Owns a few parameter sets of the section-7 models with A800-like magnitudes (bf16 compute
 at ~40% of peak, PCIe 3.0 inside a node, 200 Gbps between nodes), the configurations a
 profiler would visit, and the scenarios that pair them. Tests and
-``benchmarks/parallel_fit.py`` fit the models back from noisy samples of these; the
-simulator can use them as the true speed of its LLaMA jobs. The paper publishes no
-per-parameter values, so these are chosen, and say so.
+``benchmarks/parallel_fit.py`` fit the models back from noisy samples of these. Test data,
+not shipped: the paper publishes no per-parameter values, so these are chosen, and say so.
 """
 
 from __future__ import annotations
