@@ -1,4 +1,8 @@
-"""Schema migrations: the alembic environment in ``migrations/``, driven from code (no alembic.ini).
+"""Schema migrations: the alembic environment of ``db/``, driven from code (no alembic.ini).
+
+The repository's top-level ``db/`` installs as the package ``icefrog_slurm.db`` (setup.py);
+:func:`migrations_dir` finds it with importlib.resources in a wheel or an editable install,
+and beside the package in a source checkout run without installing (``PYTHONPATH=.``).
 
 ``upgrade(url)`` is what ``icefrog db upgrade`` runs: it migrates an empty database or one of
 ours, and refuses any other (tables but no revision of ours: another application's data,
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib.resources import files
 from pathlib import Path
 
 from alembic import command
@@ -26,17 +31,27 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from icefrog_slurm.errors import IcefrogError, InputError
 from icefrog_slurm.jsonio import printable
 
-# Shipped inside the package (package data), so a wheel holds them too.
-MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 VERSION_TABLE = "alembic_version"
+MIGRATIONS_PACKAGE = "icefrog_slurm.db"
+_CHECKOUT_DB = Path(__file__).resolve().parents[2] / "db"
+
+
+def migrations_dir() -> Path:
+    """The folder holding alembic's ``env.py`` and ``versions/``: the installed package
+    ``icefrog_slurm.db`` (a wheel, an editable install), else the checkout's ``db/``."""
+    try:
+        found = files(MIGRATIONS_PACKAGE)
+    except ModuleNotFoundError:  # a source checkout on PYTHONPATH, not installed
+        found = _CHECKOUT_DB
+    if not isinstance(found, Path) or not (found / "env.py").is_file():
+        raise IcefrogError(f"the migrations folder {found} is missing (db/ of icefrog-slurm)")
+    return found
 
 
 def alembic_config(url: str) -> Config:
-    """An alembic Config for ``url`` over ``store/migrations/``, built in code."""
-    if not (MIGRATIONS_DIR / "env.py").is_file():
-        raise IcefrogError(f"the migrations folder {MIGRATIONS_DIR} is missing")
+    """An alembic Config for ``url`` over the migrations of ``db/``, built in code."""
     config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("script_location", str(migrations_dir()))
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return config
 

@@ -1,4 +1,4 @@
-"""The state store's tables (SQLAlchemy 2.0 typed ORM); store/migrations/versions/ migrates them.
+"""The state store's tables (SQLAlchemy 2.0 typed ORM); db/versions/ (the migrations) migrates them.
 
 - ``jobs``: icefrog jobs, first-class: owner, state, the declared spec (GPU and batch
   ranges, max frozen fraction, target, epochs, samples, per-layer table) and the latest

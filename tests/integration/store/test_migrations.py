@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -59,34 +63,17 @@ def test_cli_db_upgrade_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["db", "upgrade", "--url", "nosuchdb://x"]) == 2
 
 
-def test_a_wheel_install_can_migrate(tmp_path: Path) -> None:
-    """Admins `pip install` a wheel: the migrations must be inside it. Build the wheel, install
-    it into a bare folder, and run `icefrog db upgrade` from there (not from this checkout)."""
-    import subprocess
-    import sys
+REPO = Path(__file__).resolve().parents[3]
 
-    repo = Path(__file__).resolve().parents[3]
-    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
-    subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", str(repo), "-w", str(tmp_path / "w")],
-        check=True,
-        cwd=tmp_path,
+
+def _run(python: str, code: str, *, cwd: Path, env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [python, "-c", code], check=True, cwd=cwd, env=env, capture_output=True, text=True
     )
-    [wheel] = (tmp_path / "w").glob("icefrog_slurm-*.whl")
-    site = tmp_path / "site"
-    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True)
-    url = f"sqlite:///{tmp_path / 'state.db'}"
-    code = (
-        "import sys, icefrog_slurm; from icefrog_slurm.cli import main; "
-        f"assert icefrog_slurm.__file__.startswith({str(site)!r}), icefrog_slurm.__file__; "
-        f"sys.exit(main(['db', 'upgrade', '--url', {url!r}]))"
-    )
-    subprocess.run(
-        [sys.executable, "-c", code],
-        check=True,
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
-    )
+    return done.stdout
+
+
+def _assert_migrated(url: str) -> None:
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
@@ -94,3 +81,73 @@ def test_a_wheel_install_can_migrate(tmp_path: Path) -> None:
         assert revision == migrate.head_revision()
     finally:
         engine.dispose()
+
+
+# Run by the child: where icefrog_slurm and db/ came from, then `icefrog db upgrade`.
+_UPGRADE = (
+    "import sys, icefrog_slurm; from icefrog_slurm.cli import main; "
+    "from icefrog_slurm.store.migrate import migrations_dir; "
+    "print(icefrog_slurm.__file__); print(migrations_dir()); "
+    "sys.exit(main(['db', 'upgrade', '--url', {url!r}]))"
+)
+
+
+@pytest.mark.slow
+def test_a_wheel_install_can_migrate(tmp_path: Path) -> None:
+    """Admins `pip install` a wheel: db/ must be inside it (as icefrog_slurm.db), and the
+    Philly trace. Build the wheel, install it into a bare folder, and run `icefrog db
+    upgrade` and `icefrog trace sample` from there (not from this checkout)."""
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", str(REPO), "-w", str(tmp_path / "w")],
+        check=True,
+        cwd=tmp_path,
+        capture_output=True,
+    )
+    [wheel] = (tmp_path / "w").glob("icefrog_slurm-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = ["db/env.py", "db/script.py.mako", "db/versions/0001_initial_schema.py",
+               "sim/data/philly.csv.gz", "sim/data/philly.LICENSE"]  # fmt: skip
+    for name in shipped:
+        assert f"icefrog_slurm/{name}" in names, name
+    site = tmp_path / "site"
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True)
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
+    out = _run(sys.executable, _UPGRADE.format(url=url), cwd=tmp_path, env=env).splitlines()
+    assert out[0].startswith(str(site)) and out[1] == str(site / "icefrog_slurm" / "db"), out
+    _assert_migrated(url)
+    sample = (
+        "import sys; from icefrog_slurm.cli import main; "
+        "sys.exit(main(['trace', 'sample', '--seed', '1', '--jobs', '10', '--out', 'w.csv']))"
+    )
+    _run(sys.executable, sample, cwd=tmp_path, env=env)
+    assert "packaged" in (tmp_path / "w.json").read_text()
+
+
+def test_the_editable_install_finds_db(tmp_path: Path) -> None:
+    """The dev venv's editable install maps icefrog_slurm.db to the checkout's db/."""
+    assert migrate.migrations_dir() == REPO / "db"
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    out = _run(sys.executable, _UPGRADE.format(url=url), cwd=tmp_path,
+               env={"PATH": "/usr/bin:/bin"}).splitlines()  # fmt: skip
+    assert out[1] == str(REPO / "db"), out
+    _assert_migrated(url)
+
+
+def test_a_source_checkout_finds_db(tmp_path: Path) -> None:
+    """PYTHONPATH=checkout, nothing installed: a fresh venv that sees the dev venv's
+    dependencies (a .pth naming its site-packages, whose own .pth files, the editable
+    finder among them, are not run) finds the checkout's db/ beside the package."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "v")],
+                   check=True)  # fmt: skip
+    [site] = (tmp_path / "v" / "lib").glob("python3*/site-packages")
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    python = str(tmp_path / "v" / "bin" / "python")
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    finders = "import sys; assert not any('editable' in repr(f) for f in sys.meta_path); "
+    out = _run(python, finders + _UPGRADE.format(url=url), cwd=tmp_path, env=env).splitlines()
+    assert out[0] == str(REPO / "icefrog_slurm" / "__init__.py"), out
+    assert out[1] == str(REPO / "db"), out
+    _assert_migrated(url)
