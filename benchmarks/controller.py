@@ -34,21 +34,19 @@ from benchmarks.store_snapshot import database, fill
 from icefrog_slurm.commands.controller import POLICIES, make_policy
 from icefrog_slurm.controller.daemon import Controller, TickReport
 from icefrog_slurm.controller.ports import FsJobFiles
+from icefrog_slurm.domain.cluster import (
+    Gres,
+    IcefrogTag,
+    NodeCapacity,
+    PartitionCapacity,
+    SlurmJobState,
+)
 from icefrog_slurm.protocol import Decision
 from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.slurm.parse import expand_hostlist
-from icefrog_slurm.slurm.port import (
-    Gres,
-    GresAllocation,
-    IcefrogTag,
-    JobDetail,
-    JobState,
-    NodeCapacity,
-    PartitionCapacity,
-    SubmitRequest,
-)
-from icefrog_slurm.store import SqlStore
+from icefrog_slurm.slurm.port import GresAllocation, JobDetail, SubmitRequest
 from icefrog_slurm.store.migrate import upgrade
+from icefrog_slurm.store.sql import SqlStore
 
 
 class MemoryCluster:
@@ -58,7 +56,7 @@ class MemoryCluster:
     def __init__(self, nodes: int, job_ids: Collection[str]) -> None:
         self.nodes = tuple(f"node{i + 1}" for i in range(nodes))
         self.jobs = {
-            sid: JobState(
+            sid: SlurmJobState(
                 sid,
                 "PENDING",
                 Gres("gpu", 1),
@@ -77,7 +75,7 @@ class MemoryCluster:
     def _set(self, sid: str, **kw: object) -> None:
         self.jobs[sid] = replace(self.jobs[sid], **kw)  # type: ignore[arg-type]
 
-    def poll(self, *, job_ids: Collection[str]) -> Mapping[str, JobState]:
+    def poll(self, *, job_ids: Collection[str]) -> Mapping[str, SlurmJobState]:
         return {i: self.jobs[i] for i in job_ids if i in self.jobs}
 
     def partition_capacity(self, *, partition: str) -> PartitionCapacity:

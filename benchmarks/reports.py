@@ -20,10 +20,10 @@ import time
 
 from benchmarks.store_snapshot import database, timed
 from icefrog_slurm.cli import main as icefrog
+from icefrog_slurm.domain.records import Allocation
 from icefrog_slurm.protocol import MetricReport
-from icefrog_slurm.store import SqlStore
 from icefrog_slurm.store.migrate import upgrade
-from icefrog_slurm.store.records import Allocation
+from icefrog_slurm.store.sql import SqlStore
 from tests.integration.store.helpers import spec
 
 

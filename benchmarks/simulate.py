@@ -31,8 +31,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from icefrog_slurm.commands.simulate import make_policy
-from icefrog_slurm.controller.plan import Policy, PolicyResult
-from icefrog_slurm.controller.snapshot import Snapshot
+from icefrog_slurm.domain.plan import Policy, PolicyResult
+from icefrog_slurm.domain.snapshot import Snapshot
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.sim.catalog import shipped_catalog
 from icefrog_slurm.sim.engine import Engine, SimOptions

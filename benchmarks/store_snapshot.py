@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from icefrog_slurm.domain.records import Allocation
 from icefrog_slurm.protocol import GradStats, MetricReport
-from icefrog_slurm.store import SqlStore
 from icefrog_slurm.store.migrate import upgrade
-from icefrog_slurm.store.records import Allocation
+from icefrog_slurm.store.sql import SqlStore
 from tests.integration.store.helpers import sample, spec
 
 

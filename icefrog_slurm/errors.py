@@ -11,3 +11,8 @@ class InputError(IcefrogError):
     """Bad input from a user or a file: the message names the offending field. Exit code 2."""
 
     exit_code = 2
+
+
+class LostLead(IcefrogError):
+    """This controller no longer leads: its lock is gone or another controller took the
+    lease. Nothing more may be enacted until it leads again."""

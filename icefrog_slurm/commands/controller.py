@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 
 from icefrog_slurm.controller.daemon import Controller
-from icefrog_slurm.controller.plan import Policy
 from icefrog_slurm.controller.ports import FsJobFiles, SystemClock
 from icefrog_slurm.controller.reconcile import StepHook
+from icefrog_slurm.domain.plan import Policy
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.settings import Settings, load_settings
 from icefrog_slurm.slurm.identity import TAG_SECRET, TagSigner

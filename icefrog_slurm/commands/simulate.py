@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from icefrog_slurm.controller.plan import Policy
+from icefrog_slurm.domain.plan import Policy
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.settings import Settings, apply_overrides, load_settings
 from icefrog_slurm.sim.catalog import shipped_catalog

@@ -17,11 +17,11 @@ from icefrog_slurm.commands.storeargs import (
     print_json,
     print_lines,
 )
+from icefrog_slurm.domain.records import ACTIVE_STATES
 from icefrog_slurm.report import squeue
 from icefrog_slurm.report.queries import read_queue
 from icefrog_slurm.report.select import JobFilter, parse_ids, parse_states, parse_users
 from icefrog_slurm.report.table import field_index, parse_format, render_table
-from icefrog_slurm.store.records import ACTIVE_STATES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

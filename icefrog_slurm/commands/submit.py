@@ -34,11 +34,12 @@ from pathlib import Path
 
 from icefrog_slurm import declaration, security
 from icefrog_slurm.commands.db import DEFAULT_CONFIG
+from icefrog_slurm.domain.cluster import Gres, IcefrogTag
 from icefrog_slurm.errors import IcefrogError, InputError
 from icefrog_slurm.protocol import PROTOCOL_VERSION, Envelope
 from icefrog_slurm.settings import Settings, load_settings
 from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
-from icefrog_slurm.slurm.port import Gres, IcefrogTag, SubmitRequest
+from icefrog_slurm.slurm.port import SubmitRequest
 
 SCRIPT_NAME = "job.sbatch"
 UNKNOWN_LAYERS = (1.0,)

@@ -33,16 +33,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from icefrog_slurm.controller.plan import Plan, Policy
 from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort
 from icefrog_slurm.controller.reconcile import Reconciler, ReconcileResult, StepHook, record
-from icefrog_slurm.controller.snapshot import Snapshot, build_snapshot
+from icefrog_slurm.controller.snapshot import build_snapshot
 from icefrog_slurm.controller.tick import round_due, tick
-from icefrog_slurm.errors import IcefrogError, InputError
+from icefrog_slurm.domain.plan import Plan, Policy
+from icefrog_slurm.domain.records import StoreSnapshot
+from icefrog_slurm.domain.snapshot import Snapshot
+from icefrog_slurm.errors import IcefrogError, InputError, LostLead
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.port import ClusterPort, SlurmUnavailable
-from icefrog_slurm.store.leader import Lease, LostLead
-from icefrog_slurm.store.records import StoreSnapshot
+from icefrog_slurm.store.leader import Lease
 
 log = logging.getLogger(__name__)
 

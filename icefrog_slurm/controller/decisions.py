@@ -14,8 +14,8 @@ import logging
 from collections.abc import Callable
 
 from icefrog_slurm.controller.jobdir import UnsafeJobDir
-from icefrog_slurm.controller.plan import JobPlan, Plan
 from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort
+from icefrog_slurm.domain.plan import JobPlan, Plan
 from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.jsonio import printable
 from icefrog_slurm.protocol import Decision

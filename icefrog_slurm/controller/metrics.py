@@ -14,7 +14,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from icefrog_slurm.controller.daemon import TickReport
-from icefrog_slurm.store.records import JOB_STATES
+from icefrog_slurm.domain.records import JOB_STATES
 
 
 class ControllerMetrics:

@@ -16,10 +16,10 @@ from contextlib import AbstractContextManager, suppress
 from typing import Protocol
 
 from icefrog_slurm.controller.jobdir import UnsafeJobDir, open_job_dir
+from icefrog_slurm.domain.records import StoreSnapshot
 from icefrog_slurm.protocol import Decision
 from icefrog_slurm.runfiles import CHECKPOINT_MARKER, DECISION_FILE
 from icefrog_slurm.store.leader import Lease
-from icefrog_slurm.store.records import StoreSnapshot
 from icefrog_slurm.store.tx import StoreTx
 
 

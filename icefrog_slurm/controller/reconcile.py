@@ -45,13 +45,14 @@ from functools import partial
 from typing import Any
 
 from icefrog_slurm.controller.decisions import DecisionWriter
-from icefrog_slurm.controller.plan import Plan, Target
 from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort
 from icefrog_slurm.controller.tick import launch_refused, matches, run_dir_of
+from icefrog_slurm.domain.cluster import SlurmJobState
+from icefrog_slurm.domain.plan import Plan, SlurmRequest
+from icefrog_slurm.domain.records import ACTIVE_STATES, Intent
 from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.settings import Settings
-from icefrog_slurm.slurm.port import ClusterPort, JobState, SlurmRejected, SlurmUnavailable
-from icefrog_slurm.store.records import ACTIVE_STATES, Intent
+from icefrog_slurm.slurm.port import ClusterPort, SlurmRejected, SlurmUnavailable
 from icefrog_slurm.store.tx import StoreTx
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ def signalled_at(tx: StoreTx, intent: Intent) -> float | None:
     return max(times) if times else None
 
 
-def _kind_changes(state: JobState, target: Target) -> bool:
+def _kind_changes(state: SlurmJobState, target: SlurmRequest) -> bool:
     """gpu <-> shard: a pending job must be resubmitted (22.05 cannot update the kind)."""
     return (
         state.gres is not None and target.gres is not None and state.gres.kind != target.gres.kind
@@ -220,7 +221,7 @@ class Reconciler:
         return result
 
     def _advance(self, intent: Intent, result: ReconcileResult) -> str:
-        target = Target.from_params(intent.params.get("target", {}))
+        target = SlurmRequest.from_params(intent.params.get("target", {}))
         with self.store.transaction() as tx:
             job = tx.job(intent.job_id) if intent.job_id is not None else None
             if job is None or job.state not in ACTIVE_STATES:
@@ -242,7 +243,7 @@ class Reconciler:
         return "done"
 
     def _converge(
-        self, intent: Intent, job_id: int, sid: str, target: Target, result: ReconcileResult
+        self, intent: Intent, job_id: int, sid: str, target: SlurmRequest, result: ReconcileResult
     ) -> str:
         """Step the job towards ``target`` until done; raises _Waiting (module docstring)."""
         for _ in range(_MAX_PASSES):
@@ -277,7 +278,7 @@ class Reconciler:
 
     # ----- steps -------------------------------------------------------------------------
     def _after_end(
-        self, intent: Intent, job_id: int, sid: str, state: JobState | None, r: ReconcileResult
+        self, intent: Intent, job_id: int, sid: str, state: SlurmJobState | None, r: ReconcileResult
     ) -> str:
         """The Slurm job ended or is gone: find its successor, or requeue it (it exited
         after checkpointing); a job that was only to start has simply ended."""
@@ -318,7 +319,7 @@ class Reconciler:
         )
 
     def _resubmit(
-        self, intent: Intent, job_id: int, sid: str, target: Target, r: ReconcileResult
+        self, intent: Intent, job_id: int, sid: str, target: SlurmRequest, r: ReconcileResult
     ) -> str:
         assert target.gres is not None
         gres, nodes, owner = target.gres, target.nodes or None, self._owner(job_id)
@@ -340,8 +341,8 @@ class Reconciler:
         intent: Intent,
         job_id: int,
         sid: str,
-        state: JobState,
-        target: Target,
+        state: SlurmJobState,
+        target: SlurmRequest,
         r: ReconcileResult,
     ) -> str:
         release = state.held or self._release_unfinished(job_id, sid)
@@ -398,7 +399,7 @@ class Reconciler:
         if wait > 0:
             raise _Waiting
 
-    def _retry_later(self, job_id: int, state: JobState) -> None:
+    def _retry_later(self, job_id: int, state: SlurmJobState) -> None:
         """Raise _Waiting while a job whose launch slurmd refused is inside
         ``launch_retry_s`` of its refused release (the credential is still revoked)."""
         if not launch_refused(state):

@@ -1,5 +1,6 @@
-"""The immutable input of a controller tick: the store's jobs, their Slurm jobs as one
-batched poll saw them, the partition's capacity, and the time.
+"""Building the immutable input of a controller tick (icefrog_slurm.domain.snapshot): the
+store's jobs joined with their Slurm jobs as one batched poll saw them, what each holds now,
+the partition's capacity, and the time.
 
 ``build_snapshot`` is pure: the daemon reads the store and Slurm through their ports and
 hands the results in; the simulator hands in its own.
@@ -8,58 +9,14 @@ hands the results in; the simulator hands in its own.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
+from icefrog_slurm.domain.cluster import PartitionCapacity, SlurmJobState
+from icefrog_slurm.domain.records import StoreSnapshot
+from icefrog_slurm.domain.snapshot import Current, JobSnapshot, Snapshot
 from icefrog_slurm.slurm.parse import expand_hostlist
-from icefrog_slurm.slurm.port import JobState, PartitionCapacity
-from icefrog_slurm.store.records import Intent, JobRecord, JobView, RoundRecord, StoreSnapshot
 
 
-@dataclass(frozen=True)
-class Current:
-    """What a job holds on Slurm now: ``gpus`` (1 when shared) on ``nodes``."""
-
-    gpus: int = 0
-    shared: bool = False
-    nodes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class JobSnapshot:
-    """One icefrog job: the store's view and its current Slurm job (None: Slurm forgot it)."""
-
-    view: JobView
-    slurm: JobState | None
-    current: Current
-
-    @property
-    def job(self) -> JobRecord:
-        return self.view.job
-
-    @property
-    def id(self) -> int:
-        return self.view.job.id
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Everything one tick may look at; nothing in it changes during the tick."""
-
-    time: float
-    jobs: tuple[JobSnapshot, ...]
-    capacity: PartitionCapacity
-    last_round: RoundRecord | None
-    open_intents: tuple[Intent, ...] = ()
-    measured: bool = True  # False: no samples, metrics or gradient statistics (between rounds)
-
-    def job(self, job_id: int) -> JobSnapshot:
-        for j in self.jobs:
-            if j.id == job_id:
-                return j
-        raise KeyError(job_id)
-
-
-def current_of(state: JobState | None) -> Current:
+def current_of(state: SlurmJobState | None) -> Current:
     """GPUs a Slurm job holds: ``gpu:n`` on N nodes is n x N exclusive GPUs; a ``shard``
     job holds one shared GPU; a job that holds nothing (pending, finished) holds 0."""
     if state is None or not state.holds_resources or state.gres is None:
@@ -73,7 +30,7 @@ def current_of(state: JobState | None) -> Current:
 def build_snapshot(
     *,
     store: StoreSnapshot,
-    states: Mapping[str, JobState],
+    states: Mapping[str, SlurmJobState],
     capacity: PartitionCapacity,
     now: float,
 ) -> Snapshot:

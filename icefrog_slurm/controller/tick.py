@@ -24,11 +24,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 
-from icefrog_slurm.controller.plan import Action, JobPlan, Plan, Policy, PolicyResult, Target
-from icefrog_slurm.controller.snapshot import JobSnapshot, Snapshot
+from icefrog_slurm.domain.cluster import Gres, SlurmJobState
+from icefrog_slurm.domain.plan import Action, JobPlan, Plan, Policy, PolicyResult, SlurmRequest
+from icefrog_slurm.domain.records import Allocation, RoundRecord
+from icefrog_slurm.domain.snapshot import JobSnapshot, Snapshot
 from icefrog_slurm.settings import Settings
-from icefrog_slurm.slurm.port import Gres, JobState
-from icefrog_slurm.store.records import Allocation, RoundRecord
 
 EVICTED = "Evicted: unstable GPU utilization while sharing a GPU (spec section 8)"
 
@@ -119,7 +119,7 @@ def state_changes(snapshot: Snapshot) -> tuple[tuple[int, str], ...]:
 _REFUSED = ("credential revoked", "launch fail", "joblaunchfailure")
 
 
-def launch_refused(state: JobState | None) -> bool:
+def launch_refused(state: SlurmJobState | None) -> bool:
     """Whether slurmd refused to launch the job (e.g. "Job credential revoked" when it was
     requeued and released at once on the same node): Slurm shows it back pending held
     ("launch failed requeued held") or ended with a launch-failure reason. Such a job is
@@ -130,7 +130,7 @@ def launch_refused(state: JobState | None) -> bool:
     return any(r in reason for r in _REFUSED)
 
 
-def _end_state(state: JobState | None, store_state: str) -> str:
+def _end_state(state: SlurmJobState | None, store_state: str) -> str:
     if state is None:
         return "cancelled" if store_state == "pending" else "failed"
     if state.state == "COMPLETED":
@@ -156,25 +156,25 @@ def unstable_packed(jobs: tuple[JobSnapshot, ...], settings: Settings) -> frozen
     return frozenset(evict)
 
 
-def target_of(allocation: Allocation, settings: Settings) -> Target:
+def target_of(allocation: Allocation, settings: Settings) -> SlurmRequest:
     """Slurm resources for a decision: ``shard:K`` on one node for a shared GPU (K = shards
     a GPU / jobs a GPU), ``gpu:gpus/N`` on N nodes otherwise, pinned to the placed nodes."""
     if allocation.gpus <= 0:
-        return Target(gres=None)
+        return SlurmRequest(gres=None)
     if allocation.shared:
         per_job = max(settings.slurm.shards_per_gpu // settings.sharing.max_jobs_per_gpu, 1)
-        return Target(gres=Gres("shard", per_job), num_nodes=1, nodes=allocation.nodes[:1])
+        return SlurmRequest(gres=Gres("shard", per_job), num_nodes=1, nodes=allocation.nodes[:1])
     num_nodes = max(len(allocation.nodes), 1)
     per_node = max(allocation.gpus // num_nodes, 1)
-    return Target(gres=Gres("gpu", per_node), num_nodes=num_nodes, nodes=allocation.nodes)
+    return SlurmRequest(gres=Gres("gpu", per_node), num_nodes=num_nodes, nodes=allocation.nodes)
 
 
-def matches(state: JobState, target: Target) -> bool:
+def matches(state: SlurmJobState, target: SlurmRequest) -> bool:
     """Whether a Slurm job already has the target's resources (nodes aside)."""
     return state.gres == target.gres and state.num_nodes == target.num_nodes
 
 
-def action_for(job: JobSnapshot, target: Target, moved: bool = False) -> Action:
+def action_for(job: JobSnapshot, target: SlurmRequest, moved: bool = False) -> Action:
     """What reconcile must do to bring the job to ``target``. ``moved``: this round placed
     the job on other nodes than the last round did. A job released but not started yet
     (pending, not held) is pinned to the nodes it was released to: when a round moves it,

@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from icefrog_slurm.controller.plan import PolicyResult
-from icefrog_slurm.controller.snapshot import JobSnapshot, Snapshot
+from icefrog_slurm.domain.plan import PolicyResult
+from icefrog_slurm.domain.records import Allocation
+from icefrog_slurm.domain.snapshot import JobSnapshot, Snapshot
 from icefrog_slurm.policies.estimate import Candidate, Estimator
 from icefrog_slurm.settings import Settings
-from icefrog_slurm.store.records import Allocation
 
 BYTES_PER_GB = 1e9
 

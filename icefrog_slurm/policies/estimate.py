@@ -46,7 +46,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from icefrog_slurm.controller.snapshot import JobSnapshot
 from icefrog_slurm.core.fit import ProfileHistory
 from icefrog_slurm.core.freezeout import FreezeOut, tune_freezeout
 from icefrog_slurm.core.goodput import efficiency_grid
@@ -66,6 +65,7 @@ from icefrog_slurm.core.tuner import (
     powers_of_two,
     tune_grid,
 )
+from icefrog_slurm.domain.snapshot import JobSnapshot
 from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.protocol import GradStats, JobSpec
 from icefrog_slurm.settings import Freezing, Settings

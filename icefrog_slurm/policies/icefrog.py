@@ -24,8 +24,6 @@ import math
 import time
 from dataclasses import replace
 
-from icefrog_slurm.controller.plan import PolicyResult
-from icefrog_slurm.controller.snapshot import JobSnapshot, Snapshot
 from icefrog_slurm.core.placement import solve_and_place
 from icefrog_slurm.core.solver import (
     WAIT,
@@ -39,9 +37,11 @@ from icefrog_slurm.core.solver import (
 )
 from icefrog_slurm.core.solver import Allocation as Held
 from icefrog_slurm.core.solver import SolverSettings as SolveOptions
+from icefrog_slurm.domain.plan import PolicyResult
+from icefrog_slurm.domain.records import Allocation
+from icefrog_slurm.domain.snapshot import JobSnapshot, Snapshot
 from icefrog_slurm.policies.estimate import BYTES_PER_GB, Candidate, Estimator
 from icefrog_slurm.settings import Settings
-from icefrog_slurm.store.records import Allocation
 
 
 class IcefrogPolicy:

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import time
 
-from icefrog_slurm.controller.plan import PolicyResult
-from icefrog_slurm.controller.snapshot import JobSnapshot, Snapshot
+from icefrog_slurm.domain.plan import PolicyResult
+from icefrog_slurm.domain.records import Allocation
+from icefrog_slurm.domain.snapshot import JobSnapshot, Snapshot
 from icefrog_slurm.policies.baseline import (
     Free,
     JobOptions,
@@ -31,7 +32,6 @@ from icefrog_slurm.policies.baseline import (
 )
 from icefrog_slurm.policies.estimate import Estimator, requested_count
 from icefrog_slurm.settings import Settings
-from icefrog_slurm.store.records import Allocation
 
 
 def requested_gpus(job: JobSnapshot) -> int:

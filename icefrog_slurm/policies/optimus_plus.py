@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import time
 
-from icefrog_slurm.controller.plan import PolicyResult
-from icefrog_slurm.controller.snapshot import Snapshot
+from icefrog_slurm.domain.plan import PolicyResult
+from icefrog_slurm.domain.records import Allocation
+from icefrog_slurm.domain.snapshot import Snapshot
 from icefrog_slurm.policies.baseline import (
     Free,
     JobOptions,
@@ -28,7 +29,6 @@ from icefrog_slurm.policies.baseline import (
 )
 from icefrog_slurm.policies.estimate import Estimator
 from icefrog_slurm.settings import Settings
-from icefrog_slurm.store.records import Allocation
 
 
 class OptimusPlusPolicy:

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import time
 
-from icefrog_slurm.controller.plan import PolicyResult
-from icefrog_slurm.controller.snapshot import Snapshot
 from icefrog_slurm.core.goodput import efficiency
+from icefrog_slurm.domain.plan import PolicyResult
+from icefrog_slurm.domain.snapshot import Snapshot
 from icefrog_slurm.policies.baseline import (
     Free,
     JobOptions,

@@ -12,10 +12,10 @@ free nodes. A node's free GPUs are its GPUs minus those foreign jobs hold.
 
 from __future__ import annotations
 
-from icefrog_slurm.controller.plan import PolicyResult
-from icefrog_slurm.controller.snapshot import JobSnapshot, Snapshot
+from icefrog_slurm.domain.plan import PolicyResult
+from icefrog_slurm.domain.records import Allocation
+from icefrog_slurm.domain.snapshot import JobSnapshot, Snapshot
 from icefrog_slurm.settings import Settings
-from icefrog_slurm.store.records import Allocation
 
 
 class StandInPolicy:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from icefrog_slurm.store.records import JobRecord
+from icefrog_slurm.domain.records import JobRecord
 from icefrog_slurm.store.views import Decided, TimedMetric
 
 # icefrog state -> (sacct/squeue long name, squeue compact code)

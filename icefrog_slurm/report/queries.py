@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from icefrog_slurm.domain.records import JobRecord, SlurmAction
 from icefrog_slurm.errors import IcefrogError, InputError
 from icefrog_slurm.report.jobs import JobFacts
 from icefrog_slurm.report.select import JobFilter
 from icefrog_slurm.store.ledger import StoreError
-from icefrog_slurm.store.records import JobRecord, SlurmAction
 from icefrog_slurm.store.sql import SqlStore
 from icefrog_slurm.store.views import Decided, ReportTx
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from icefrog_slurm.domain.records import JobRecord
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.report.jobs import JOB_STATES_SHOWN, end_or_now, state_aliases
-from icefrog_slurm.store.records import JobRecord
 
 _JOB_ID = re.compile(r"^\d{1,18}(?:_\d{1,9})?$", re.ASCII)
 _USER = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.@-]{0,63}\$?$", re.ASCII)

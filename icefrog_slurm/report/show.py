@@ -13,12 +13,12 @@ import shlex
 from dataclasses import asdict
 from typing import Any
 
+from icefrog_slurm.domain.records import SlurmAction
 from icefrog_slurm.report import jobs
 from icefrog_slurm.report.queries import JobDetail
 from icefrog_slurm.report.sacct import acct_json, acct_row, number
 from icefrog_slurm.report.table import Column, Field, render_table
 from icefrog_slurm.report.timefmt import format_duration, format_time
-from icefrog_slurm.store.records import SlurmAction
 from icefrog_slurm.store.views import Decided
 
 

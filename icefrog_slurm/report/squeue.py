@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from icefrog_slurm.domain.records import Allocation
 from icefrog_slurm.report import jobs
 from icefrog_slurm.report.queries import QueuedJob
 from icefrog_slurm.report.table import Field
 from icefrog_slurm.report.timefmt import format_duration
-from icefrog_slurm.store.records import Allocation
 
 DEFAULT_FORMAT = (
     "JobID,SlurmJobID,Name,User,ST,Time,GPUs,Shared,Batch,Frozen,Psi,PredTTA,IceShare,"

@@ -17,16 +17,18 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
-from icefrog_slurm.slurm.parse import expand_hostlist
-from icefrog_slurm.slurm.port import (
+from icefrog_slurm.domain.cluster import (
     Gres,
-    GresAllocation,
     IcefrogTag,
-    JobDetail,
-    JobNotFound,
-    JobState,
     NodeCapacity,
     PartitionCapacity,
+    SlurmJobState,
+)
+from icefrog_slurm.slurm.parse import expand_hostlist
+from icefrog_slurm.slurm.port import (
+    GresAllocation,
+    JobDetail,
+    JobNotFound,
     SlurmRejected,
     SubmitRequest,
 )
@@ -197,7 +199,7 @@ class SimCluster:
         self._free(job)
         job.state, job.reason = "CANCELLED", "None"
 
-    def poll(self, *, job_ids: Collection[str]) -> Mapping[str, JobState]:
+    def poll(self, *, job_ids: Collection[str]) -> Mapping[str, SlurmJobState]:
         return {sid: self._state(self._jobs[sid]) for sid in job_ids if sid in self._jobs}
 
     def job_detail(self, *, job_id: str) -> JobDetail:
@@ -265,8 +267,8 @@ class SimCluster:
             raise JobNotFound(f"Invalid job id specified: {job_id}")
         return job
 
-    def _state(self, job: _Job) -> JobState:
-        return JobState(
+    def _state(self, job: _Job) -> SlurmJobState:
+        return SlurmJobState(
             job_id=job.job_id, state=job.state, gres=job.gres, num_nodes=job.num_nodes,
             nodelist=self._nodelist(job), reason=job.reason, priority=1, user_id=job.user_id,
             partition=self.partition, comment=job.tag.comment(), tag=job.tag, name=job.name,

@@ -29,7 +29,8 @@ from typing import Any
 from sqlalchemy import event
 
 from icefrog_slurm.controller.daemon import Controller, TickReport
-from icefrog_slurm.controller.plan import Policy
+from icefrog_slurm.domain.cluster import Gres, IcefrogTag
+from icefrog_slurm.domain.plan import Policy
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.limits import MAX_CLUSTER_GPUS, MAX_GPUS_PER_NODE, MAX_SEED
 from icefrog_slurm.protocol import Decision
@@ -47,7 +48,7 @@ from icefrog_slurm.sim.truth import (
     build_truths,
 )
 from icefrog_slurm.sim.workload import Job
-from icefrog_slurm.slurm.port import Gres, IcefrogTag, SubmitRequest
+from icefrog_slurm.slurm.port import SubmitRequest
 from icefrog_slurm.store import migrate
 from icefrog_slurm.store.sql import SqlStore
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
+from icefrog_slurm.domain.cluster import NodeCapacity, PartitionCapacity, SlurmJobState
 from icefrog_slurm.slurm.parse import expand_hostlist
-from icefrog_slurm.slurm.port import JobState, NodeCapacity, NodeGpus, PartitionCapacity
+from icefrog_slurm.slurm.port import NodeGpus
 
 
-def foreign_shard_jobs(jobs: Iterable[JobState]) -> tuple[str, ...]:
+def foreign_shard_jobs(jobs: Iterable[SlurmJobState]) -> tuple[str, ...]:
     """Ids of foreign jobs holding shards (their GPU indices are worth one more query)."""
     return tuple(
         j.job_id
@@ -30,7 +31,7 @@ def partition_capacity(
     *,
     partition: str,
     nodes: Sequence[NodeGpus],
-    jobs: Iterable[JobState],
+    jobs: Iterable[SlurmJobState],
     shard_gpus: Mapping[str, Mapping[str, int]] | None = None,
 ) -> PartitionCapacity:
     """Capacity = sum over usable nodes n of max(GPUs(n) - foreign GPUs on n, 0).
@@ -56,7 +57,7 @@ def partition_capacity(
     return PartitionCapacity(partition=partition, nodes=caps, foreign_job_ids=tuple(foreign_ids))
 
 
-def _gpus_held(job: JobState, node: NodeGpus, shard_map: Mapping[str, int] | None) -> int:
+def _gpus_held(job: SlurmJobState, node: NodeGpus, shard_map: Mapping[str, int] | None) -> int:
     assert job.gres is not None
     if job.gres.kind == "gpu":
         return job.gres.count

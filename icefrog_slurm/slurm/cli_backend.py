@@ -39,17 +39,15 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from icefrog_slurm.domain.cluster import Gres, PartitionCapacity, SlurmJobState
 from icefrog_slurm.slurm import capacity, commands, parse
 from icefrog_slurm.slurm.commands import Argv
 from icefrog_slurm.slurm.identity import TagSigner, earlier_submission, successor_of
 from icefrog_slurm.slurm.port import (
     ClusterPort,
-    Gres,
     GresAllocation,
     JobDetail,
     JobNotFound,
-    JobState,
-    PartitionCapacity,
     SlurmRejected,
     SlurmUnavailable,
     SubmitRequest,
@@ -198,7 +196,7 @@ class SlurmCliBackend:
             f"{last} (gave up after {self.settings.attempts} tries)", command=argv
         )
 
-    def _jobs_once(self) -> dict[str, JobState]:
+    def _jobs_once(self) -> dict[str, SlurmJobState]:
         out = self._once(commands.squeue_json(), stdin=None, env=None)
         return {k: d.state_view() for k, d in parse.parse_squeue_json(out).items()}
 
@@ -210,7 +208,7 @@ class SlurmCliBackend:
             argv, lambda: parse.parse_squeue_json(self._once(argv, stdin=None, env=None))
         )
 
-    def _jobs(self) -> dict[str, JobState]:
+    def _jobs(self) -> dict[str, SlurmJobState]:
         return {k: d.state_view() for k, d in self._details().items()}
 
     # ---- ClusterPort ------------------------------------------------------------------
@@ -273,7 +271,7 @@ class SlurmCliBackend:
             if not any(p in str(exc).lower() for p in _ALREADY_DONE):
                 raise
 
-    def poll(self, *, job_ids: Collection[str]) -> Mapping[str, JobState]:
+    def poll(self, *, job_ids: Collection[str]) -> Mapping[str, SlurmJobState]:
         if not job_ids:
             return {}
         wanted = set(job_ids)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from icefrog_slurm.slurm.port import Gres, SubmitRequest
+from icefrog_slurm.domain.cluster import Gres
+from icefrog_slurm.slurm.port import SubmitRequest
 
 Argv = tuple[str, ...]
 

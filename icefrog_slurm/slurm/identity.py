@@ -22,8 +22,8 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from icefrog_slurm.domain.cluster import IcefrogTag, SlurmJobState
 from icefrog_slurm.errors import IcefrogError
-from icefrog_slurm.slurm.port import IcefrogTag, JobState
 
 SECRET_BYTES = 32
 TAG_SECRET = "tag.key"
@@ -94,7 +94,7 @@ class TagSigner:
 
 
 def successor_of(
-    jobs: Iterable[JobState], *, job_id: str, owner_uid: int, signer: TagSigner
+    jobs: Iterable[SlurmJobState], *, job_id: str, owner_uid: int, signer: TagSigner
 ) -> str | None:
     """The newest live job of ``owner_uid`` whose signed tag replaces ``job_id``."""
     found = [
@@ -110,7 +110,7 @@ def successor_of(
 
 
 def earlier_submission(
-    jobs: Iterable[JobState], *, name: str, comment: str, owner_uid: int
+    jobs: Iterable[SlurmJobState], *, name: str, comment: str, owner_uid: int
 ) -> str | None:
     """The newest live job of ``owner_uid`` with this name and comment: an earlier try of a
     submission that timed out but reached slurmctld (so it is never made twice)."""

@@ -26,11 +26,9 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from icefrog_slurm.domain.cluster import COMMENT_PREFIX, Gres, IcefrogTag
 from icefrog_slurm.slurm.port import (
-    COMMENT_PREFIX,
-    Gres,
     GresAllocation,
-    IcefrogTag,
     JobDetail,
     NodeGpus,
     SlurmError,

@@ -1,44 +1,24 @@
 """The cluster port: what the controller may ask of Slurm, the plain data it gets back, and
-the typed errors it must handle.
+the typed errors it must handle. The values the snapshot and the plan carry too (GRES, the
+icefrog tag, a polled job's state, capacity) are the domain's (icefrog_slurm.domain.cluster).
 
 Adapters (``SlurmCliBackend``; a pyslurm one where pyslurm can be built) implement
 ``ClusterPort``; the controller sees only this module. Every method takes keyword arguments.
-
-Icefrog identity inside Slurm: an icefrog job carries the comment ``icefrog:<key>`` (``<key>``
-is the store's job key), and a job resubmitted in place of an older one carries
-``icefrog:<key>;prev=<old slurm id>``. Every other job is *foreign*: its GPUs are subtracted
-from the capacity icefrog may plan with.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
+from icefrog_slurm.domain.cluster import (
+    Gres,
+    IcefrogTag,
+    PartitionCapacity,
+    SlurmJobState,
+)
 from icefrog_slurm.errors import IcefrogError
-
-GresKind = Literal["gpu", "shard"]
-COMMENT_PREFIX = "icefrog:"
-ADMIN_HOLD = "JobHeldAdmin"
-
-# Job states in which a job holds its nodes' GPUs (squeue %T long names).
-HOLDING_STATES = frozenset(
-    {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"}
-)
-FINISHED_STATES = frozenset(
-    {
-        "COMPLETED",
-        "CANCELLED",
-        "FAILED",
-        "TIMEOUT",
-        "NODE_FAIL",
-        "PREEMPTED",
-        "BOOT_FAIL",
-        "DEADLINE",
-        "OUT_OF_MEMORY",
-    }
-)
 
 
 class SlurmError(IcefrogError):
@@ -59,79 +39,6 @@ class SlurmRejected(SlurmError):
 
 class JobNotFound(SlurmRejected):
     """The job id is unknown to slurmctld (never existed, or purged after MinJobAge)."""
-
-
-@dataclass(frozen=True)
-class Gres:
-    """A per-node generic-resource request: ``gpu:N`` (exclusive) or ``shard:K`` (shared)."""
-
-    kind: GresKind
-    count: int
-
-    def __post_init__(self) -> None:
-        if self.count < 1:
-            raise ValueError(f"Gres count must be >= 1, got {self.count}")
-
-    def __str__(self) -> str:
-        return f"{self.kind}:{self.count}"
-
-
-@dataclass(frozen=True)
-class IcefrogTag:
-    """The icefrog identity carried in a Slurm job comment: the key, and for a job the
-    controller resubmitted in place of another, the id it replaced and the controller's
-    signature over both and the owner (``slurm/identity.py``): users can write any comment,
-    so only a signed tag ever names a successor."""
-
-    key: str
-    previous_id: str | None = None
-    signature: str | None = None
-
-    def comment(self) -> str:
-        prev = f";prev={self.previous_id}" if self.previous_id else ""
-        sig = f";sig={self.signature}" if self.signature else ""
-        return f"{COMMENT_PREFIX}{self.key}{prev}{sig}"
-
-
-@dataclass(frozen=True)
-class JobState:
-    """One job as a batched ``squeue`` poll sees it."""
-
-    job_id: str
-    state: str
-    gres: Gres | None
-    num_nodes: int
-    nodelist: str
-    reason: str
-    priority: int
-    user_id: int
-    partition: str
-    comment: str
-    tag: IcefrogTag | None
-    name: str = ""
-
-    @property
-    def is_icefrog(self) -> bool:
-        return self.tag is not None
-
-    @property
-    def holds_resources(self) -> bool:
-        return self.state in HOLDING_STATES
-
-    @property
-    def finished(self) -> bool:
-        return self.state in FINISHED_STATES
-
-    @property
-    def held(self) -> bool:
-        # JobHeldUser / JobHeldAdmin, or "job requeued in held state" after requeuehold
-        return self.state == "PENDING" and "held" in self.reason.lower()
-
-    @property
-    def admin_held(self) -> bool:
-        """Held by an administrator (``scontrol hold`` as root or SlurmUser): icefrog never
-        lifts such a hold; its own holds are user holds (``scontrol uhold``)."""
-        return self.state == "PENDING" and self.reason == ADMIN_HOLD
 
 
 @dataclass(frozen=True)
@@ -171,9 +78,9 @@ class JobDetail:
     priority: int = 0
     multiline_text: bool = False  # a user field holds a line break (text outputs unsafe)
 
-    def state_view(self) -> JobState:
+    def state_view(self) -> SlurmJobState:
         """The same job as a poll sees it."""
-        return JobState(
+        return SlurmJobState(
             job_id=self.job_id,
             state=self.state,
             gres=self.gres,
@@ -202,40 +109,6 @@ class NodeGpus:
     def usable(self) -> bool:
         base = self.state.rstrip("*~#!%$@^-")
         return base in ("idle", "mix", "mixed", "alloc", "allocated", "comp", "completing")
-
-
-@dataclass(frozen=True)
-class NodeCapacity:
-    """GPUs of one usable node and how many of them foreign jobs hold."""
-
-    name: str
-    gpus: int
-    foreign_gpus: int
-
-    @property
-    def available(self) -> int:
-        return max(self.gpus - self.foreign_gpus, 0)
-
-
-@dataclass(frozen=True)
-class PartitionCapacity:
-    """Capacity icefrog may plan with: the partition's GPUs minus those of foreign jobs."""
-
-    partition: str
-    nodes: tuple[NodeCapacity, ...]
-    foreign_job_ids: tuple[str, ...]
-
-    @property
-    def total_gpus(self) -> int:
-        return sum(n.gpus for n in self.nodes)
-
-    @property
-    def foreign_gpus(self) -> int:
-        return sum(min(n.foreign_gpus, n.gpus) for n in self.nodes)
-
-    @property
-    def available_gpus(self) -> int:
-        return sum(n.available for n in self.nodes)
 
 
 @dataclass(frozen=True)
@@ -301,7 +174,7 @@ class ClusterPort(Protocol):
         """Cancel a job; a job already finished is not an error."""
         ...
 
-    def poll(self, *, job_ids: Collection[str]) -> Mapping[str, JobState]:
+    def poll(self, *, job_ids: Collection[str]) -> Mapping[str, SlurmJobState]:
         """State of many jobs in one call; ids Slurm no longer knows are absent."""
         ...
 

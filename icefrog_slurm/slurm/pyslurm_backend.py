@@ -39,18 +39,15 @@ from collections.abc import Callable, Collection, Mapping
 from types import ModuleType
 from typing import Any, TypeVar
 
+from icefrog_slurm.domain.cluster import FINISHED_STATES, Gres, PartitionCapacity, SlurmJobState
 from icefrog_slurm.slurm import parse
 from icefrog_slurm.slurm.cli_backend import CliSettings, SlurmCliBackend
 from icefrog_slurm.slurm.identity import TagSigner, earlier_submission, successor_of
 from icefrog_slurm.slurm.port import (
-    FINISHED_STATES,
     ClusterPort,
-    Gres,
     GresAllocation,
     JobDetail,
     JobNotFound,
-    JobState,
-    PartitionCapacity,
     SlurmError,
     SlurmRejected,
     SlurmUnavailable,
@@ -145,7 +142,7 @@ class SlurmPyslurmBackend:
     # ---- conversions ------------------------------------------------------------------
 
     @staticmethod
-    def _state(job: Any) -> JobState:
+    def _state(job: Any) -> SlurmJobState:
         return SlurmPyslurmBackend._detail(job).state_view()
 
     @staticmethod
@@ -264,7 +261,7 @@ class SlurmPyslurmBackend:
             if getattr(cause, "errno", None) != _ALREADY_DONE and "already" not in str(exc):
                 raise
 
-    def poll(self, *, job_ids: Collection[str]) -> Mapping[str, JobState]:
+    def poll(self, *, job_ids: Collection[str]) -> Mapping[str, SlurmJobState]:
         if not job_ids:
             return {}
         jobs = self._call("Jobs.load", lambda: self._py.Jobs.load())

@@ -1,12 +1,8 @@
 """The state store: SQLAlchemy tables and the one place that commits (SQLite and Postgres).
 
-``SqlStore`` (sql.py) opens transactions; ``StoreTx`` (tx.py, ledger.py) is every read and
-write; ``records.py`` the immutable records handed out; ``inbox.py`` moves checked job
-reports in; ``migrate.py`` runs the alembic migrations of ``db/``.
+``sql.py`` (``SqlStore``) opens transactions; ``tx.py`` and ``ledger.py`` (``StoreTx``) are
+every read and write, returning the domain's immutable records (icefrog_slurm.domain);
+``views.py`` the reports' reads; ``inbox.py`` moves checked job reports in; ``leader.py``
+the one active controller's lock and lease; ``migrate.py`` runs the alembic migrations.
+Importing this package loads nothing: import the module you need.
 """
-
-from icefrog_slurm.store.ledger import StoreError
-from icefrog_slurm.store.sql import SqlStore
-from icefrog_slurm.store.tx import StoreTx
-
-__all__ = ["SqlStore", "StoreError", "StoreTx"]

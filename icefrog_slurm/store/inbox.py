@@ -69,15 +69,14 @@ from typing import Protocol
 from sqlalchemy import exc as sa_exc
 
 from icefrog_slurm import protocol, security
-from icefrog_slurm.errors import IcefrogError
+from icefrog_slurm.domain.records import ACTIVE_STATES
+from icefrog_slurm.errors import IcefrogError, LostLead
 from icefrog_slurm.jsonio import printable
 from icefrog_slurm.settings import InboxSettings
 from icefrog_slurm.store import inbox_files as files
 from icefrog_slurm.store.inbox_apply import Claim, apply_report, user_name
 from icefrog_slurm.store.inbox_files import Folder, Item, Rejected
-from icefrog_slurm.store.leader import LostLead
 from icefrog_slurm.store.ledger import MAX_DETAIL
-from icefrog_slurm.store.records import ACTIVE_STATES
 from icefrog_slurm.store.sql import SqlStore
 
 log = logging.getLogger(__name__)

@@ -53,7 +53,7 @@ from typing import NoReturn
 from sqlalchemy import URL, Connection, Engine, select, text, update
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from icefrog_slurm.errors import IcefrogError, InputError
+from icefrog_slurm.errors import IcefrogError, InputError, LostLead
 from icefrog_slurm.store.models import LeaderLease
 
 log = logging.getLogger(__name__)
@@ -71,11 +71,6 @@ _SERVER_KEEPALIVES = text(
 )
 """On the lock's session: the server drops it (and the lock) within about a minute of
 losing the controller on a cut network, so a standby can take over (the OS default: 2 h)."""
-
-
-class LostLead(IcefrogError):
-    """This controller no longer leads: its lock is gone or another controller took the
-    lease. Nothing more may be enacted until it leads again."""
 
 
 class Lease:

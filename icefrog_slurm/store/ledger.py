@@ -7,7 +7,7 @@ records what the controller decided and did, and which reports it accepted or re
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from functools import cache
 from typing import Any, TypeVar
 
@@ -15,6 +15,15 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session
 
+from icefrog_slurm.domain.records import (
+    ACTIVE_STATES,
+    INTENT_END_STATES,
+    OPEN_INTENT_STATES,
+    Allocation,
+    Intent,
+    RoundRecord,
+    SlurmAction,
+)
 from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.store.models import (
     AcceptedReportRow,
@@ -25,19 +34,23 @@ from icefrog_slurm.store.models import (
     RoundRow,
     SlurmActionRow,
 )
-from icefrog_slurm.store.records import (
-    ACTIVE_STATES,
-    INTENT_END_STATES,
-    OPEN_INTENT_STATES,
-    Allocation,
-    Intent,
-    RejectedReport,
-    RoundRecord,
-    SlurmAction,
-)
 
 _T = TypeVar("_T")
 MAX_DETAIL = 4000
+
+
+@dataclass(frozen=True)
+class RejectedReport:
+    """A report the inbox refused, and why (``icefrog`` reports list them)."""
+
+    id: int
+    received_at: float
+    file: str
+    slurm_job_id: str | None
+    seq: int | None
+    uid: int | None
+    size: int
+    reason: str
 
 
 class StoreError(IcefrogError):

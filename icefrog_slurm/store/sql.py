@@ -39,10 +39,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
+from icefrog_slurm.domain.records import StoreSnapshot
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.store.leader import Lease, lock_path, try_lead
-from icefrog_slurm.store.records import StoreSnapshot
 from icefrog_slurm.store.tx import StoreTx
 
 _BEGIN_OPTION = "icefrog_sqlite_begin"

@@ -1,8 +1,9 @@
 """``StoreTx``: every read and write of the store, inside one transaction of ``SqlStore``.
 
-Methods take keyword arguments and return immutable records (``records.py``); a caller never
-sees an ORM object or commits. Writes that may be repeated (a requeued job re-sends an
-epoch's gradient statistics or metric) replace the earlier row, so they are idempotent.
+Methods take keyword arguments and return the domain's immutable records
+(icefrog_slurm.domain.records); a caller never sees an ORM object or commits. Writes that
+may be repeated (a requeued job re-sends an epoch's gradient statistics or metric) replace
+the earlier row, so they are idempotent.
 """
 
 from __future__ import annotations
@@ -19,6 +20,15 @@ from sqlalchemy.orm.util import identity_key
 
 from icefrog_slurm.core.parallelism import Parallelism
 from icefrog_slurm.core.samples import ProfileSample
+from icefrog_slurm.domain.records import (
+    ACTIVE_STATES,
+    JOB_STATES,
+    JobRecord,
+    JobView,
+    Progress,
+    RoundRecord,
+    StoreSnapshot,
+)
 from icefrog_slurm.protocol import FinishedReport, GradStats, JobSpec, MetricReport, ProgressReport
 from icefrog_slurm.store.ledger import LedgerTx, StoreError, columns, record
 from icefrog_slurm.store.models import (
@@ -27,15 +37,6 @@ from icefrog_slurm.store.models import (
     MetricRow,
     ProfileSampleRow,
     SlurmJob,
-)
-from icefrog_slurm.store.records import (
-    ACTIVE_STATES,
-    JOB_STATES,
-    JobRecord,
-    JobView,
-    Progress,
-    RoundRecord,
-    StoreSnapshot,
 )
 
 

@@ -21,9 +21,9 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from icefrog_slurm.domain.records import Allocation
 from icefrog_slurm.store.ledger import columns
 from icefrog_slurm.store.models import AllocationRow, MetricRow, RoundRow
-from icefrog_slurm.store.records import Allocation
 from icefrog_slurm.store.tx import StoreTx
 
 CHUNK = 5000  # job ids per IN (...) list: well under SQLite's and Postgres' parameter limits

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from icefrog_slurm.controller.daemon import Controller
-from icefrog_slurm.controller.plan import Policy, PolicyResult
 from icefrog_slurm.controller.ports import FsJobFiles
-from icefrog_slurm.controller.snapshot import Snapshot
+from icefrog_slurm.domain.plan import Policy, PolicyResult
+from icefrog_slurm.domain.records import Allocation, JobRecord, JobView
+from icefrog_slurm.domain.snapshot import Snapshot
 from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.slurm.cli_backend import CliSettings, SlurmCliBackend
 from icefrog_slurm.store import migrate
 from icefrog_slurm.store.inbox import ReportInbox, slurm_jobs_of
-from icefrog_slurm.store.records import Allocation, JobRecord, JobView
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.conftest import REPO
 from tests.integration.controller.support import OffsetClock

@@ -20,8 +20,8 @@ import pytest
 
 pytest.importorskip("icefrog_slurm.policies.icefrog", reason="the ICEFROG policy is not merged")
 
+from icefrog_slurm.domain.records import JobRecord
 from icefrog_slurm.policies.icefrog import IcefrogPolicy
-from icefrog_slurm.store.records import JobRecord
 from tests.e2e.harness import DIGITS, Rig, icefrog, logs_of, rig
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]

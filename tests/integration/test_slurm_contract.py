@@ -20,13 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from icefrog_slurm.domain.cluster import Gres, IcefrogTag, SlurmJobState
 from icefrog_slurm.slurm.cli_backend import CliSettings, SlurmCliBackend
 from icefrog_slurm.slurm.port import (
     ClusterPort,
-    Gres,
-    IcefrogTag,
     JobNotFound,
-    JobState,
     SlurmRejected,
     SlurmUnavailable,
     SubmitRequest,
@@ -121,11 +119,11 @@ def _request(script: Path, key: str, gres: Gres, **kw: object) -> SubmitRequest:
     )
 
 
-def _state(port: ClusterPort, jid: str) -> JobState:
+def _state(port: ClusterPort, jid: str) -> SlurmJobState:
     return port.poll(job_ids=[jid])[jid]
 
 
-def _running(port: ClusterPort, jid: str, timeout: float = 20) -> JobState:
+def _running(port: ClusterPort, jid: str, timeout: float = 20) -> SlurmJobState:
     return wait_for(
         f"job {jid} RUNNING",
         lambda: (s := _state(port, jid)).state == "RUNNING" and s,

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from icefrog_slurm import security
+from icefrog_slurm.domain.records import JobRecord
 from icefrog_slurm.protocol import Envelope
 from icefrog_slurm.store.inbox import DrainResult, ReportInbox, SlurmJobFacts
-from icefrog_slurm.store.records import JobRecord
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.store.helpers import spec
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from icefrog_slurm.domain.cluster import Gres
 from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
-from icefrog_slurm.slurm.port import Gres
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.conftest import wait_for
 from tests.integration.controller.support import (

@@ -22,9 +22,10 @@ import pytest
 from sqlalchemy import select
 
 from icefrog_slurm.controller.daemon import Controller
+from icefrog_slurm.domain.cluster import Gres, IcefrogTag
 from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.sim.cluster import SimCluster
-from icefrog_slurm.slurm.port import Gres, IcefrogTag, SubmitRequest
+from icefrog_slurm.slurm.port import SubmitRequest
 from icefrog_slurm.store.leader import Lease
 from icefrog_slurm.store.models import LeaderLease
 from icefrog_slurm.store.sql import SqlStore, make_engine

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from icefrog_slurm.commands.simulate import adapts_batch
-from icefrog_slurm.controller.snapshot import Current, JobSnapshot
 from icefrog_slurm.core.goodput import efficiency, efficiency_grid
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.tuner import tune_grid
+from icefrog_slurm.domain.records import JobRecord, JobView, Progress
+from icefrog_slurm.domain.snapshot import Current, JobSnapshot
 from icefrog_slurm.policies.estimate import Estimator
 from icefrog_slurm.protocol import GradStats, JobSpec
 from icefrog_slurm.settings import Settings, settings_from_mapping
-from icefrog_slurm.store.records import JobRecord, JobView, Progress
 
 L = 4
 SPEC = JobSpec(1, 4, 32, 64, 0.9, "acc", ">=", 0.9, 10, 10000, (1.0,) * L, (1.0,) * L)

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from icefrog_slurm.controller.plan import PolicyResult, Target
 from icefrog_slurm.controller.reconcile import retry_wait_s
-from icefrog_slurm.controller.snapshot import Snapshot, build_snapshot
+from icefrog_slurm.controller.snapshot import build_snapshot
 from icefrog_slurm.controller.tick import EVICTED, launch_refused, run_dir_of, target_of, tick
 from icefrog_slurm.core.samples import ProfileSample
+from icefrog_slurm.domain.cluster import Gres, NodeCapacity, PartitionCapacity, SlurmJobState
+from icefrog_slurm.domain.plan import PolicyResult, SlurmRequest
+from icefrog_slurm.domain.records import Allocation, JobRecord, JobView, Progress, StoreSnapshot
+from icefrog_slurm.domain.snapshot import Snapshot
 from icefrog_slurm.protocol import JobSpec
 from icefrog_slurm.settings import Settings, settings_from_mapping
-from icefrog_slurm.slurm.port import Gres, JobState, NodeCapacity, PartitionCapacity
-from icefrog_slurm.store.records import Allocation, JobRecord, JobView, Progress, StoreSnapshot
 
 SPEC = JobSpec(1, 2, 32, 64, 0.9, "acc", ">=", 0.9, 10, 1000, (1.0, 1.0), (1.0, 1.0))
 CAP = PartitionCapacity("gpu", (NodeCapacity("node1", 4, 0), NodeCapacity("node2", 4, 1)), ())
@@ -28,8 +29,8 @@ def _job(i: int, submit: float = 0.0, utils: tuple[float, ...] = ()) -> JobView:
 
 def _state(
     i: int, gres: Gres | None, state: str = "RUNNING", node: str = "node1", why: str = "None"
-) -> JobState:
-    return JobState(str(i), state, gres, 1, node, why, 1, 0, "gpu", "", None)
+) -> SlurmJobState:
+    return SlurmJobState(str(i), state, gres, 1, node, why, 1, 0, "gpu", "", None)
 
 
 class Everyone:
@@ -43,7 +44,7 @@ class Everyone:
         )
 
 
-def _snap(views: list[JobView], states: dict[str, JobState], now: float = 1000.0) -> Snapshot:
+def _snap(views: list[JobView], states: dict[str, SlurmJobState], now: float = 1000.0) -> Snapshot:
     return build_snapshot(
         store=StoreSnapshot(jobs=tuple(views), last_round=None),
         states=states,
@@ -101,11 +102,11 @@ def test_stable_pack_is_left_alone() -> None:
 def test_targets_for_shared_and_multi_node() -> None:
     settings = settings_from_mapping({"slurm": {"shards_per_gpu": 4}})
     shared = target_of(Allocation(1, 1, 32, 0, shared=True, nodes=("node2",)), settings)
-    assert shared == Target(Gres("shard", 2), 1, ("node2",))
+    assert shared == SlurmRequest(Gres("shard", 2), 1, ("node2",))
     multi = target_of(Allocation(1, 8, 32, 0, nodes=("node1", "node2")), settings)
-    assert multi == Target(Gres("gpu", 4), 2, ("node1", "node2"))
+    assert multi == SlurmRequest(Gres("gpu", 4), 2, ("node1", "node2"))
     assert target_of(Allocation(1, 0, 0, 0), settings).gres is None
-    assert Target.from_params(multi.params()) == multi
+    assert SlurmRequest.from_params(multi.params()) == multi
 
 
 def test_finished_jobs_end_in_the_store_unless_an_intent_moves_them() -> None:
@@ -151,7 +152,7 @@ def test_a_released_job_not_started_yet_follows_the_round_to_new_nodes_or_is_hel
     """A pending, unheld job is pinned to the nodes it was released to; when those went to
     another job it would wait for ever, so a round that moves it re-pins it ("start"),
     one that keeps its nodes leaves it alone, and one that tells it to wait holds it."""
-    from icefrog_slurm.store.records import RoundRecord
+    from icefrog_slurm.domain.records import RoundRecord
 
     settings = settings_from_mapping({})
     views = [_job(1)]

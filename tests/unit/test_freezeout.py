@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from icefrog_slurm.controller.snapshot import Current, JobSnapshot
 from icefrog_slurm.core.freezeout import FreezeOut, tune_freezeout
 from icefrog_slurm.core.samples import ProfileSample
+from icefrog_slurm.domain.records import JobRecord, JobView, Progress
+from icefrog_slurm.domain.snapshot import Current, JobSnapshot
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.policies.estimate import Estimator
 from icefrog_slurm.policies.icefrog import IcefrogPolicy
@@ -19,7 +20,6 @@ from icefrog_slurm.policies.optimus_plus import OptimusPlusPolicy
 from icefrog_slurm.policies.pollux_plus import PolluxPlusPolicy
 from icefrog_slurm.protocol import GradStats, JobSpec
 from icefrog_slurm.settings import settings_from_mapping
-from icefrog_slurm.store.records import JobRecord, JobView, Progress
 
 ALL = tuple(range(10))  # every frozen count 0..9 of a 10-layer job, 9 = its 90 % cap
 

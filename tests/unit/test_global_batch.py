@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from icefrog_slurm import declaration
-from icefrog_slurm.controller.snapshot import Current, JobSnapshot, Snapshot
 from icefrog_slurm.core.samples import ProfileSample
+from icefrog_slurm.domain.records import JobRecord, JobView, Progress
+from icefrog_slurm.domain.snapshot import Current, JobSnapshot, Snapshot
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.policies.estimate import Candidate, Estimator
 from icefrog_slurm.policies.icefrog import IcefrogPolicy
@@ -26,7 +27,6 @@ from icefrog_slurm.protocol import (
 from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.sim.engine import Engine, SimOptions
 from icefrog_slurm.sim.workload import Job
-from icefrog_slurm.store.records import JobRecord, JobView, Progress
 from launcher.config import JobConfig
 
 SETTINGS = settings_from_mapping({})

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from icefrog_slurm.controller.snapshot import Current, JobSnapshot
 from icefrog_slurm.core.samples import ProfileSample
+from icefrog_slurm.domain.records import JobRecord, JobView, Progress
+from icefrog_slurm.domain.snapshot import Current, JobSnapshot
 from icefrog_slurm.policies.estimate import Estimator
 from icefrog_slurm.protocol import GradStats, JobSpec
 from icefrog_slurm.settings import settings_from_mapping
-from icefrog_slurm.store.records import JobRecord, JobView, Progress
 
 SETTINGS = settings_from_mapping({})
 L = 4

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from icefrog_slurm.controller.snapshot import Current, JobSnapshot, Snapshot
 from icefrog_slurm.core.samples import ProfileSample
+from icefrog_slurm.domain.cluster import NodeCapacity, PartitionCapacity
+from icefrog_slurm.domain.records import JobRecord, JobView, Progress
+from icefrog_slurm.domain.snapshot import Current, JobSnapshot, Snapshot
 from icefrog_slurm.policies.icefrog import IcefrogPolicy
 from icefrog_slurm.protocol import GradStats, JobSpec
 from icefrog_slurm.settings import settings_from_mapping
-from icefrog_slurm.slurm.port import NodeCapacity, PartitionCapacity
-from icefrog_slurm.store.records import JobRecord, JobView, Progress
 
 SETTINGS = settings_from_mapping({})
 L = 4

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from icefrog_slurm.controller.snapshot import Current, JobSnapshot
 from icefrog_slurm.core.parallel import Kind, Parallelism, SdpModel
 from icefrog_slurm.core.parallel_fit import synthetic_samples
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.throughput import DdpThroughputModel
 from icefrog_slurm.core.transformer_tables import load_shipped_table
+from icefrog_slurm.domain.records import JobRecord, JobView, Progress
+from icefrog_slurm.domain.snapshot import Current, JobSnapshot
 from icefrog_slurm.policies.estimate import Candidate, Estimator
 from icefrog_slurm.protocol import JobSpec
 from icefrog_slurm.settings import Settings, settings_from_mapping
-from icefrog_slurm.store.records import JobRecord, JobView, Progress
 from tests.support.parallel_examples import scenarios
 
 ON = settings_from_mapping({})

@@ -8,12 +8,12 @@ from datetime import datetime
 
 import pytest
 
+from icefrog_slurm.domain.records import Allocation
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.report import jobs
 from icefrog_slurm.report.select import parse_ids, parse_states
 from icefrog_slurm.report.table import Field, field_index, parse_format, render_table
 from icefrog_slurm.report.timefmt import format_duration, format_time, parse_time
-from icefrog_slurm.store.records import Allocation
 from icefrog_slurm.store.views import Decided
 
 

@@ -4,13 +4,13 @@ applies a new (m, l) at an epoch boundary; only a change of GPUs checkpoints and
 from __future__ import annotations
 
 from icefrog_slurm.controller.tick import target_of
+from icefrog_slurm.domain.records import Allocation
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.sim.calibration import shipped_calibration
 from icefrog_slurm.sim.catalog import shipped_catalog
 from icefrog_slurm.sim.jobs import Config, SimJob
 from icefrog_slurm.sim.truth import TaskTruth
 from icefrog_slurm.sim.workload import Job
-from icefrog_slurm.store.records import Allocation
 
 TASK = "resnet18-cifar10"
 

@@ -14,6 +14,7 @@ from icefrog_slurm.cli import main
 from icefrog_slurm.core.goodput import efficiency
 from icefrog_slurm.core.penalty import effective_progress
 from icefrog_slurm.core.tuner import powers_of_two, tune
+from icefrog_slurm.domain.cluster import Gres, IcefrogTag
 from icefrog_slurm.policies.lucid_plus import LucidPlusPolicy
 from icefrog_slurm.policies.optimus_plus import OptimusPlusPolicy
 from icefrog_slurm.policies.pollux_plus import PolluxPlusPolicy
@@ -25,7 +26,7 @@ from icefrog_slurm.sim.cluster import SimCluster
 from icefrog_slurm.sim.engine import Engine, SimOptions, SimResult
 from icefrog_slurm.sim.truth import TaskTruth
 from icefrog_slurm.sim.workload import Job
-from icefrog_slurm.slurm.port import Gres, IcefrogTag, SlurmRejected, SubmitRequest
+from icefrog_slurm.slurm.port import SlurmRejected, SubmitRequest
 
 TASK = "resnet18-cifar10"
 

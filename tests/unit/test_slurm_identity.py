@@ -7,16 +7,18 @@ from pathlib import Path
 
 import pytest
 
+from icefrog_slurm.domain.cluster import Gres, IcefrogTag, SlurmJobState
 from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.slurm.identity import TagSigner, earlier_submission, successor_of
 from icefrog_slurm.slurm.parse import parse_tag
-from icefrog_slurm.slurm.port import Gres, IcefrogTag, JobState
 
 ALICE, BOB = 1001, 1002
 
 
-def _job(jid: str, uid: int, comment: str, *, state: str = "PENDING", name: str = "n") -> JobState:
-    return JobState(
+def _job(
+    jid: str, uid: int, comment: str, *, state: str = "PENDING", name: str = "n"
+) -> SlurmJobState:
+    return SlurmJobState(
         jid, state, Gres("gpu", 1), 1, "", "JobHeldUser", 0, uid, "gpu", comment,
         parse_tag(comment), name,
     )  # fmt: skip

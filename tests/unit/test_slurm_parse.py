@@ -9,16 +9,9 @@ from typing import Any
 
 import pytest
 
+from icefrog_slurm.domain.cluster import Gres, IcefrogTag, SlurmJobState
 from icefrog_slurm.slurm import capacity, commands, parse
-from icefrog_slurm.slurm.port import (
-    Gres,
-    IcefrogTag,
-    JobDetail,
-    JobState,
-    NodeGpus,
-    SlurmUnavailable,
-    SubmitRequest,
-)
+from icefrog_slurm.slurm.port import JobDetail, NodeGpus, SlurmUnavailable, SubmitRequest
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 VERSIONS = ["slurm-22.05", "slurm-24.11"]
@@ -28,7 +21,7 @@ def golden(version: str, name: str) -> str:
     return (GOLDEN / version / name).read_text()
 
 
-def live_by_key(jobs: Mapping[str, JobState | JobDetail], key: str) -> Any:
+def live_by_key(jobs: Mapping[str, SlurmJobState | JobDetail], key: str) -> Any:
     [job] = [j for j in jobs.values() if j.tag and j.tag.key == key and j.state != "CANCELLED"]
     return job
 
@@ -165,8 +158,8 @@ def test_capacity_from_golden_excludes_foreign_gpus() -> None:
     assert len(cap.foreign_job_ids) == 1
 
 
-def _job(jid: str, gres: Gres, nodelist: str, *, tag: IcefrogTag | None = None) -> JobState:
-    return JobState(jid, "RUNNING", gres, 1, nodelist, "None", 1, 1000, "gpu", "", tag)
+def _job(jid: str, gres: Gres, nodelist: str, *, tag: IcefrogTag | None = None) -> SlurmJobState:
+    return SlurmJobState(jid, "RUNNING", gres, 1, nodelist, "None", 1, 1000, "gpu", "", tag)
 
 
 def test_capacity_shards_down_nodes_and_other_partitions() -> None:

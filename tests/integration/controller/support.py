@@ -11,15 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from icefrog_slurm.controller.daemon import Controller
-from icefrog_slurm.controller.plan import PolicyResult
 from icefrog_slurm.controller.ports import FsJobFiles
-from icefrog_slurm.controller.snapshot import Snapshot
+from icefrog_slurm.domain.cluster import Gres, IcefrogTag, SlurmJobState
+from icefrog_slurm.domain.plan import PolicyResult
+from icefrog_slurm.domain.records import Allocation
+from icefrog_slurm.domain.snapshot import Snapshot
 from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.slurm.cli_backend import CliSettings, SlurmCliBackend
 from icefrog_slurm.slurm.identity import TAG_SECRET, TagSigner
-from icefrog_slurm.slurm.port import Gres, IcefrogTag, JobState, SubmitRequest
+from icefrog_slurm.slurm.port import SubmitRequest
 from icefrog_slurm.store import migrate
-from icefrog_slurm.store.records import Allocation
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.conftest import wait_for
 from tests.integration.store.helpers import spec
@@ -181,12 +182,12 @@ def converge(controller: Controller, timeout: float = 60.0) -> None:
     wait_for("the controller to converge", idle, timeout=timeout, every=0.0)
 
 
-def state_of(cluster: SlurmCliBackend, sid: str) -> JobState:
+def state_of(cluster: SlurmCliBackend, sid: str) -> SlurmJobState:
     return cluster.poll(job_ids=[sid])[sid]
 
 
-def running(cluster: SlurmCliBackend, sid: str, timeout: float = 30.0) -> JobState:
-    def check() -> JobState | None:
+def running(cluster: SlurmCliBackend, sid: str, timeout: float = 30.0) -> SlurmJobState:
+    def check() -> SlurmJobState | None:
         s = cluster.poll(job_ids=[sid]).get(sid)
         return s if s is not None and s.state == "RUNNING" else None
 
@@ -198,7 +199,7 @@ def chain(store: SqlStore, job_id: int) -> tuple[str, ...]:
         return tx.job(job_id).slurm_job_ids
 
 
-def live_tagged(cluster: SlurmCliBackend, key: str) -> list[JobState]:
+def live_tagged(cluster: SlurmCliBackend, key: str) -> list[SlurmJobState]:
     return [
         j
         for j in cluster._jobs().values()

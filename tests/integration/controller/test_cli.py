@@ -16,10 +16,10 @@ import pytest
 
 from icefrog_slurm.controller.daemon import TickReport
 from icefrog_slurm.controller.metrics import ControllerMetrics
-from icefrog_slurm.controller.plan import JobPlan, Plan, Target
 from icefrog_slurm.controller.reconcile import ReconcileResult
-from icefrog_slurm.slurm.port import Gres
-from icefrog_slurm.store.records import Allocation
+from icefrog_slurm.domain.cluster import Gres
+from icefrog_slurm.domain.plan import JobPlan, Plan, SlurmRequest
+from icefrog_slurm.domain.records import Allocation
 from tests.integration.controller.support import (
     backend,
     make_settings,
@@ -93,7 +93,7 @@ def test_metrics_endpoint_serves_a_ticks_figures() -> None:
         Allocation(3, 1, 32, 0, shared=True, nodes=("node2",)),
     ]
     jobs = tuple(
-        JobPlan(a.job_id, str(a.job_id), 0, a, Target(Gres("gpu", 1)), "none") for a in alloc
+        JobPlan(a.job_id, str(a.job_id), 0, a, SlurmRequest(Gres("gpu", 1)), "none") for a in alloc
     )
     plan = Plan(time=0.0, round_no=4, policy="p", capacity_gpus=16, jobs=jobs, solve_s=0.25)
     report = TickReport(plan, ReconcileResult(reallocations=2), 0.125, {"running": 3})

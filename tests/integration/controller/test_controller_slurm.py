@@ -19,11 +19,11 @@ import pytest
 from icefrog_slurm.controller.daemon import Controller
 from icefrog_slurm.controller.tick import EVICTED
 from icefrog_slurm.core.samples import ProfileSample
+from icefrog_slurm.domain.cluster import Gres
 from icefrog_slurm.policies.standin import StandInPolicy
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
 from icefrog_slurm.slurm.parse import expand_hostlist
-from icefrog_slurm.slurm.port import Gres
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.conftest import wait_for
 from tests.integration.controller.support import (

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
+from icefrog_slurm.domain.cluster import Gres
 from icefrog_slurm.policies.standin import StandInPolicy
 from icefrog_slurm.protocol import Envelope, parse_decision
 from icefrog_slurm.runfiles import DECISION_FILE
 from icefrog_slurm.security import drop_report, sign
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
-from icefrog_slurm.slurm.port import Gres
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.controller.kill_runner import RECONCILE_STEPS, killer, watch_commands
 from tests.integration.controller.support import (

@@ -15,8 +15,8 @@ import pytest
 
 from icefrog_slurm.controller.daemon import Controller
 from icefrog_slurm.controller.ports import FsJobFiles
+from icefrog_slurm.domain.cluster import Gres
 from icefrog_slurm.slurm.cli_backend import CliSettings, SlurmCliBackend
-from icefrog_slurm.slurm.port import Gres
 from tests.integration.controller.support import (
     FixedPolicy,
     OffsetClock,

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from icefrog_slurm.domain.records import Allocation
 from icefrog_slurm.protocol import FinishedReport, MetricReport
-from icefrog_slurm.store.records import Allocation
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.store.helpers import spec
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from icefrog_slurm.domain.records import Allocation, Progress
 from icefrog_slurm.protocol import FinishedReport, GradStats, MetricReport, ProgressReport
-from icefrog_slurm.store import StoreError
-from icefrog_slurm.store.records import Allocation, Progress
+from icefrog_slurm.store.ledger import StoreError
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.store.helpers import sample, spec
 

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select, text
 
-from icefrog_slurm.errors import IcefrogError, InputError
+from icefrog_slurm.errors import IcefrogError, InputError, LostLead
 from icefrog_slurm.settings import settings_from_mapping
 from icefrog_slurm.store import leader
-from icefrog_slurm.store.leader import Lease, LostLead
+from icefrog_slurm.store.leader import Lease
 from icefrog_slurm.store.models import Job, LeaderLease
 from icefrog_slurm.store.sql import SqlStore, make_engine
 from tests.integration.conftest import wait_for

@@ -1,10 +1,10 @@
-"""The policy interface and the plan a tick emits.
+"""The policy interface and the plan a controller tick emits.
 
 A policy (icefrog_slurm.policies) reads a :class:`Snapshot` and returns a
 :class:`PolicyResult`: one :class:`Allocation` per job (0 GPUs = wait) with a reason when
 the job waits. The tick turns it into a :class:`Plan`: per job the Slurm resources to hold
-(:class:`Target`) and the action that gets it there. Plans are plain data; reconcile enacts
-them, the simulator applies them to its model, ``--dry-run`` prints them.
+(:class:`SlurmRequest`) and the action that gets it there. Plans are plain data; reconcile
+enacts them, the simulator applies them to its model, ``--dry-run`` prints them.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
-from icefrog_slurm.controller.snapshot import Snapshot
+from icefrog_slurm.domain.cluster import Gres
+from icefrog_slurm.domain.records import Allocation
+from icefrog_slurm.domain.snapshot import Snapshot
 from icefrog_slurm.settings import Settings
-from icefrog_slurm.slurm.port import Gres
-from icefrog_slurm.store.records import Allocation
 
 Action = Literal["none", "start", "change", "stop"]
 """``start``: a pending job gets its resources (update, then release); ``change``: a running
@@ -44,7 +44,7 @@ class Policy(Protocol):
 
 
 @dataclass(frozen=True)
-class Target:
+class SlurmRequest:
     """The Slurm resources a job should hold: ``gres`` per node on ``num_nodes`` nodes,
     pinned to ``nodes``; ``gres`` None means hold nothing (the job waits)."""
 
@@ -60,7 +60,7 @@ class Target:
         }
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> Target:
+    def from_params(cls, params: Mapping[str, Any]) -> SlurmRequest:
         gres = params.get("gres")
         parsed = None
         if gres:
@@ -81,7 +81,7 @@ class JobPlan:
     slurm_job_id: str
     owner_uid: int
     allocation: Allocation
-    target: Target
+    target: SlurmRequest
     action: Action
     reason: str = ""
     run_dir: str = ""  # from the job's checkpoint path; "" = ask Slurm for its WorkDir
@@ -113,7 +113,7 @@ class Plan:
         """The plan as JSON (``icefrog controller --dry-run``)."""
         doc = asdict(self)
         for job in doc["jobs"]:
-            job["target"] = Target(**{**job["target"], "gres": None}).params() | {
+            job["target"] = SlurmRequest(**{**job["target"], "gres": None}).params() | {
                 "gres": _gres_text(job["target"]["gres"])
             }
         return json.dumps(doc, indent=2, sort_keys=True, default=str)

@@ -1,24 +1,26 @@
-"""Immutable records the store hands out; no ORM object ever leaves a transaction.
+"""The records every stage passes on: a job and its progress, a round's decision (one
+:class:`Allocation` per job), a reconcile intent, a Slurm action of the audit log, and the
+states they move through.
 
-A :class:`StoreSnapshot` is what a controller tick reads: every active job with its spec,
-Slurm chain, progress, profile samples, latest gradient statistics and metrics, the last
-round's decision and the reconcile intents still open.
+The store hands these out (no ORM object ever leaves a transaction); the controller, the
+policies, the reports and the simulator read them. A :class:`StoreSnapshot` is what a
+controller tick reads: every active job with its spec, Slurm chain, progress, profile
+samples, latest gradient statistics and metrics, the last round's decision and the
+reconcile intents still open.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.protocol import GradStats, JobSpec, MetricReport
 
-JobState = Literal["pending", "running", "finished", "failed", "cancelled"]
 JOB_STATES: tuple[str, ...] = ("pending", "running", "finished", "failed", "cancelled")
 ACTIVE_STATES: tuple[str, ...] = ("pending", "running")
 
-IntentStatus = Literal["pending", "acting", "done", "failed", "superseded"]
 OPEN_INTENT_STATES: tuple[str, ...] = ("pending", "acting")
 INTENT_END_STATES: tuple[str, ...] = ("done", "failed", "superseded")
 
@@ -106,18 +108,6 @@ class SlurmAction:
     rc: int | None
     detail: str
     duration_s: float
-
-
-@dataclass(frozen=True)
-class RejectedReport:
-    id: int
-    received_at: float
-    file: str
-    slurm_job_id: str | None
-    seq: int | None
-    uid: int | None
-    size: int
-    reason: str
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,143 @@
+"""The cluster as the scheduler sees it: the GRES a job asks for, the icefrog tag a Slurm job
+carries, one Slurm job as a batched poll observes it, and the GPUs a partition offers.
+
+Plain values with no I/O: the Slurm adapters (icefrog_slurm.slurm) build them, the snapshot
+and the plan carry them. Icefrog identity inside Slurm: an icefrog job carries the comment
+``icefrog:<key>`` (``<key>`` is the store's job key), and a job resubmitted in place of an
+older one carries ``icefrog:<key>;prev=<old slurm id>``. Every other job is *foreign*: its
+GPUs are subtracted from the capacity icefrog may plan with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+GresKind = Literal["gpu", "shard"]
+COMMENT_PREFIX = "icefrog:"
+ADMIN_HOLD = "JobHeldAdmin"
+
+# Job states in which a job holds its nodes' GPUs (squeue %T long names).
+HOLDING_STATES = frozenset(
+    {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"}
+)
+FINISHED_STATES = frozenset(
+    {
+        "COMPLETED",
+        "CANCELLED",
+        "FAILED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "OUT_OF_MEMORY",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Gres:
+    """A per-node generic-resource request: ``gpu:N`` (exclusive) or ``shard:K`` (shared)."""
+
+    kind: GresKind
+    count: int
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"Gres count must be >= 1, got {self.count}")
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.count}"
+
+
+@dataclass(frozen=True)
+class IcefrogTag:
+    """The icefrog identity carried in a Slurm job comment: the key, and for a job the
+    controller resubmitted in place of another, the id it replaced and the controller's
+    signature over both and the owner (``slurm/identity.py``): users can write any comment,
+    so only a signed tag ever names a successor."""
+
+    key: str
+    previous_id: str | None = None
+    signature: str | None = None
+
+    def comment(self) -> str:
+        prev = f";prev={self.previous_id}" if self.previous_id else ""
+        sig = f";sig={self.signature}" if self.signature else ""
+        return f"{COMMENT_PREFIX}{self.key}{prev}{sig}"
+
+
+@dataclass(frozen=True)
+class SlurmJobState:
+    """One job as a batched ``squeue`` poll sees it."""
+
+    job_id: str
+    state: str
+    gres: Gres | None
+    num_nodes: int
+    nodelist: str
+    reason: str
+    priority: int
+    user_id: int
+    partition: str
+    comment: str
+    tag: IcefrogTag | None
+    name: str = ""
+
+    @property
+    def is_icefrog(self) -> bool:
+        return self.tag is not None
+
+    @property
+    def holds_resources(self) -> bool:
+        return self.state in HOLDING_STATES
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED_STATES
+
+    @property
+    def held(self) -> bool:
+        # JobHeldUser / JobHeldAdmin, or "job requeued in held state" after requeuehold
+        return self.state == "PENDING" and "held" in self.reason.lower()
+
+    @property
+    def admin_held(self) -> bool:
+        """Held by an administrator (``scontrol hold`` as root or SlurmUser): icefrog never
+        lifts such a hold; its own holds are user holds (``scontrol uhold``)."""
+        return self.state == "PENDING" and self.reason == ADMIN_HOLD
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    """GPUs of one usable node and how many of them foreign jobs hold."""
+
+    name: str
+    gpus: int
+    foreign_gpus: int
+
+    @property
+    def available(self) -> int:
+        return max(self.gpus - self.foreign_gpus, 0)
+
+
+@dataclass(frozen=True)
+class PartitionCapacity:
+    """Capacity icefrog may plan with: the partition's GPUs minus those of foreign jobs."""
+
+    partition: str
+    nodes: tuple[NodeCapacity, ...]
+    foreign_job_ids: tuple[str, ...]
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+    @property
+    def foreign_gpus(self) -> int:
+        return sum(min(n.foreign_gpus, n.gpus) for n in self.nodes)
+
+    @property
+    def available_gpus(self) -> int:
+        return sum(n.available for n in self.nodes)
