@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort
+from icefrog_slurm.controller.ports import Clock, JobFiles, Lease, StorePort
 from icefrog_slurm.controller.reconcile import Reconciler, ReconcileResult, StepHook, record
 from icefrog_slurm.controller.snapshot import build_snapshot
 from icefrog_slurm.controller.tick import round_due, tick
@@ -43,7 +43,6 @@ from icefrog_slurm.domain.snapshot import Snapshot
 from icefrog_slurm.errors import IcefrogError, InputError, LostLead
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.port import ClusterPort, SlurmUnavailable
-from icefrog_slurm.store.leader import Lease
 
 log = logging.getLogger(__name__)
 

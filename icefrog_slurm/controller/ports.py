@@ -2,8 +2,12 @@
 
 Time, the store and the job's files are ports so that the simulator drives the very same
 tick and reconcile with a simulated clock, cluster and store: nothing in the controller asks
-whether it is simulated. Real adapters: :class:`SystemClock`, ``SqlStore``
-(icefrog_slurm.store) and :class:`FsJobFiles`.
+whether it is simulated. The store port is three protocols: :class:`StorePort` opens
+transactions and takes the lead, :class:`StoreTx` is what the controller reads and writes in
+one transaction, :class:`Lease` is the lead it holds. Real adapters: :class:`SystemClock`,
+``SqlStore``/``SqlStoreTx``/``SqlLease`` (icefrog_slurm.store, wired in by
+icefrog_slurm.commands and icefrog_slurm.sim; the controller never imports them) and
+:class:`FsJobFiles`.
 """
 
 from __future__ import annotations
@@ -11,16 +15,21 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, suppress
-from typing import Protocol
+from typing import Any, Protocol
 
 from icefrog_slurm.controller.jobdir import UnsafeJobDir, open_job_dir
-from icefrog_slurm.domain.records import StoreSnapshot
+from icefrog_slurm.domain.records import (
+    Allocation,
+    Intent,
+    JobRecord,
+    RoundRecord,
+    SlurmAction,
+    StoreSnapshot,
+)
 from icefrog_slurm.protocol import Decision
 from icefrog_slurm.runfiles import CHECKPOINT_MARKER, DECISION_FILE
-from icefrog_slurm.store.leader import Lease
-from icefrog_slurm.store.tx import StoreTx
 
 
 class Clock(Protocol):
@@ -40,6 +49,93 @@ class SystemClock:
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
             time.sleep(seconds)
+
+
+class Lease(Protocol):
+    """The lead of the one active controller: a lock and an epoch (the fencing token).
+
+    ``hold()`` wraps every tick: it proves the lock is still held and the epoch still ours,
+    else raises :class:`~icefrog_slurm.errors.LostLead`; ``release()`` lets go of the lock."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    def hold(self) -> AbstractContextManager[None]: ...
+
+    def release(self) -> None: ...
+
+
+class StoreTx(Protocol):
+    """What the controller reads and writes inside one store transaction; every method
+    returns immutable domain records, and only the store commits."""
+
+    def snapshot(
+        self,
+        *,
+        include_finished: bool = False,
+        measurements: bool | Callable[[RoundRecord | None], bool] = True,
+    ) -> StoreSnapshot: ...
+
+    def job(self, job_id: int) -> JobRecord: ...
+
+    def set_state(self, *, job_id: int, state: str, now: float) -> None: ...
+
+    def link_slurm_job(
+        self, *, job_id: int, slurm_job_id: str, reason: str, now: float
+    ) -> None: ...
+
+    def round(self, round_no: int | None = None) -> RoundRecord | None: ...
+
+    def record_round(
+        self,
+        *,
+        round_no: int,
+        now: float,
+        policy: str,
+        capacity_gpus: int,
+        allocations: Sequence[Allocation],
+        solve_s: float | None = None,
+        min_share: float | None = None,
+        reasons: Mapping[int, str] | None = None,
+    ) -> None: ...
+
+    def add_intent(
+        self,
+        *,
+        action: str,
+        params: Mapping[str, Any],
+        now: float,
+        job_id: int | None = None,
+        round_no: int | None = None,
+        supersede: bool = True,
+    ) -> int: ...
+
+    def start_intent(self, *, intent_id: int, now: float) -> Intent: ...
+
+    def finish_intent(
+        self, *, intent_id: int, status: str, now: float, detail: str = ""
+    ) -> None: ...
+
+    def open_intents(self) -> list[Intent]: ...
+
+    def log_action(
+        self,
+        *,
+        action: str,
+        command: Sequence[str],
+        outcome: str,
+        now: float,
+        duration_s: float,
+        rc: int | None = None,
+        detail: str = "",
+        slurm_job_id: str | None = None,
+        job_id: int | None = None,
+        intent_id: int | None = None,
+    ) -> int: ...
+
+    def actions(
+        self, *, job_id: int | None = None, intent_id: int | None = None
+    ) -> list[SlurmAction]: ...
 
 
 class StorePort(Protocol):

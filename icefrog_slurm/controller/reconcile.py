@@ -45,7 +45,7 @@ from functools import partial
 from typing import Any
 
 from icefrog_slurm.controller.decisions import DecisionWriter
-from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort
+from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort, StoreTx
 from icefrog_slurm.controller.tick import launch_refused, matches, run_dir_of
 from icefrog_slurm.domain.cluster import SlurmJobState
 from icefrog_slurm.domain.plan import Plan, SlurmRequest
@@ -53,7 +53,6 @@ from icefrog_slurm.domain.records import ACTIVE_STATES, Intent
 from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.port import ClusterPort, SlurmRejected, SlurmUnavailable
-from icefrog_slurm.store.tx import StoreTx
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
-
-from sqlalchemy import event
 
 from icefrog_slurm.controller.daemon import Controller, TickReport
 from icefrog_slurm.domain.cluster import Gres, IcefrogTag
@@ -193,7 +190,7 @@ class Engine:
         url = f"sqlite:///{folder / 'sim.db'}"
         migrate.upgrade(url)
         self.store = SqlStore(url)
-        _no_fsync(self.store)
+        self.store.without_fsync()  # a throw-away database (measured in docs/evaluation.md)
         self.controller = Controller(
             settings=settings,
             policy=policy,
@@ -429,16 +426,3 @@ def _check_steps(settings: Settings) -> None:
             f"controller.reconcile_poll_s: the simulator needs >= {MIN_POLL_S:g} s, "
             f"got {c.reconcile_poll_s:g}"
         )
-
-
-def _no_fsync(store: SqlStore) -> None:
-    """A throw-away database needs no durability: ``PRAGMA synchronous=OFF`` on every
-    connection (commits then cost no fsync; measured in docs/evaluation.md)."""
-
-    @event.listens_for(store.engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA synchronous=OFF")
-        cur.close()
-
-    store.engine.dispose()

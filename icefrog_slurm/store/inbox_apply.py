@@ -15,7 +15,7 @@ from typing import Any
 
 from icefrog_slurm import protocol
 from icefrog_slurm.store.inbox_files import Rejected
-from icefrog_slurm.store.tx import StoreTx
+from icefrog_slurm.store.tx import SqlStoreTx
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Claim:
     munge_status: int
 
 
-def apply_report(tx: StoreTx, claim: Claim, *, icefrog: bool, now: float) -> str:
+def apply_report(tx: SqlStoreTx, claim: Claim, *, icefrog: bool, now: float) -> str:
     """Apply a checked report in ``tx``: accepted, or a duplicate of an accepted one; raises
     Rejected when the store says no (seq reused, another job's, register refused)."""
     env = claim.envelope
@@ -65,7 +65,7 @@ def apply_report(tx: StoreTx, claim: Claim, *, icefrog: bool, now: float) -> str
     return "accepted"
 
 
-def _register(tx: StoreTx, claim: Claim, icefrog: bool, payload: Any, now: float) -> int:
+def _register(tx: SqlStoreTx, claim: Claim, icefrog: bool, payload: Any, now: float) -> int:
     """A new icefrog job for a ``register`` report of an icefrog-tagged Slurm job."""
     env = claim.envelope
     if env.kind != "register":
@@ -86,7 +86,7 @@ def _register(tx: StoreTx, claim: Claim, icefrog: bool, payload: Any, now: float
 
 
 def _apply_payload(
-    tx: StoreTx, job_id: int, env: protocol.Envelope, payload: Any, now: float
+    tx: SqlStoreTx, job_id: int, env: protocol.Envelope, payload: Any, now: float
 ) -> None:
     if isinstance(payload, protocol.JobSpec):
         tx.set_spec(job_id=job_id, spec=payload)

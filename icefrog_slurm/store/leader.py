@@ -3,7 +3,7 @@
 The lease is the single row of ``leader_lease``: ``epoch``, a fencing token every controller
 that takes the lead increases by one, and ``holder`` (host and pid, for the logs).
 ``try_lead(engine)`` takes the lock, then bumps the epoch while holding it, and returns the
-held :class:`Lease` (None while another controller holds the lock):
+held :class:`SqlLease` (None while another controller holds the lock):
 
 - Postgres: ``pg_try_advisory_lock`` on a dedicated connection (the lock ends with that
   session, so a killed controller's lock goes with its connection);
@@ -17,14 +17,14 @@ A lock that was taken once proves nothing later: its connection can drop (a netw
 a Postgres restart, ``pg_terminate_backend``) while the controller runs on, and a standby
 then takes the lock. So the lease is proved again and again:
 
-- :meth:`Lease.hold` wraps every tick of the daemon. It checks that the lock is still held
+- :meth:`SqlLease.hold` wraps every tick of the daemon. It checks that the lock is still held
   (Postgres: the lock's session is alive and still owns the advisory lock; SQLite: the lock
   file is still the file the path names) and that the epoch is still ours, else it raises
   :class:`LostLead` and the tick does not start. On Postgres it keeps the lease row locked
   ``FOR SHARE`` on a guard connection until the tick ends: a new leader's bump waits for
   that tick (at most ``TAKEOVER_WAIT_S``, then it lets go of the lock and tries later), so
   the two never enact at the same time.
-- :meth:`Lease.check` runs first in every write transaction of a store that leads
+- :meth:`SqlLease.check` runs first in every write transaction of a store that leads
   (``SqlStore.transaction``: the tick's, every reconcile step's, the inbox's): the epoch is
   read inside that transaction (``FOR SHARE`` on Postgres; under ``BEGIN IMMEDIATE`` on
   SQLite) and a stale one raises :class:`LostLead`, so the transaction rolls back before a
@@ -73,7 +73,7 @@ _SERVER_KEEPALIVES = text(
 losing the controller on a cut network, so a standby can take over (the OS default: 2 h)."""
 
 
-class Lease:
+class SqlLease:
     """A held lead: the epoch this controller took, and the lock behind it."""
 
     def __init__(self, engine: Engine, epoch: int) -> None:
@@ -120,7 +120,7 @@ class Lease:
         raise LostLead(why)
 
 
-class _PgLease(Lease):
+class _PgLease(SqlLease):
     def __init__(self, engine: Engine, epoch: int, conn: Connection) -> None:
         super().__init__(engine, epoch)
         self._conn = conn
@@ -145,7 +145,7 @@ class _PgLease(Lease):
             _drop(self._conn)
 
 
-class _FileLease(Lease):
+class _FileLease(SqlLease):
     def __init__(self, engine: Engine, epoch: int, fd: int, path: str) -> None:
         super().__init__(engine, epoch)
         self._fd, self._path = fd, path
@@ -161,7 +161,7 @@ class _FileLease(Lease):
             os.close(self._fd)
 
 
-def try_lead(engine: Engine) -> Lease | None:
+def try_lead(engine: Engine) -> SqlLease | None:
     """Take the lock and a new epoch; None while another controller holds the lock."""
     path = lock_path(engine.url)
     if path is None:
@@ -186,7 +186,7 @@ def lock_path(url: URL) -> str | None:
     return os.path.realpath(url.database) + ".leader"
 
 
-def _lead_postgres(engine: Engine) -> Lease | None:
+def _lead_postgres(engine: Engine) -> SqlLease | None:
     conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
     try:
         got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": ADVISORY_KEY}).scalar()
@@ -204,7 +204,7 @@ def _lead_postgres(engine: Engine) -> Lease | None:
     return _PgLease(engine, epoch, conn)
 
 
-def _lead_sqlite(engine: Engine, path: str) -> Lease | None:
+def _lead_sqlite(engine: Engine, path: str) -> SqlLease | None:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         _require_own_file(fd, path)

@@ -1,6 +1,6 @@
 """Rounds, reconcile intents, the Slurm audit log and the report ledger.
 
-The part of a store transaction (:class:`~icefrog_slurm.store.tx.StoreTx` inherits it) that
+The part of a store transaction (:class:`~icefrog_slurm.store.tx.SqlStoreTx` inherits it) that
 records what the controller decided and did, and which reports it accepted or rejected.
 """
 

@@ -21,7 +21,7 @@ snapshot (and a ``consistent`` transaction) runs at REPEATABLE READ so all its q
 the same state.
 
 A store that leads (``try_lead`` returned its lease) is *fenced*: every write transaction
-first proves the lease is still this controller's (``Lease.check``: the epoch read inside
+first proves the lease is still this controller's (``SqlLease.check``: the epoch read inside
 the transaction) and rolls back with ``LostLead`` otherwise, so a controller that lost the
 lead writes nothing more, and no reconcile step gets as far as its Slurm command. A store
 that never led (the simulator, the CLI's reports, tests) or whose lease was released writes
@@ -42,8 +42,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from icefrog_slurm.domain.records import StoreSnapshot
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.settings import Settings
-from icefrog_slurm.store.leader import Lease, lock_path, try_lead
-from icefrog_slurm.store.tx import StoreTx
+from icefrog_slurm.store.leader import SqlLease, lock_path, try_lead
+from icefrog_slurm.store.tx import SqlStoreTx
 
 _BEGIN_OPTION = "icefrog_sqlite_begin"
 _PG_KEEPALIVES = {
@@ -95,7 +95,7 @@ class SqlStore:
         self.engine = make_engine(url)
         self._is_sqlite = self.engine.dialect.name == "sqlite"
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        self._lease: Lease | None = None
+        self._lease: SqlLease | None = None
         if check_schema:
             try:
                 self.check_schema()
@@ -104,6 +104,20 @@ class SqlStore:
                 raise
 
     def close(self) -> None:
+        self.engine.dispose()
+
+    def without_fsync(self) -> None:
+        """For a throw-away SQLite database (the simulator's): ``PRAGMA synchronous=OFF`` on
+        every connection from now on, so commits cost no fsync; a crash may lose it."""
+        if not self._is_sqlite:
+            raise InputError("without_fsync: only for a SQLite database")
+
+        @event.listens_for(self.engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA synchronous=OFF")
+            cur.close()
+
         self.engine.dispose()
 
     def check_schema(self) -> None:
@@ -117,7 +131,7 @@ class SqlStore:
                 f"revision {current or 'none'}, the code needs {head}: run `icefrog db upgrade`"
             )
 
-    def try_lead(self) -> Lease | None:
+    def try_lead(self) -> SqlLease | None:
         """Become the one active controller: a held lease, or None while another controller
         holds the lock (store/leader.py). From then on every write transaction checks the
         lease (fenced), until it is released; a lost lease refuses them all.
@@ -141,7 +155,7 @@ class SqlStore:
         return store
 
     @contextmanager
-    def transaction(self, *, consistent: bool = False) -> Iterator[StoreTx]:
+    def transaction(self, *, consistent: bool = False) -> Iterator[SqlStoreTx]:
         """One read-write transaction: committed when the block ends, rolled back on error.
 
         ``consistent`` (a tick that reads its snapshot and writes in one transaction): every
@@ -153,12 +167,12 @@ class SqlStore:
             conn = self._first_connection(session, write=True, consistent=consistent)
             if self._lease is not None:
                 self._lease.check(conn)
-            yield StoreTx(session)
+            yield SqlStoreTx(session)
 
     def snapshot(self, *, include_finished: bool = False) -> StoreSnapshot:
         """One consistent read of everything a tick needs."""
         with self.reading() as session:
-            return StoreTx(session).snapshot(include_finished=include_finished)
+            return SqlStoreTx(session).snapshot(include_finished=include_finished)
 
     @contextmanager
     def reading(self) -> Iterator[Session]:

@@ -1,4 +1,4 @@
-"""``StoreTx``: every read and write of the store, inside one transaction of ``SqlStore``.
+"""``SqlStoreTx``: every read and write of the store, inside one transaction of ``SqlStore``.
 
 Methods take keyword arguments and return the domain's immutable records
 (icefrog_slurm.domain.records); a caller never sees an ORM object or commits. Writes that
@@ -40,7 +40,7 @@ from icefrog_slurm.store.models import (
 )
 
 
-class StoreTx(LedgerTx):
+class SqlStoreTx(LedgerTx):
     """The operations of one transaction (see :class:`SqlStore.transaction`)."""
 
     # ----- jobs and their Slurm chain -------------------------------------------------

@@ -24,7 +24,7 @@ from sqlalchemy import func, select
 from icefrog_slurm.domain.records import Allocation
 from icefrog_slurm.store.ledger import columns
 from icefrog_slurm.store.models import AllocationRow, MetricRow, RoundRow
-from icefrog_slurm.store.tx import StoreTx
+from icefrog_slurm.store.tx import SqlStoreTx
 
 CHUNK = 5000  # job ids per IN (...) list: well under SQLite's and Postgres' parameter limits
 
@@ -49,7 +49,7 @@ class TimedMetric:
     time: float
 
 
-class ReportTx(StoreTx):
+class ReportTx(SqlStoreTx):
     """The store's transaction plus the reports' bulk reads."""
 
     def decision_history(self, job_ids: Collection[int]) -> dict[int, list[Decided]]:

@@ -26,7 +26,7 @@ from icefrog_slurm.domain.cluster import Gres, IcefrogTag
 from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.sim.cluster import SimCluster
 from icefrog_slurm.slurm.port import SubmitRequest
-from icefrog_slurm.store.leader import Lease
+from icefrog_slurm.store.leader import SqlLease
 from icefrog_slurm.store.models import LeaderLease
 from icefrog_slurm.store.sql import SqlStore, make_engine
 from tests.integration.conftest import wait_for
@@ -106,7 +106,7 @@ class TrackedStore(SqlStore):
         super().__init__(url)
         self.epochs, self.attempts, self.stop = epochs, 0, stop
 
-    def try_lead(self) -> Lease | None:
+    def try_lead(self) -> SqlLease | None:
         if self.stop.is_set():
             raise Stopped
         self.attempts += 1

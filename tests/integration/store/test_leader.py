@@ -17,7 +17,7 @@ from sqlalchemy import Engine, select, text
 from icefrog_slurm.errors import IcefrogError, InputError, LostLead
 from icefrog_slurm.settings import settings_from_mapping
 from icefrog_slurm.store import leader
-from icefrog_slurm.store.leader import Lease
+from icefrog_slurm.store.leader import SqlLease
 from icefrog_slurm.store.models import Job, LeaderLease
 from icefrog_slurm.store.sql import SqlStore, make_engine
 from tests.integration.conftest import wait_for
@@ -127,7 +127,7 @@ def test_a_bump_that_waits_does_not_block_the_tick(
     first, second = stores
     old = first.try_lead()
     assert old is not None
-    got: list[Lease | None] = []
+    got: list[SqlLease | None] = []
     with old.hold():
         steal_the_lead(first.url)
         standby = threading.Thread(target=lambda: got.append(second.try_lead()))
