@@ -44,7 +44,7 @@ from icefrog_slurm.domain.cluster import (
 from icefrog_slurm.protocol import Decision
 from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.slurm.parse import expand_hostlist
-from icefrog_slurm.slurm.port import GresAllocation, JobDetail, SubmitRequest
+from icefrog_slurm.slurm.port import GresAllocation, SlurmJobDetail, SubmitRequest
 from icefrog_slurm.store.migrate import upgrade
 from icefrog_slurm.store.sql import SqlStore
 
@@ -126,9 +126,9 @@ class MemoryCluster:
         self.cancel(job_id=job_id)
         return new
 
-    def job_detail(self, *, job_id: str) -> JobDetail:
+    def job_detail(self, *, job_id: str) -> SlurmJobDetail:
         j = self.jobs[job_id]
-        return JobDetail(
+        return SlurmJobDetail(
             job_id,
             job_id,
             0,

@@ -42,7 +42,7 @@ from icefrog_slurm.sim.calibration import shipped_calibration
 from icefrog_slurm.sim.catalog import shipped_catalog
 from icefrog_slurm.sim.engine import Engine, SimOptions
 from icefrog_slurm.sim.truth import TaskTruth, build_truths
-from icefrog_slurm.sim.workload import Job
+from icefrog_slurm.sim.workload import TraceJob
 
 
 def _truth(task: str, seed: int) -> TaskTruth:
@@ -161,7 +161,7 @@ def toy(args: argparse.Namespace) -> None:
     estimate.measured_or_predicted = mop  # type: ignore[assignment]
     estimate.tune = tune  # type: ignore[assignment]
     simjobs.SimJob.on_decision = on_decision  # type: ignore[method-assign]
-    jobs = [Job(f"j{i}", 600.0 * i, args.task, 1, default) for i in range(args.jobs)]
+    jobs = [TraceJob(f"j{i}", 600.0 * i, args.task, 1, default) for i in range(args.jobs)]
     for freeze in (False, True):
         opts = SimOptions(
             gpus=args.gpus, gpus_per_node=4, seed=args.seed, freeze=freeze,

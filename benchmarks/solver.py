@@ -40,13 +40,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from icefrog_slurm.core.placement import place
 from icefrog_slurm.core.solver import (
-    Allocation,
     Cluster,
+    Holding,
     JobRequest,
     Option,
     Problem,
     Solution,
-    SolverSettings,
+    SolveOptions,
     check_solution,
     solve,
 )
@@ -108,16 +108,16 @@ def make_jobs(trace: list[tuple[float, int]], n: int, rng: random.Random) -> lis
     return jobs
 
 
-def problem_of(jobs: list[SimJob], gpus: int, current: dict[str, Allocation]) -> Problem:
+def problem_of(jobs: list[SimJob], gpus: int, current: dict[str, Holding]) -> Problem:
     cluster = Cluster(gpus=gpus, gpus_per_node=4, gpu_mem_gb=80)
     reqs = tuple(JobRequest(j.id, j.options(), current=current.get(j.id)) for j in jobs)
     return Problem(cluster, reqs)
 
 
-def advance(jobs: list[SimJob], sol: Solution, problem: Problem) -> dict[str, Allocation]:
+def advance(jobs: list[SimJob], sol: Solution, problem: Problem) -> dict[str, Holding]:
     """Five minutes pass: running jobs progress; returns the placed allocations."""
     placement = place(problem, sol)
-    current: dict[str, Allocation] = {}
+    current: dict[str, Holding] = {}
     for j in jobs:
         ch = sol.choices[j.id]
         j.age += 300
@@ -125,11 +125,11 @@ def advance(jobs: list[SimJob], sol: Solution, problem: Problem) -> dict[str, Al
             speed = j.throughput(ch.gpus) / j.throughput(j.g0) * (0.9 if ch.shared else 1)
             j.work = max(60.0, j.work - 300 * speed)
             nodes = tuple(placement.counts(j.id).items())
-            current[j.id] = Allocation(gpus=ch.gpus, shared=ch.shared, nodes=nodes)
+            current[j.id] = Holding(gpus=ch.gpus, shared=ch.shared, nodes=nodes)
     return current
 
 
-def timed(problem: Problem, settings: SolverSettings) -> tuple[Solution, float]:
+def timed(problem: Problem, settings: SolveOptions) -> tuple[Solution, float]:
     t0 = time.perf_counter()
     sol = solve(problem, settings)
     elapsed = time.perf_counter() - t0
@@ -158,19 +158,19 @@ def run_size(
     gpus: int, load: float, args: argparse.Namespace, trace: list[tuple[float, int]]
 ) -> None:
     n_jobs = round(gpus * 120 / 48 * load)
-    fast = SolverSettings(method="auto", time_limit_s=args.mip_limit)
+    fast = SolveOptions(method="auto", time_limit_s=args.mip_limit)
     parted = replace(fast, partition_gpus=args.partition_gpus, workers=args.workers)
-    mip_parted = SolverSettings(
+    mip_parted = SolveOptions(
         method="mip", time_limit_s=args.mip_limit, partition_gpus=48, workers=args.workers
     )
-    mip_whole = SolverSettings(method="mip", time_limit_s=args.mip_limit)
+    mip_whole = SolveOptions(method="mip", time_limit_s=args.mip_limit)
     t: dict[str, list[float]] = {k: [] for k in ("fast", "part", "mpart", "mip")}
     g: dict[str, list[tuple[float, float]]] = {k: [] for k in ("part", "mpart", "mip")}
     statuses: set[str] = set()
     mip_statuses: set[str] = set()
     for seed in range(args.seeds):
         jobs = make_jobs(trace, n_jobs, random.Random(seed * 1000 + gpus))
-        current: dict[str, Allocation] = {}
+        current: dict[str, Holding] = {}
         for rnd in range(args.rounds):
             problem = problem_of(jobs, gpus, current)
             sol, dt = timed(problem, fast)

@@ -16,12 +16,12 @@ from typing import Any
 from icefrog_slurm import jsonio
 from icefrog_slurm.core.placement import solve_and_place
 from icefrog_slurm.core.solver import (
-    Allocation,
     Cluster,
+    Holding,
     JobRequest,
     Option,
     Problem,
-    SolverSettings,
+    SolveOptions,
     solve,
 )
 from icefrog_slurm.errors import InputError
@@ -83,11 +83,11 @@ def _option(raw: Any, where: str) -> Option:
     )
 
 
-def _current(raw: Any, where: str) -> Allocation:
+def _current(raw: Any, where: str) -> Holding:
     obj = jsonio.expect_object(raw, where)
     jsonio.reject_unknown(obj, CURRENT, where)
     nodes = jsonio.expect_object(obj.get("nodes", {}), f"{where}.nodes")
-    return Allocation(
+    return Holding(
         gpus=jsonio.get_int(obj, "gpus", where, minimum=0, maximum=MAX_JOB_GPUS),
         shared=jsonio.get_bool(obj, "shared", where, default=False),
         nodes=tuple(
@@ -174,7 +174,7 @@ def _check_options(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     _check_options(args)
     problem = parse_problem(load_json_file(args.file))
-    settings = SolverSettings(
+    settings = SolveOptions(
         method=args.solver,
         time_limit_s=args.time_limit,
         partition_gpus=args.partition_gpus,

@@ -28,15 +28,15 @@ from icefrog_slurm.core.placement import solve_and_place
 from icefrog_slurm.core.solver import (
     WAIT,
     Cluster,
+    Holding,
     JobRequest,
     Memo,
     Option,
     Problem,
+    SolveOptions,
     aged_weight,
     solve,
 )
-from icefrog_slurm.core.solver import Allocation as Held
-from icefrog_slurm.core.solver import SolverSettings as SolveOptions
 from icefrog_slurm.domain.plan import PolicyResult
 from icefrog_slurm.domain.records import Allocation
 from icefrog_slurm.domain.snapshot import JobSnapshot, Snapshot
@@ -166,7 +166,7 @@ def _request(
     current = None
     if cur.gpus:
         per_node = 1 if cur.shared else cur.gpus // max(len(cur.nodes), 1)
-        current = Held(
+        current = Holding(
             gpus=cur.gpus, shared=cur.shared, nodes=tuple((n, per_node) for n in cur.nodes)
         )
     return JobRequest(

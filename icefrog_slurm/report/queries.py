@@ -27,7 +27,7 @@ class QueuedJob:
 
 
 @dataclass(frozen=True)
-class JobDetail:
+class ShownJob:
     """Everything ``icefrog show job`` prints."""
 
     facts: JobFacts
@@ -55,7 +55,7 @@ def read_accounting(store: SqlStore, flt: JobFilter, *, now: float) -> list[JobF
     ]
 
 
-def read_job(store: SqlStore, ident: str, *, slurm_id: bool) -> JobDetail:
+def read_job(store: SqlStore, ident: str, *, slurm_id: bool) -> ShownJob:
     """One job by icefrog id, or by any Slurm job id of its chain.
 
     Without ``slurm_id`` the icefrog id is tried first; when ``ident`` is also the Slurm
@@ -78,7 +78,7 @@ def read_job(store: SqlStore, ident: str, *, slurm_id: bool) -> JobDetail:
         metrics = tx.metric_history([job.id])[job.id]
         actions = tx.actions(job_id=job.id)
     facts = JobFacts(job=job, history=tuple(history), metrics=tuple(metrics))
-    return JobDetail(facts=facts, actions=tuple(actions))
+    return ShownJob(facts=facts, actions=tuple(actions))
 
 
 def _job_or_none(tx: ReportTx, job_id: int) -> JobRecord | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from icefrog_slurm.domain.records import SlurmAction
 from icefrog_slurm.report import jobs
-from icefrog_slurm.report.queries import JobDetail
+from icefrog_slurm.report.queries import ShownJob
 from icefrog_slurm.report.sacct import acct_json, acct_row, number
 from icefrog_slurm.report.table import Column, Field, render_table
 from icefrog_slurm.report.timefmt import format_duration, format_time
@@ -67,7 +67,7 @@ def changes(history: tuple[Decided, ...]) -> list[Decided]:
     return out
 
 
-def show_lines(detail: JobDetail, *, now: float, actions: int) -> list[str]:
+def show_lines(detail: ShownJob, *, now: float, actions: int) -> list[str]:
     facts = detail.facts
     job, row = facts.job, acct_row(facts, now=now)
     spec = job.spec
@@ -115,7 +115,7 @@ def _wait_text(history: tuple[Decided, ...], word: str) -> str:
     return last.reason if last is not None and last.reason else word
 
 
-def show_json(detail: JobDetail, *, now: float, actions: int) -> dict[str, Any]:
+def show_json(detail: ShownJob, *, now: float, actions: int) -> dict[str, Any]:
     facts = detail.facts
     recent = detail.actions[-actions:] if actions > 0 else ()
     return {

@@ -23,11 +23,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
-from typing import Any, Literal
+from typing import Any
 
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.parallelism import DDP, Parallelism
 from icefrog_slurm.core.tuner import powers_of_two
+from icefrog_slurm.declaration import Target
 from icefrog_slurm.errors import IcefrogError, InputError
 from icefrog_slurm.jsonio import (
     expect_object,
@@ -49,18 +50,6 @@ _TASK_FIELDS = (
     "max_epochs", "samples_per_epoch", "size_class", "calibration", "suite", "parallelism",
     "aliases",
 )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Target:
-    """The validation metric a job must reach: ``metric op value`` (e.g. top1 >= 0.94)."""
-
-    metric: str
-    op: Literal[">=", "<="]
-    value: float
-
-    def reached(self, metric_value: float) -> bool:
-        return metric_value >= self.value if self.op == ">=" else metric_value <= self.value
 
 
 @dataclass(frozen=True)

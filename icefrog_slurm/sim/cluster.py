@@ -27,8 +27,8 @@ from icefrog_slurm.domain.cluster import (
 from icefrog_slurm.slurm.parse import expand_hostlist
 from icefrog_slurm.slurm.port import (
     GresAllocation,
-    JobDetail,
     JobNotFound,
+    SlurmJobDetail,
     SlurmRejected,
     SubmitRequest,
 )
@@ -202,9 +202,9 @@ class SimCluster:
     def poll(self, *, job_ids: Collection[str]) -> Mapping[str, SlurmJobState]:
         return {sid: self._state(self._jobs[sid]) for sid in job_ids if sid in self._jobs}
 
-    def job_detail(self, *, job_id: str) -> JobDetail:
+    def job_detail(self, *, job_id: str) -> SlurmJobDetail:
         job = self._get(job_id)
-        return JobDetail(
+        return SlurmJobDetail(
             job_id=job.job_id, name=job.name, user_id=job.user_id, group_id=job.user_id,
             state=job.state, reason=job.reason, restarts=job.restarts, gres=job.gres,
             num_nodes=job.num_nodes, req_nodes=",".join(job.req_nodes) or None,

@@ -44,7 +44,7 @@ from icefrog_slurm.sim.truth import (
     TaskTruth,
     build_truths,
 )
-from icefrog_slurm.sim.workload import Job
+from icefrog_slurm.sim.workload import TraceJob
 from icefrog_slurm.slurm.port import SubmitRequest
 from icefrog_slurm.store import migrate
 from icefrog_slurm.store.sql import SqlStore
@@ -160,7 +160,7 @@ class Engine:
 
     def __init__(
         self,
-        workload: Sequence[Job],
+        workload: Sequence[TraceJob],
         policy: Policy,
         *,
         settings: Settings,
@@ -267,7 +267,7 @@ class Engine:
         while self.pending and self.pending[0].submit_s <= now:
             self._submit(self.pending.pop(0), now)
 
-    def _submit(self, job: Job, now: float) -> None:
+    def _submit(self, job: TraceJob, now: float) -> None:
         name = self.catalog.resolve(job.task)
         truth = self.truths.get(name)
         if truth is None:

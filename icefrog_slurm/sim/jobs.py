@@ -31,7 +31,7 @@ from icefrog_slurm.protocol import (
     fixed_per_gpu_batch,
 )
 from icefrog_slurm.sim.truth import DEFAULT_NOISE, ProfileNoise, TaskTruth
-from icefrog_slurm.sim.workload import Job
+from icefrog_slurm.sim.workload import TraceJob
 
 PROFILE_SAMPLES_PER_CONFIG = 3
 """Profile samples a job reports for each (GPUs, batch, frozen, shared) it runs in."""
@@ -87,7 +87,7 @@ class SimJob:
 
     def __init__(
         self,
-        job: Job,
+        job: TraceJob,
         truth: TaskTruth,
         spec: JobSpec,
         *,

@@ -39,7 +39,7 @@ import numpy as np
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.jsonio import printable
 from icefrog_slurm.sim.catalog import Catalog, Task
-from icefrog_slurm.sim.workload import MAX_CSV_BYTES, Job
+from icefrog_slurm.sim.workload import MAX_CSV_BYTES, TraceJob
 from icefrog_slurm.userfiles import read_bytes, read_text
 
 MIN_DURATION_S = 60.0
@@ -179,7 +179,7 @@ def sample_workload(
     seed: int,
     catalog: Catalog,
     task_gpu_s: Mapping[str, float],
-) -> tuple[list[Job], list[Mapped]]:
+) -> tuple[list[TraceJob], list[Mapped]]:
     """Sample ``count`` window jobs without replacement (numpy ``default_rng(seed)``) and map
     each to its nearest task (module doc). Returns jobs and mappings sorted by submission."""
     pool = in_window(jobs, hours)
@@ -196,7 +196,7 @@ def sample_workload(
         name = nearest_task(pj.gpu_time_s, task_gpu_s)
         task = catalog.get(name)
         gpus = clip_gpus(task, pj.num_gpus)
-        job = Job(f"{name}-{index}", _second(pj, hours), name, gpus, gpus * task.default_batch)
+        job = TraceJob(f"{name}-{index}", _second(pj, hours), name, gpus, gpus * task.default_batch)
         out_jobs.append(job)
         out_map.append(
             Mapped(

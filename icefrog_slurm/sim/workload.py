@@ -1,6 +1,6 @@
 """Simulated workloads: the in-memory job list and its Pollux-format CSV form.
 
-A workload is a list of :class:`Job` sorted by submission time. Its file form is Pollux's
+A workload is a list of :class:`TraceJob` sorted by submission time. Its file form is Pollux's
 (``workloads-*/workload-N.csv`` of the AdaptDL simulator):
 ``name,time,application,num_replicas,batch_size`` — time the submission second relative to
 the trace start, application a catalog task or a Pollux application name (an alias, see
@@ -28,7 +28,7 @@ MAX_CSV_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
-class Job:
+class TraceJob:
     """One submitted job: ``task`` is the catalog task name (aliases resolved)."""
 
     name: str
@@ -38,7 +38,7 @@ class Job:
     batch_size: int  # global batch (fixed for Lucid, Optimus and ICEFROG; spec section 12)
 
 
-def read_workload(path: str | Path, catalog: Catalog) -> list[Job]:
+def read_workload(path: str | Path, catalog: Catalog) -> list[TraceJob]:
     """Read a Pollux-format workload CSV; every error names the file, row and column."""
     text = read_text(path, limit=MAX_CSV_BYTES, kind="CSV file")
     try:
@@ -62,7 +62,7 @@ def read_workload(path: str | Path, catalog: Catalog) -> list[Job]:
         except InputError as exc:
             raise InputError(f"{where}: application: {exc}") from None
         jobs.append(
-            Job(
+            TraceJob(
                 name=name,
                 submit_s=_number(row["time"], f"{where}: time", maximum=MAX_SUBMIT_S),
                 task=task,
@@ -75,7 +75,7 @@ def read_workload(path: str | Path, catalog: Catalog) -> list[Job]:
     return sorted(jobs, key=lambda j: j.submit_s)  # stable: file order among equal times
 
 
-def write_workload(jobs: Iterable[Job], path: str | Path) -> None:
+def write_workload(jobs: Iterable[TraceJob], path: str | Path) -> None:
     """Write jobs as a Pollux-format CSV (integer submission seconds, as Pollux's files)."""
     with open(path, "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
@@ -84,7 +84,7 @@ def write_workload(jobs: Iterable[Job], path: str | Path) -> None:
             writer.writerow([job.name, round(job.submit_s), job.task, job.gpus, job.batch_size])
 
 
-def by_task(jobs: Sequence[Job]) -> dict[str, int]:
+def by_task(jobs: Sequence[TraceJob]) -> dict[str, int]:
     """How many jobs of each task (for summaries)."""
     out: dict[str, int] = {}
     for job in jobs:

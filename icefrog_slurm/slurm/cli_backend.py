@@ -46,8 +46,8 @@ from icefrog_slurm.slurm.identity import TagSigner, earlier_submission, successo
 from icefrog_slurm.slurm.port import (
     ClusterPort,
     GresAllocation,
-    JobDetail,
     JobNotFound,
+    SlurmJobDetail,
     SlurmRejected,
     SlurmUnavailable,
     SubmitRequest,
@@ -200,7 +200,7 @@ class SlurmCliBackend:
         out = self._once(commands.squeue_json(), stdin=None, env=None)
         return {k: d.state_view() for k, d in parse.parse_squeue_json(out).items()}
 
-    def _details(self) -> dict[str, JobDetail]:
+    def _details(self) -> dict[str, SlurmJobDetail]:
         """Every job, from one ``squeue --json`` (retried also when its output says
         slurmctld did not answer)."""
         argv = commands.squeue_json()
@@ -277,7 +277,7 @@ class SlurmCliBackend:
         wanted = set(job_ids)
         return {k: v for k, v in self._jobs().items() if k in wanted}
 
-    def job_detail(self, *, job_id: str) -> JobDetail:
+    def job_detail(self, *, job_id: str) -> SlurmJobDetail:
         detail = self._details().get(job_id)
         if detail is None:
             raise JobNotFound(f"job {job_id}: unknown to Slurm")

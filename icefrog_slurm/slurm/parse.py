@@ -11,7 +11,7 @@ and a state word; data_parser v0.0.40+ (23.11 and newer) prints ``{"set", "infin
 Text outputs still parsed: ``sinfo`` (node names and GRES: admin-defined), ``scontrol show
 hostnames``, ``sbatch --parsable``, and the per-node ``Nodes=... GRES=...`` lines of
 ``scontrol show job -d`` (GPU indices), which the backend reads only for a job whose user
-fields hold no line break (:attr:`JobDetail.multiline_text`). Pinned by the golden files in
+fields hold no line break (:attr:`SlurmJobDetail.multiline_text`). Pinned by the golden files in
 tests/golden/slurm-22.05. TresPerNode is ``gres:gpu:2`` on 22.05 and ``gres/gpu:2`` on
 24.11 (a type may sit in between: ``gres/gpu:a800:2``); a shard allocation prints
 ``shard:1(IDX:0)`` on 22.05 and ``shard:1(1/2,0/2,0/2,0/2)`` (per GPU: used/available) on
@@ -29,9 +29,9 @@ from typing import Any
 from icefrog_slurm.domain.cluster import COMMENT_PREFIX, Gres, IcefrogTag
 from icefrog_slurm.slurm.port import (
     GresAllocation,
-    JobDetail,
     NodeGpus,
     SlurmError,
+    SlurmJobDetail,
     SlurmUnavailable,
 )
 
@@ -90,8 +90,8 @@ def parse_gres_request(text: str | None) -> Gres | None:
     return None
 
 
-def parse_squeue_json(text: str) -> dict[str, JobDetail]:
-    """``squeue --json`` -> {job id: JobDetail}. A record that cannot be read (a field
+def parse_squeue_json(text: str) -> dict[str, SlurmJobDetail]:
+    """``squeue --json`` -> {job id: SlurmJobDetail}. A record that cannot be read (a field
     missing or of the wrong type) is skipped and logged: one odd job never hides the rest.
     squeue exits 0 with an empty job list and an ``errors`` entry when slurmctld does not
     answer: that is ``SlurmUnavailable``, never "no jobs"."""
@@ -104,7 +104,7 @@ def parse_squeue_json(text: str) -> dict[str, JobDetail]:
         raise ParseError(f"squeue --json: not a job list ({exc}): {text[:200]!r}") from None
     if errors:  # exit code 0, no jobs, and why: slurmctld did not answer
         raise SlurmUnavailable(f"squeue --json: {_errors_text(errors)}")
-    jobs: dict[str, JobDetail] = {}
+    jobs: dict[str, SlurmJobDetail] = {}
     for record in records:
         try:
             detail = _job_from_json(record)
@@ -126,13 +126,13 @@ def _errors_text(errors: list[Any]) -> str:
     return "; ".join(p.strip() for p in parts)[:300]
 
 
-def _job_from_json(r: Mapping[str, Any]) -> JobDetail:
+def _job_from_json(r: Mapping[str, Any]) -> SlurmJobDetail:
     job_id = _number(r["job_id"])
     uid, gid = _number(r["user_id"]), _number(r["group_id"])
     if job_id is None or uid is None or gid is None:
         raise ValueError("job_id, user_id or group_id unset")
     comment = _text(r.get("comment"))
-    return JobDetail(
+    return SlurmJobDetail(
         job_id=str(job_id),
         name=_text(r.get("name")),
         user_id=uid,

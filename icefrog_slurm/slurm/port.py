@@ -52,7 +52,7 @@ class GresAllocation:
 
 
 @dataclass(frozen=True)
-class JobDetail:
+class SlurmJobDetail:
     """One job's full record, from Slurm's machine-readable output: the identity fields
     (ids, uid, gid, state) are numbers or fixed words Slurm prints; the rest (name, comment,
     paths) is user text, never read for identity."""
@@ -178,7 +178,7 @@ class ClusterPort(Protocol):
         """State of many jobs in one call; ids Slurm no longer knows are absent."""
         ...
 
-    def job_detail(self, *, job_id: str) -> JobDetail:
+    def job_detail(self, *, job_id: str) -> SlurmJobDetail:
         """Full record of one job."""
         ...
 

@@ -46,9 +46,9 @@ from icefrog_slurm.slurm.identity import TagSigner, earlier_submission, successo
 from icefrog_slurm.slurm.port import (
     ClusterPort,
     GresAllocation,
-    JobDetail,
     JobNotFound,
     SlurmError,
+    SlurmJobDetail,
     SlurmRejected,
     SlurmUnavailable,
     SubmitRequest,
@@ -146,10 +146,10 @@ class SlurmPyslurmBackend:
         return SlurmPyslurmBackend._detail(job).state_view()
 
     @staticmethod
-    def _detail(job: Any) -> JobDetail:
+    def _detail(job: Any) -> SlurmJobDetail:
         comment = job.comment or ""
         fields = (job.name, comment, job.working_directory, job.standard_output)
-        return JobDetail(
+        return SlurmJobDetail(
             job_id=str(job.id),
             name=job.name or "",
             user_id=int(job.user_id),
@@ -267,7 +267,7 @@ class SlurmPyslurmBackend:
         jobs = self._call("Jobs.load", lambda: self._py.Jobs.load())
         return {str(j.id): self._state(j) for j in jobs.values() if str(j.id) in job_ids}
 
-    def job_detail(self, *, job_id: str) -> JobDetail:
+    def job_detail(self, *, job_id: str) -> SlurmJobDetail:
         return self._detail(self._call("Job.load", lambda: self._py.Job.load(int(job_id))))
 
     def gres_allocation(self, *, job_id: str) -> tuple[GresAllocation, ...]:

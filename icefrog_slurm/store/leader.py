@@ -54,7 +54,7 @@ from sqlalchemy import URL, Connection, Engine, select, text, update
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from icefrog_slurm.errors import IcefrogError, InputError, LostLead
-from icefrog_slurm.store.models import LeaderLease
+from icefrog_slurm.store.models import LeaderLeaseRow
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class SqlLease:
             return
         if self.lost is not None:
             raise LostLead(self.lost)
-        query = select(LeaderLease.epoch, LeaderLease.holder).where(LeaderLease.id == 1)
+        query = select(LeaderLeaseRow.epoch, LeaderLeaseRow.holder).where(LeaderLeaseRow.id == 1)
         row = conn.execute(query.with_for_update(read=True)).one_or_none()
         if row is None or row.epoch != self.epoch:
             now = "no lease row" if row is None else f"epoch {row.epoch} ({row.holder})"
@@ -228,10 +228,10 @@ def _bump(engine: Engine) -> int | None:
     still holds the row after TAKEOVER_WAIT_S (Postgres)."""
     holder = f"{socket.gethostname()} pid {os.getpid()}"
     bump = (
-        update(LeaderLease)
-        .where(LeaderLease.id == 1)
-        .values(epoch=LeaderLease.epoch + 1, holder=holder)
-        .returning(LeaderLease.epoch)
+        update(LeaderLeaseRow)
+        .where(LeaderLeaseRow.id == 1)
+        .values(epoch=LeaderLeaseRow.epoch + 1, holder=holder)
+        .returning(LeaderLeaseRow.epoch)
     )
     with engine.connect() as conn, conn.begin():
         if engine.dialect.name == "postgresql":

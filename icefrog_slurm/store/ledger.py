@@ -29,7 +29,7 @@ from icefrog_slurm.store.models import (
     AcceptedReportRow,
     AllocationRow,
     IntentRow,
-    Job,
+    JobRow,
     RejectedReportRow,
     RoundRow,
     SlurmActionRow,
@@ -303,7 +303,7 @@ class LedgerTx:
         """Delete ledger rows received before ``before``: every rejected report, and the
         accepted reports of jobs that have ended (an active job's rows keep refusing a
         replay of its sequence numbers). Returns the number of rows deleted."""
-        ended = select(Job.id).where(Job.state.not_in(ACTIVE_STATES))
+        ended = select(JobRow.id).where(JobRow.state.not_in(ACTIVE_STATES))
         done = self._s.execute(
             delete(AcceptedReportRow).where(
                 AcceptedReportRow.received_at < before, AcceptedReportRow.job_id.in_(ended)

@@ -66,7 +66,7 @@ def _fk_job() -> Mapped[int]:
     return mapped_column(ForeignKey("jobs.id"), index=True)
 
 
-class Job(Base):
+class JobRow(Base):
     __tablename__ = "jobs"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -105,12 +105,12 @@ class Job(Base):
     finish_reason: Mapped[str | None] = mapped_column(String(32))
     final_metric: Mapped[float | None]
 
-    slurm_jobs: Mapped[list[SlurmJob]] = relationship(
-        order_by="SlurmJob.position", back_populates="job"
+    slurm_jobs: Mapped[list[SlurmJobRow]] = relationship(
+        order_by="SlurmJobRow.position", back_populates="job"
     )
 
 
-class SlurmJob(Base):
+class SlurmJobRow(Base):
     __tablename__ = "slurm_jobs"
     __table_args__ = (UniqueConstraint("job_id", "position"),)
 
@@ -120,7 +120,7 @@ class SlurmJob(Base):
     reason: Mapped[str] = mapped_column(String(32))  # submitted, resubmitted, ...
     created_at: Mapped[float]
 
-    job: Mapped[Job] = relationship(back_populates="slurm_jobs")
+    job: Mapped[JobRow] = relationship(back_populates="slurm_jobs")
 
 
 class ProfileSampleRow(Base):
@@ -260,7 +260,7 @@ class RejectedReportRow(Base):
     reason: Mapped[str] = mapped_column(Text)
 
 
-class LeaderLease(Base):
+class LeaderLeaseRow(Base):
     """The one controller lease (store/leader.py): a single row, id 1, whose ``epoch`` is the
     fencing token every new leader increases."""
 

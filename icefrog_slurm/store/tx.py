@@ -33,10 +33,10 @@ from icefrog_slurm.protocol import FinishedReport, GradStats, JobSpec, MetricRep
 from icefrog_slurm.store.ledger import LedgerTx, StoreError, columns, record
 from icefrog_slurm.store.models import (
     GradStatsRow,
-    Job,
+    JobRow,
     MetricRow,
     ProfileSampleRow,
-    SlurmJob,
+    SlurmJobRow,
 )
 
 
@@ -56,7 +56,7 @@ class SqlStoreTx(LedgerTx):
     ) -> int:
         """A new icefrog job whose first Slurm job is ``slurm_job_id``; returns its id."""
         self._require_free_slurm_id(slurm_job_id)
-        row = Job(
+        row = JobRow(
             name=name,
             owner_uid=owner_uid,
             owner_user=owner_user,
@@ -67,7 +67,7 @@ class SqlStoreTx(LedgerTx):
         self._s.add(row)
         self._s.flush()
         self._s.add(
-            SlurmJob(
+            SlurmJobRow(
                 slurm_job_id=slurm_job_id,
                 job_id=row.id,
                 position=0,
@@ -78,14 +78,14 @@ class SqlStoreTx(LedgerTx):
         return row.id
 
     def set_spec(self, *, job_id: int, spec: JobSpec) -> None:
-        self._s.execute(update(Job).where(Job.id == job_id).values(**_speccolumns(spec)))
+        self._s.execute(update(JobRow).where(JobRow.id == job_id).values(**_speccolumns(spec)))
 
     def link_slurm_job(self, *, job_id: int, slurm_job_id: str, reason: str, now: float) -> None:
         """Append a Slurm job (a resubmission) to the chain; the job keeps its identity."""
         job = self._job_row(job_id)
         self._require_free_slurm_id(slurm_job_id)
         self._s.add(
-            SlurmJob(
+            SlurmJobRow(
                 slurm_job_id=slurm_job_id,
                 job_id=job_id,
                 position=len(job.slurm_jobs),
@@ -112,18 +112,18 @@ class SqlStoreTx(LedgerTx):
 
     def job_by_slurm_id(self, slurm_job_id: str) -> JobRecord | None:
         """The icefrog job whose chain holds this Slurm job id, if any."""
-        link = self._s.get(SlurmJob, slurm_job_id)
+        link = self._s.get(SlurmJobRow, slurm_job_id)
         return None if link is None else _orm_job_record(link.job)
 
     def jobs(self, *, states: Iterable[str] | None = None) -> list[JobRecord]:
         """Jobs (in ``states``), read as plain rows: no ORM object per job."""
-        query = select(*columns(Job)).order_by(Job.id)
-        chains = select(SlurmJob.job_id, SlurmJob.slurm_job_id).order_by(
-            SlurmJob.job_id, SlurmJob.position
+        query = select(*columns(JobRow)).order_by(JobRow.id)
+        chains = select(SlurmJobRow.job_id, SlurmJobRow.slurm_job_id).order_by(
+            SlurmJobRow.job_id, SlurmJobRow.position
         )
         if states is not None:
-            query = query.where(Job.state.in_(tuple(states)))
-            chains = chains.join(Job).where(Job.state.in_(tuple(states)))
+            query = query.where(JobRow.state.in_(tuple(states)))
+            chains = chains.join(JobRow).where(JobRow.state.in_(tuple(states)))
         chain = _group(self._s.execute(chains), lambda r: r.slurm_job_id)
         return [_job_record(row, chain.get(row.id, ())) for row in self._s.execute(query)]
 
@@ -164,8 +164,8 @@ class SqlStoreTx(LedgerTx):
     def set_progress(self, *, job_id: int, progress: ProgressReport, sent_time: float) -> None:
         """Keep the newest progress: an older report arriving late changes nothing."""
         self._s.execute(_SET_PROGRESS, dict(job_id=job_id, sent=sent_time, **asdict(progress)))
-        loaded = self._s.identity_map.get(identity_key(Job, job_id))
-        if loaded is not None:  # a Job row this transaction already read: reload it
+        loaded = self._s.identity_map.get(identity_key(JobRow, job_id))
+        if loaded is not None:  # a job row this transaction already read: reload it
             self._s.expire(loaded)
 
     def mark_finished(self, *, job_id: int, report: FinishedReport, now: float) -> None:
@@ -196,9 +196,9 @@ class SqlStoreTx(LedgerTx):
         if not measurements:
             views = tuple(JobView(job=j, samples=(), grad_stats=None, metrics=()) for j in jobs)
             return StoreSnapshot(views, last_round, intents, measured=False)
-        ids = select(Job.id)  # a subquery, not a list: no bound-parameter limit
+        ids = select(JobRow.id)  # a subquery, not a list: no bound-parameter limit
         if states is not None:
-            ids = ids.where(Job.state.in_(states))
+            ids = ids.where(JobRow.state.in_(states))
         samples = _group(
             self._s.execute(
                 select(*columns(ProfileSampleRow))
@@ -243,14 +243,14 @@ class SqlStoreTx(LedgerTx):
         return StoreSnapshot(jobs=views, last_round=last_round, open_intents=intents)
 
     # ----- helpers -----------------------------------------------------------------------
-    def _job_row(self, job_id: int) -> Job:
-        row = self._s.get(Job, job_id)
+    def _job_row(self, job_id: int) -> JobRow:
+        row = self._s.get(JobRow, job_id)
         if row is None:
             raise StoreError(f"no icefrog job {job_id}")
         return row
 
     def _require_free_slurm_id(self, slurm_job_id: str) -> None:
-        link = self._s.get(SlurmJob, slurm_job_id)
+        link = self._s.get(SlurmJobRow, slurm_job_id)
         if link is not None:
             raise StoreError(
                 f"Slurm job {slurm_job_id} already belongs to icefrog job {link.job_id}"
@@ -262,9 +262,9 @@ class SqlStoreTx(LedgerTx):
         ids, out = sorted(set(slurm_job_ids)), {}
         for start in range(0, len(ids), 500):  # bounded IN lists
             rows = self._s.execute(
-                select(SlurmJob.slurm_job_id, Job.owner_uid, Job.state)
-                .join(Job, Job.id == SlurmJob.job_id)
-                .where(SlurmJob.slurm_job_id.in_(ids[start : start + 500]))
+                select(SlurmJobRow.slurm_job_id, JobRow.owner_uid, JobRow.state)
+                .join(JobRow, JobRow.id == SlurmJobRow.job_id)
+                .where(SlurmJobRow.slurm_job_id.in_(ids[start : start + 500]))
             )
             out.update({r.slurm_job_id: (r.owner_uid, r.state) for r in rows})
         return out
@@ -273,10 +273,10 @@ class SqlStoreTx(LedgerTx):
 # Statements built once: executing a cached statement with parameters skips SQLAlchemy's
 # per-call construction and cache-key work (most of the cost of a report at 500+ jobs).
 _SET_PROGRESS = (
-    update(Job)
+    update(JobRow)
     .where(
-        Job.id == bindparam("job_id"),
-        Job.progress_time.is_(None) | (Job.progress_time <= bindparam("sent")),
+        JobRow.id == bindparam("job_id"),
+        JobRow.progress_time.is_(None) | (JobRow.progress_time <= bindparam("sent")),
     )
     .values(
         epoch=bindparam("epoch"),
@@ -318,7 +318,7 @@ def _speccolumns(spec: JobSpec) -> dict[str, Any]:
     return values
 
 
-def _orm_job_record(row: Job) -> JobRecord:
+def _orm_job_record(row: JobRow) -> JobRecord:
     return _job_record(row, [link.slurm_job_id for link in row.slurm_jobs])
 
 

@@ -27,7 +27,7 @@ from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.sim.cluster import SimCluster
 from icefrog_slurm.slurm.port import SubmitRequest
 from icefrog_slurm.store.leader import SqlLease
-from icefrog_slurm.store.models import LeaderLease
+from icefrog_slurm.store.models import LeaderLeaseRow
 from icefrog_slurm.store.sql import SqlStore, make_engine
 from tests.integration.conftest import wait_for
 from tests.integration.controller.support import FixedPolicy
@@ -77,7 +77,7 @@ class Shared:
         with self.lock:
             if name in MUTATING:
                 with self._engine.connect() as conn:
-                    db_epoch = conn.execute(select(LeaderLease.epoch)).scalar_one()
+                    db_epoch = conn.execute(select(LeaderLeaseRow.epoch)).scalar_one()
                 mine = self.epochs[who][-1] if self.epochs[who] else 0
                 job = str(kwargs.get("job_id", ""))
                 self.commands.append(Command(len(self.commands), who, name, job, mine, db_epoch))

@@ -6,7 +6,7 @@ import itertools
 
 from hypothesis import strategies as st
 
-from icefrog_slurm.core.solver import WAIT, Allocation, Cluster, JobRequest, Option, Problem
+from icefrog_slurm.core.solver import WAIT, Cluster, Holding, JobRequest, Option, Problem
 
 
 def max_matching(edges: list[tuple[int, int]], nodes: frozenset[int]) -> int:
@@ -62,7 +62,7 @@ def problems(draw: st.DrawFn, max_jobs: int = 5) -> Problem:
         current = None
         if draw(st.booleans()):
             o = draw(st.sampled_from(options))
-            current = Allocation(gpus=o.gpus, shared=o.shared)
+            current = Holding(gpus=o.gpus, shared=o.shared)
         weight = draw(st.sampled_from([1.0, 1.0, 1.5, 2.0]))
         jobs.append(JobRequest(f"j{k}", tuple(options), weight=weight, current=current))
     cluster = Cluster(gpus=gpn * nodes, gpus_per_node=gpn, gpu_mem_gb=80.0)

@@ -597,9 +597,9 @@ def test_a_simulated_clock_that_cannot_advance_stops_with_an_error() -> None:
     from icefrog_slurm.policies.standin import StandInPolicy
     from icefrog_slurm.settings import Settings
     from icefrog_slurm.sim.engine import Engine, SimOptions
-    from icefrog_slurm.sim.workload import Job
+    from icefrog_slurm.sim.workload import TraceJob
 
-    job = Job("j0", 1e300, "resnet18-cifar10", 1, 128)
+    job = TraceJob("j0", 1e300, "resnet18-cifar10", 1, 128)
     engine = Engine([job], StandInPolicy(), settings=Settings(), options=SimOptions(gpus=4))
     with pytest.raises(InputError, match="simulated time cannot advance past 1e"):
         engine.run()

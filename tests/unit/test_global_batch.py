@@ -26,7 +26,7 @@ from icefrog_slurm.protocol import (
 )
 from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.sim.engine import Engine, SimOptions
-from icefrog_slurm.sim.workload import Job
+from icefrog_slurm.sim.workload import TraceJob
 from launcher.config import JobConfig
 
 SETTINGS = settings_from_mapping({})
@@ -147,7 +147,7 @@ def test_a_fixed_batch_job_s_predicted_throughput_is_what_it_really_trains_at() 
     the fit's (noise's) error. Freezing is off: its model's error is another subject."""
     policy = _Recording()
     opts = SimOptions(gpus=4, gpus_per_node=4, seed=1, fixed_batch=True, freeze=False)
-    engine = Engine([Job("r18", 0.0, TASK, 1, 128)], policy, settings=Settings(), options=opts)
+    engine = Engine([TraceJob("r18", 0.0, TASK, 1, 128)], policy, settings=Settings(), options=opts)
     result = engine.run()
     truth = engine.truths[engine.catalog.resolve(TASK)]
     spec = engine.jobs[0].spec

@@ -7,14 +7,14 @@ from collections.abc import Callable
 from icefrog_slurm.core.placement import place, solve_and_place
 from icefrog_slurm.core.solver import (
     WAIT,
-    Allocation,
     Choice,
     Cluster,
+    Holding,
     JobRequest,
     Option,
     Problem,
     Solution,
-    SolverSettings,
+    SolveOptions,
     check_solution,
     solve,
 )
@@ -51,9 +51,9 @@ def test_small_jobs_best_fit_and_large_jobs_whole_nodes() -> None:
 
 
 def test_running_jobs_stay_when_their_count_is_unchanged() -> None:
-    stay = JobRequest("stay", (Option(2, 10.0),), current=Allocation(2, nodes=(("node1", 2),)))
+    stay = JobRequest("stay", (Option(2, 10.0),), current=Holding(2, nodes=(("node1", 2),)))
     grown = JobRequest(
-        "grown", (Option(1, 10.0), Option(2, 5.0)), current=Allocation(1, nodes=(("node2", 1),))
+        "grown", (Option(1, 10.0), Option(2, 5.0)), current=Holding(1, nodes=(("node2", 1),))
     )
     big = JobRequest("big", (Option(4, 10.0),))
     problem = Problem(_cluster(2), (stay, grown, big))
@@ -95,7 +95,7 @@ def test_fragmentation_forbids_the_option_and_re_solves() -> None:
     first = solve(problem)
     assert first.choices["c"].gpus == 2
     assert place(problem, first).unplaced == ("c",)
-    sol, pl, final = solve_and_place(problem, lambda p: solve(p, SolverSettings(method="mip")))
+    sol, pl, final = solve_and_place(problem, lambda p: solve(p, SolveOptions(method="mip")))
     assert final.forbidden == frozenset({("c", 1)})
     assert sol.choices["c"].gpus == 1 and pl.unplaced == ()
     assert sorted(pl.counts("c").values()) == [1]
@@ -111,7 +111,7 @@ def _fragmented(e: JobRequest) -> Problem:
     """Four running 3-GPU jobs (they keep their nodes) leave one free GPU on each of four
     4-GPU nodes; ``e`` joins them."""
     fixed = tuple(
-        JobRequest(j, (Option(3, 100.0),), current=Allocation(3, False, ((node, 3),)))
+        JobRequest(j, (Option(3, 100.0),), current=Holding(3, False, ((node, 3),)))
         for j, node in zip("abcd", _cluster(4).node_names, strict=True)
     )
     return Problem(_cluster(4), (*fixed, e))
@@ -122,7 +122,7 @@ def _counting(calls: dict[str, int], method: str) -> Callable[[Problem], Solutio
 
     def run(p: Problem) -> Solution:
         calls[method] += 1
-        return solve(p, SolverSettings(method=method))
+        return solve(p, SolveOptions(method=method))
 
     return run
 
@@ -154,7 +154,7 @@ def test_an_unplaceable_count_forbids_the_jobs_larger_counts_in_the_same_retry()
 
     def mip(p: Problem) -> Solution:
         calls.append(p.forbidden)
-        return solve(p, SolverSettings(method="mip"))
+        return solve(p, SolveOptions(method="mip"))
 
     sol, pl, final = solve_and_place(problem, mip)
     assert final.forbidden == frozenset({("e", 1), ("e", 2)}) and len(calls) == 2

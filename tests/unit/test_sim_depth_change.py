@@ -10,7 +10,7 @@ from icefrog_slurm.sim.calibration import shipped_calibration
 from icefrog_slurm.sim.catalog import shipped_catalog
 from icefrog_slurm.sim.jobs import Config, SimJob
 from icefrog_slurm.sim.truth import TaskTruth
-from icefrog_slurm.sim.workload import Job
+from icefrog_slurm.sim.workload import TraceJob
 
 TASK = "resnet18-cifar10"
 
@@ -25,7 +25,7 @@ def test_a_simulated_job_refreezes_without_the_reallocation_overhead() -> None:
     catalog = shipped_catalog()
     truth = TaskTruth(catalog.get(TASK), catalog.layers(TASK), shipped_calibration()[TASK], seed=1)
     spec = catalog.get(TASK).job_spec(catalog.layers(TASK))
-    job = SimJob(Job("j", 0.0, TASK, 1, 128), truth, spec, seed=1, overhead_s=60.0)
+    job = SimJob(TraceJob("j", 0.0, TASK, 1, 128), truth, spec, seed=1, overhead_s=60.0)
     gpus = (("n0", 0),)
     job.set_config(Config(1, 1, 128, 0, False, gpus), 0.0)
     assert job.busy_until == 60.0

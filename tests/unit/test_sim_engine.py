@@ -25,17 +25,17 @@ from icefrog_slurm.sim.catalog import shipped_catalog
 from icefrog_slurm.sim.cluster import SimCluster
 from icefrog_slurm.sim.engine import Engine, SimOptions, SimResult
 from icefrog_slurm.sim.truth import TaskTruth
-from icefrog_slurm.sim.workload import Job
+from icefrog_slurm.sim.workload import TraceJob
 from icefrog_slurm.slurm.port import SlurmRejected, SubmitRequest
 
 TASK = "resnet18-cifar10"
 
 
-def _jobs(n: int, gap: float = 50.0, gpus: int = 1) -> list[Job]:
-    return [Job(f"j{i}", gap * i, TASK, gpus, 128) for i in range(n)]
+def _jobs(n: int, gap: float = 50.0, gpus: int = 1) -> list[TraceJob]:
+    return [TraceJob(f"j{i}", gap * i, TASK, gpus, 128) for i in range(n)]
 
 
-def _run(policy: object, jobs: list[Job], gpus: int = 4, **kw: object) -> SimResult:
+def _run(policy: object, jobs: list[TraceJob], gpus: int = 4, **kw: object) -> SimResult:
     opts = SimOptions(gpus=gpus, gpus_per_node=4, **kw)  # type: ignore[arg-type]
     return Engine(jobs, policy, settings=Settings(), options=opts).run()  # type: ignore[arg-type]
 
@@ -92,7 +92,7 @@ def test_no_freeze_no_share_switches_reach_every_policy() -> None:
 
 def test_elastic_policies_grow_a_lone_job() -> None:
     """Alone on 4 GPUs, an elastic policy gives a job more than one GPU; Lucid+ does not."""
-    big = [Job("big", 0.0, "resnet50-imagenet", 1, 128)]
+    big = [TraceJob("big", 0.0, "resnet50-imagenet", 1, 128)]
     for policy, elastic in ((OptimusPlusPolicy(), True), (LucidPlusPolicy(), False)):
         opts = SimOptions(gpus=4, gpus_per_node=4, seed=1, max_sim_s=1500.0)
         engine = Engine(big, policy, settings=Settings(), options=opts)
@@ -163,7 +163,7 @@ def test_icefrog_without_freezing_or_sharing_is_an_elastic_max_min_scheduler() -
     """Four identical jobs at once on 8 GPUs, freezing and sharing off: ICEFROG (max-min
     of IceShare) starts all of them at once and splits the GPUs evenly; nothing frozen."""
     module = pytest.importorskip("icefrog_slurm.policies.icefrog")
-    jobs = [Job(f"j{i}", 0.0, TASK, 1, 128) for i in range(4)]
+    jobs = [TraceJob(f"j{i}", 0.0, TASK, 1, 128) for i in range(4)]
     opts = SimOptions(gpus=8, gpus_per_node=4, seed=1, freeze=False, share=False)
     result = Engine(jobs, module.IcefrogPolicy(), settings=Settings(), options=opts).run()
     assert result.frozen == {}
@@ -176,7 +176,7 @@ def test_icefrog_without_freezing_or_sharing_is_an_elastic_max_min_scheduler() -
 def test_fixed_global_batch_is_split_over_gpus_and_drives_convergence() -> None:
     """With the workload's global batch fixed, a one-GPU job trains at that batch whatever
     the policy decided, and its work to the target is that of the fixed global batch."""
-    job = Job("f", 0.0, TASK, 1, 256)
+    job = TraceJob("f", 0.0, TASK, 1, 256)
     opts = SimOptions(gpus=4, gpus_per_node=4, seed=5, fixed_batch=True)
     result = Engine([job], StandInPolicy(), settings=Settings(), options=opts).run()
     catalog, cal = shipped_catalog(), shipped_calibration()
@@ -185,7 +185,7 @@ def test_fixed_global_batch_is_split_over_gpus_and_drives_convergence() -> None:
     rate = truth.throughput(gpus=1, batch=256, frozen=0)
     expected = Settings().controller.reallocation_overhead_s + 1.0 / per_sample / rate
     assert result.jobs[0].finish == pytest.approx(expected, rel=1e-9)
-    big = Job("g", 0.0, TASK, 1, 4096)
+    big = TraceJob("g", 0.0, TASK, 1, 4096)
     engine = Engine([big], StandInPolicy(), settings=Settings(), options=opts)
     engine._arrivals()
     task = catalog.get(TASK)

@@ -18,7 +18,7 @@ from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.sim import jobs as sim_jobs
 from icefrog_slurm.sim.catalog import shipped_catalog
 from icefrog_slurm.sim.engine import Engine, SimOptions
-from icefrog_slurm.sim.workload import Job
+from icefrog_slurm.sim.workload import TraceJob
 
 LLAMA = {
     "llama-3b-squad2": Parallelism(Kind.SDP, unit=4),
@@ -62,10 +62,10 @@ def test_simulated_llama_jobs_only_get_multiples_of_four_gpus(
 
     monkeypatch.setattr(sim_jobs.SimJob, "set_config", record)
     workload = [
-        Job("r0", 0.0, "resnet18-cifar10", 1, 128),
-        Job("l3", 0.0, "llama-3b-squad2", 4, 16),
-        Job("r1", 10.0, "mobilenetv2-cifar10", 1, 64),
-        Job("l7", 20.0, "llama-7b-sst2", 4, 32),
+        TraceJob("r0", 0.0, "resnet18-cifar10", 1, 128),
+        TraceJob("l3", 0.0, "llama-3b-squad2", 4, 16),
+        TraceJob("r1", 10.0, "mobilenetv2-cifar10", 1, 64),
+        TraceJob("l7", 20.0, "llama-7b-sst2", 4, 32),
     ]
     settings = settings_from_mapping({"policy": {"large_model_models": large}})
     opts = SimOptions(gpus=16, gpus_per_node=8, seed=3, max_sim_s=4 * 3600.0)

@@ -11,7 +11,7 @@ import pytest
 
 from icefrog_slurm.domain.cluster import Gres, IcefrogTag, SlurmJobState
 from icefrog_slurm.slurm import capacity, commands, parse
-from icefrog_slurm.slurm.port import JobDetail, NodeGpus, SlurmUnavailable, SubmitRequest
+from icefrog_slurm.slurm.port import NodeGpus, SlurmJobDetail, SlurmUnavailable, SubmitRequest
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 VERSIONS = ["slurm-22.05", "slurm-24.11"]
@@ -21,12 +21,12 @@ def golden(version: str, name: str) -> str:
     return (GOLDEN / version / name).read_text()
 
 
-def live_by_key(jobs: Mapping[str, SlurmJobState | JobDetail], key: str) -> Any:
+def live_by_key(jobs: Mapping[str, SlurmJobState | SlurmJobDetail], key: str) -> Any:
     [job] = [j for j in jobs.values() if j.tag and j.tag.key == key and j.state != "CANCELLED"]
     return job
 
 
-def golden_jobs() -> dict[str, JobDetail]:
+def golden_jobs() -> dict[str, SlurmJobDetail]:
     return parse.parse_squeue_json(golden("slurm-22.05", "squeue.json"))
 
 

@@ -15,7 +15,7 @@ from icefrog_slurm.core.solver import (
     JobRequest,
     Option,
     Problem,
-    SolverSettings,
+    SolveOptions,
     check_solution,
     solve,
 )
@@ -54,7 +54,7 @@ def test_fast_matches_brute_force(problem: Problem) -> None:
 @FAST
 @given(problems())
 def test_auto_is_optimal_like_brute_force(problem: Problem) -> None:
-    sol = solve(problem, SolverSettings(method="auto", time_limit_s=10))
+    sol = solve(problem, SolveOptions(method="auto", time_limit_s=10))
     assert check_solution(problem, sol) == []
     assert _key(problem, sol) == brute_force(problem)
     assert sol.status == "optimal"
@@ -93,7 +93,7 @@ def test_fast_and_mip_agree_on_medium_instances() -> None:
     rng = random.Random(7)
     for n_jobs, nodes in [(6, 2), (10, 2), (14, 4), (20, 4), (30, 4)]:
         problem = _random_problem(rng, n_jobs, nodes)
-        fast = solve(problem, SolverSettings(method="auto"))
+        fast = solve(problem, SolveOptions(method="auto"))
         ref = solve_mip(problem, time_limit_s=30)
         assert ref.status == "optimal"
         assert check_solution(problem, fast) == []
@@ -153,8 +153,8 @@ def test_max_pairs_is_a_maximum_matching(edges: list[tuple[int, int]]) -> None:
 def test_partitioned_solution_is_feasible_and_close() -> None:
     rng = random.Random(3)
     problem = _random_problem(rng, 40, 8)
-    whole = solve(problem, SolverSettings(method="fast"))
-    parts = solve(problem, SolverSettings(method="fast", partition_gpus=8, workers=2))
+    whole = solve(problem, SolveOptions(method="fast"))
+    parts = solve(problem, SolveOptions(method="fast", partition_gpus=8, workers=2))
     assert parts.notes[0].startswith("partitioned into 4")
     assert check_solution(problem, parts) == []
     assert parts.sum_share <= whole.sum_share + 1e-9
@@ -169,11 +169,11 @@ def test_requests_larger_than_a_node_must_be_whole_nodes() -> None:
 
 
 def test_warm_start_is_the_current_allocation_when_it_fits() -> None:
-    from icefrog_slurm.core.solver import Allocation
+    from icefrog_slurm.core.solver import Holding
     from icefrog_slurm.core.solver.mip import current_picks
 
     def job(i: str, cur: int) -> JobRequest:
-        return JobRequest(i, (Option(1, 90.0), Option(2, 50.0)), current=Allocation(cur))
+        return JobRequest(i, (Option(1, 90.0), Option(2, 50.0)), current=Holding(cur))
 
     fits = Problem(Cluster(gpus=4, gpus_per_node=4, gpu_mem_gb=80), (job("a", 2), job("b", 1)))
     assert current_picks(fits) == ({"a": 1, "b": 0}, [])
@@ -184,10 +184,10 @@ def test_warm_start_is_the_current_allocation_when_it_fits() -> None:
 
 
 def test_partitions_keep_running_jobs_with_their_nodes() -> None:
-    from icefrog_slurm.core.solver import Allocation
+    from icefrog_slurm.core.solver import Holding
     from icefrog_slurm.core.solver.partition import split
 
-    running = JobRequest("r", (Option(4, 10.0),), current=Allocation(4, nodes=(("node4", 4),)))
+    running = JobRequest("r", (Option(4, 10.0),), current=Holding(4, nodes=(("node4", 4),)))
     others = tuple(JobRequest(f"n{i}", (Option(2, 10.0),)) for i in range(6))
     problem = Problem(Cluster(gpus=16, gpus_per_node=4, gpu_mem_gb=80), (running, *others))
     parts = split(problem, 8)
@@ -202,7 +202,7 @@ def test_a_memo_re_solves_only_the_partitions_that_changed(monkeypatch: pytest.M
 
     rng = random.Random(5)
     problem = _random_problem(rng, 40, 8)
-    settings = SolverSettings(method="fast", partition_gpus=8)
+    settings = SolveOptions(method="fast", partition_gpus=8)
     solved: list[Problem] = []
     real = api.solve_one
     monkeypatch.setattr(api, "solve_one", lambda p, s: solved.append(p) or real(p, s))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from icefrog_slurm.core.solver import (
-    Allocation,
     Cluster,
+    Holding,
     JobRequest,
     Option,
     Problem,
@@ -20,7 +20,7 @@ def _rounds(n: int, *, aging: bool) -> list[set[str]]:
     """X needs all 4 GPUs; four 1-GPU jobs always win stage 2 (sum 4 > 1) without aging."""
     options = {"X": (Option(4, 100.0),)} | {f"Y{i}": (Option(1, 100.0),) for i in range(4)}
     waited = dict.fromkeys(options, 0)
-    current: dict[str, Allocation] = {}
+    current: dict[str, Holding] = {}
     history = []
     for _ in range(n):
         jobs = tuple(
@@ -36,7 +36,7 @@ def _rounds(n: int, *, aging: bool) -> list[set[str]]:
         running = {j for j, c in sol.choices.items() if c.gpus}
         for jid in options:
             waited[jid] += jid not in running
-        current = {j: Allocation(sol.choices[j].gpus) for j in running}
+        current = {j: Holding(sol.choices[j].gpus) for j in running}
         history.append(running)
     return history
 

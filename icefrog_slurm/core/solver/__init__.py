@@ -6,12 +6,12 @@
 """
 
 from icefrog_slurm.core.solver.aging import aged_weight
-from icefrog_slurm.core.solver.api import Memo, SolverSettings, picks_of, solve, solve_one
+from icefrog_slurm.core.solver.api import Memo, SolveOptions, picks_of, solve, solve_one
 from icefrog_slurm.core.solver.problem import (
     WAIT,
-    Allocation,
     Choice,
     Cluster,
+    Holding,
     JobRequest,
     Option,
     Problem,
@@ -21,15 +21,15 @@ from icefrog_slurm.core.solver.problem import (
 
 __all__ = [
     "WAIT",
-    "Allocation",
     "Choice",
     "Cluster",
+    "Holding",
     "JobRequest",
     "Memo",
     "Option",
     "Problem",
     "Solution",
-    "SolverSettings",
+    "SolveOptions",
     "aged_weight",
     "check_solution",
     "picks_of",

@@ -23,7 +23,7 @@ METHODS = ("auto", "mip", "fast")
 
 
 @dataclass(frozen=True)
-class SolverSettings:
+class SolveOptions:
     """How to solve a round.
 
     ``method``: auto | mip | fast (module docstring). ``time_limit_s``: the MIP's limit for
@@ -56,7 +56,7 @@ def _rank(s: Solution) -> tuple[float, float, int]:
     return (s.min_share, s.sum_share, -s.changes)
 
 
-def solve_one(problem: Problem, settings: SolverSettings) -> Solution:
+def solve_one(problem: Problem, settings: SolveOptions) -> Solution:
     """Solve ``problem`` whole (no partitioning) with ``settings.method``."""
     if settings.method == "mip":
         return solve_mip(problem, time_limit_s=settings.time_limit_s)
@@ -79,14 +79,14 @@ Memo = dict[Problem, Solution]
 
 
 def solve(
-    problem: Problem, settings: SolverSettings | None = None, memo: Memo | None = None
+    problem: Problem, settings: SolveOptions | None = None, memo: Memo | None = None
 ) -> Solution:
     """A round's decision: each job exactly one choice (wait, k GPUs or a shared GPU).
 
     ``memo``: solutions of (sub)problems already solved this round. Placement retries
     forbid options of a few jobs and solve again; with partitions, only the groups whose
     jobs or forbidden options changed are solved again, the others come from the memo."""
-    settings = settings or SolverSettings()
+    settings = settings or SolveOptions()
     parts = split(problem, settings.partition_gpus) if settings.partition_gpus else [problem]
     memo = {} if memo is None else memo
     todo = [p for p in dict.fromkeys(parts) if p not in memo]

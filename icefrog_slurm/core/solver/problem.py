@@ -51,7 +51,7 @@ class Option:
 
 
 @dataclass(frozen=True)
-class Allocation:
+class Holding:
     """What a job holds now: ``gpus`` (shared or not) and, when known, GPUs per node."""
 
     gpus: int
@@ -59,7 +59,7 @@ class Allocation:
     nodes: tuple[tuple[str, int], ...] = ()
 
     def matches(self, option: Option | None) -> bool:
-        """True when choosing ``option`` keeps this allocation (no checkpoint-restart)."""
+        """True when choosing ``option`` keeps what the job holds (no checkpoint-restart)."""
         if option is None:
             return self.gpus == 0
         return option.gpus == self.gpus and option.shared == self.shared
@@ -72,7 +72,7 @@ class JobRequest:
     id: str
     options: tuple[Option, ...]
     weight: float = 1.0
-    current: Allocation | None = None
+    current: Holding | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.weight) and self.weight > 0):

@@ -18,7 +18,7 @@ from icefrog_slurm.errors import IcefrogError, InputError, LostLead
 from icefrog_slurm.settings import settings_from_mapping
 from icefrog_slurm.store import leader
 from icefrog_slurm.store.leader import SqlLease
-from icefrog_slurm.store.models import Job, LeaderLease
+from icefrog_slurm.store.models import JobRow, LeaderLeaseRow
 from icefrog_slurm.store.sql import SqlStore, make_engine
 from tests.integration.conftest import wait_for
 from tests.integration.store.helpers import spec
@@ -44,7 +44,7 @@ def add_job(store: SqlStore, sid: str) -> None:
 
 
 def job_count(url: str) -> int:
-    return len(read(url, select(Job.id)))
+    return len(read(url, select(JobRow.id)))
 
 
 def test_each_lead_takes_a_new_epoch(stores: tuple[SqlStore, SqlStore]) -> None:
@@ -199,7 +199,7 @@ def test_the_daemon_will_not_run_on_an_in_memory_database() -> None:
 
 
 def test_the_lease_row_is_one_row(db_url: str) -> None:
-    assert read(db_url, select(LeaderLease.id, LeaderLease.epoch)) == [(1, 0)]
+    assert read(db_url, select(LeaderLeaseRow.id, LeaderLeaseRow.epoch)) == [(1, 0)]
 
 
 def test_a_lock_file_made_by_someone_else_is_refused(tmp_path: Path, sqlite_template: Path) -> None:
