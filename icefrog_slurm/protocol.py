@@ -55,7 +55,6 @@ def is_slurm_job_id(text: str) -> bool:
     return _JOB_ID.fullmatch(text) is not None and int(text) <= MAX_SLURM_JOB_ID
 
 
-ReportKind = Literal["register", "profile", "grad_stats", "metric", "progress", "finished"]
 REPORT_KINDS: tuple[str, ...] = (
     "register",
     "profile",

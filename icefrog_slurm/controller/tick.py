@@ -22,7 +22,6 @@ Nothing here reads a clock, the store or Slurm: the same tick runs in the simula
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
 
 from icefrog_slurm.domain.cluster import Gres, SlurmJobState
 from icefrog_slurm.domain.plan import Action, JobPlan, Plan, Policy, PolicyResult, SlurmRequest
@@ -216,7 +215,3 @@ def _job_plan(
         reason=reason,
         run_dir=run_dir_of(job.job.progress.checkpoint_path),
     )
-
-
-def allocations_by_job(plan: Plan) -> Mapping[int, Allocation]:
-    return {j.job_id: j.allocation for j in plan.jobs}
