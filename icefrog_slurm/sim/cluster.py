@@ -6,7 +6,11 @@ split into ``shards_per_gpu`` shards among ``shard:K`` jobs (never both, as in S
 request fits (pinned nodes respected, a shard job packed onto a GPU that already has
 shard jobs before an empty one), signalled, requeued held (freeing their GPUs at once),
 updated while pending, resubmitted with a new GRES kind (the old job cancelled, the new
-one tagged ``prev=<old id>``), completed by the engine when training ends.
+one tagged ``prev=<old id>``), completed by the engine when training ends. Administrators'
+holds and foreign jobs (:meth:`SimCluster.admin_hold`, :meth:`SimCluster.run_foreign`: the
+simulator itself makes neither) behave as on Slurm: icefrog never lifts the one, and the
+other's GPUs leave the capacity icefrog plans with (``slurm/capacity.py``'s arithmetic).
+The semantic half of the ClusterPort contract (``tests/contract``) runs over this class.
 
 Nothing here knows about training: ``on_signal`` tells the engine a job was asked to
 checkpoint; the engine reads who holds which GPU through :meth:`holdings`.
@@ -24,17 +28,19 @@ from icefrog_slurm.domain.cluster import (
     PartitionCapacity,
     SlurmJobState,
 )
+from icefrog_slurm.slurm.capacity import partition_capacity
 from icefrog_slurm.slurm.parse import expand_hostlist
 from icefrog_slurm.slurm.port import (
     GresAllocation,
     JobNotFound,
+    NodeGpus,
     SlurmJobDetail,
     SlurmRejected,
     SubmitRequest,
 )
 
 HELD_REASON = "JobHeldUser"
-REQUEUE_HELD_REASON = "job requeued in held state"
+ADMIN_HELD_REASON = "JobHeldAdmin"
 
 
 @dataclass
@@ -51,7 +57,7 @@ class _Gpu:
 class _Job:
     job_id: str
     name: str
-    tag: IcefrogTag
+    tag: IcefrogTag | None  # None: a foreign job
     user_id: int
     work_dir: str
     gres: Gres
@@ -85,6 +91,7 @@ class SimCluster:
             f"sim{i:0{width}d}": [_Gpu() for _ in range(gpus_per_node)] for i in range(nodes)
         }
         self._jobs: dict[str, _Job] = {}
+        self._foreign: list[str] = []  # ids of foreign jobs, in submission order
         self._next_id = 1
         self.on_signal = on_signal or (lambda _sid: None)
 
@@ -117,7 +124,8 @@ class SimCluster:
         submission order; returns the ids started."""
         started = []
         for job in sorted(self._jobs.values(), key=lambda j: int(j.job_id)):
-            if job.state == "PENDING" and job.reason != HELD_REASON and self._try_start(job):
+            held = job.reason in (HELD_REASON, ADMIN_HELD_REASON)
+            if job.state == "PENDING" and not held and self._try_start(job):
                 started.append(job.job_id)
         return started
 
@@ -142,6 +150,7 @@ class SimCluster:
 
     def release(self, *, job_id: str) -> None:
         job = self._get(job_id)
+        self._refuse_admin_hold(job, "released")
         if job.state == "PENDING" and job.reason == HELD_REASON:
             job.reason = "Priority"
             self._try_start(job)
@@ -190,7 +199,8 @@ class SimCluster:
         job = self._get(job_id)
         if job.state != "PENDING":
             raise SlurmRejected(f"job {job_id} is {job.state}, not pending: cannot hold")
-        job.reason = HELD_REASON
+        if job.reason != ADMIN_HELD_REASON:  # a user hold does not replace an admin's
+            job.reason = HELD_REASON
 
     def cancel(self, *, job_id: str) -> None:
         job = self._jobs.get(job_id)
@@ -210,7 +220,7 @@ class SimCluster:
             num_nodes=job.num_nodes, req_nodes=",".join(job.req_nodes) or None,
             nodelist=self._nodelist(job) or None, partition=self.partition,
             work_dir=job.work_dir, std_out=None, std_err=None, time_limit_min=None,
-            comment=job.tag.comment(), tag=job.tag, priority=1,
+            comment=_comment(job), tag=job.tag, priority=1,
         )  # fmt: skip
 
     def gres_allocation(self, *, job_id: str) -> tuple[GresAllocation, ...]:
@@ -224,10 +234,27 @@ class SimCluster:
         )
 
     def partition_capacity(self, *, partition: str) -> PartitionCapacity:
-        return PartitionCapacity(
+        running = [self._jobs[sid] for sid in self._foreign if self._jobs[sid].held_on]
+        if not running:  # the simulator's own case: no foreign job ever
+            return PartitionCapacity(
+                partition=partition,
+                nodes=tuple(NodeCapacity(n, len(g), 0) for n, g in self._nodes.items()),
+                foreign_job_ids=(),
+            )
+        nodes = [
+            NodeGpus(name=n, state="mixed", gpus=len(g), shards=len(g) * self.shards_per_gpu)
+            for n, g in self._nodes.items()
+        ]
+        shard_gpus = {
+            j.job_id: {n: len({i for m, i in j.held_on if m == n}) for n, _ in j.held_on}
+            for j in running
+            if j.gres.kind == "shard"
+        }
+        return partition_capacity(
             partition=partition,
-            nodes=tuple(NodeCapacity(n, len(g), 0) for n, g in self._nodes.items()),
-            foreign_job_ids=(),
+            nodes=nodes,
+            jobs=[self._state(j) for j in running],
+            shard_gpus=shard_gpus,
         )
 
     def resubmit(
@@ -240,8 +267,15 @@ class SimCluster:
         nodes: tuple[str, ...] | None = None,
     ) -> str:
         old = self._get(job_id)
+        if old.state != "PENDING":
+            raise SlurmRejected(
+                f"job {job_id} is {old.state}: only a pending (requeue-held) job is resubmitted"
+            )
+        if old.tag is None:
+            raise SlurmRejected(f"job {job_id} carries no icefrog comment: not resubmitted")
         if old.user_id != owner_uid:
             raise SlurmRejected(f"job {job_id} belongs to uid {old.user_id}, not {owner_uid}")
+        self._refuse_admin_hold(old, "resubmitted")
         self.cancel(job_id=job_id)
         request = SubmitRequest(
             script="", tag=IcefrogTag(old.tag.key, previous_id=job_id), name=old.name,
@@ -256,11 +290,42 @@ class SimCluster:
         live = [
             j.job_id
             for j in self._jobs.values()
-            if j.tag.previous_id == job_id and j.user_id == owner_uid and j.state not in _ENDED
+            if j.tag is not None
+            and j.tag.previous_id == job_id
+            and j.user_id == owner_uid
+            and j.state not in _ENDED
         ]
         return max(live, key=int) if live else None
 
+    # ----- what Slurm's other users do (tests, what-ifs) ---------------------------------------
+    def admin_hold(self, *, job_id: str) -> None:
+        """An administrator holds a pending job (``scontrol hold`` as root)."""
+        job = self._get(job_id)
+        if job.state != "PENDING":
+            raise SlurmRejected(f"job {job_id} is {job.state}, not pending: cannot hold")
+        job.reason = ADMIN_HELD_REASON
+
+    def run_foreign(self, *, name: str, gres: Gres, nodes: tuple[str, ...], user_id: int) -> str:
+        """A job submitted to Slurm without icefrog (no icefrog comment), not held: it starts
+        at once on ``nodes`` when its request fits there, else waits for the next pass."""
+        job = _Job(
+            job_id=str(self._next_id), name=name, tag=None, user_id=user_id,
+            work_dir=f"/sim/{name}", gres=gres, num_nodes=len(nodes) or 1, req_nodes=nodes,
+            reason="Priority",
+        )  # fmt: skip
+        self._next_id += 1
+        self._jobs[job.job_id] = job
+        self._foreign.append(job.job_id)
+        self._try_start(job)
+        return job.job_id
+
     # ----- internals -------------------------------------------------------------------------
+    def _refuse_admin_hold(self, job: _Job, what: str) -> None:
+        if job.state == "PENDING" and job.reason == ADMIN_HELD_REASON:
+            raise SlurmRejected(
+                f"job {job.job_id} is held by an administrator ({ADMIN_HELD_REASON}): not {what}"
+            )
+
     def _get(self, job_id: str) -> _Job:
         job = self._jobs.get(job_id)
         if job is None:
@@ -271,7 +336,7 @@ class SimCluster:
         return SlurmJobState(
             job_id=job.job_id, state=job.state, gres=job.gres, num_nodes=job.num_nodes,
             nodelist=self._nodelist(job), reason=job.reason, priority=1, user_id=job.user_id,
-            partition=self.partition, comment=job.tag.comment(), tag=job.tag, name=job.name,
+            partition=self.partition, comment=_comment(job), tag=job.tag, name=job.name,
         )  # fmt: skip
 
     def _nodelist(self, job: _Job) -> str:
@@ -326,3 +391,7 @@ class SimCluster:
 
 
 _ENDED = frozenset({"COMPLETED", "CANCELLED", "FAILED"})
+
+
+def _comment(job: _Job) -> str:
+    return "" if job.tag is None else job.tag.comment()
