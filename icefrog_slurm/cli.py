@@ -47,6 +47,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "solve": ("icefrog_slurm.commands.solve", "One IceShare round: who waits, runs, shares"),
     "simulate": ("icefrog_slurm.commands.simulate", "Trace-driven simulation of the policies"),
+    "evaluate": (
+        "icefrog_slurm.commands.evaluate",
+        "The evaluation tables: simulations, resumable",
+    ),
 }
 
 

@@ -1,29 +1,39 @@
-"""benchmarks/evaluate.py: the evaluation tables' runner (quick mode on a tiny trace)."""
+"""icefrog_slurm.evaluation and ``icefrog evaluate``: the evaluation tables' runner (quick
+mode on a tiny trace)."""
 
 from __future__ import annotations
 
-import importlib.util
+import argparse
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from icefrog_slurm import cli
+from icefrog_slurm.commands import evaluate as command
+from icefrog_slurm.evaluation import driver, grid, runs, tables
+
+# the names the tests use, in one namespace
+ev = SimpleNamespace(
+    Grid=grid.Grid, ablation_rows=grid.ablation_rows, batch_runs=grid.batch_runs,
+    main_runs=grid.main_runs, faithful_runs=grid.faithful_runs, _key=grid.main_key,
+    FREEZEOUT_SET=grid.FREEZEOUT_SET, BATCH_SCALING_SET=grid.BATCH_SCALING_SET,
+    table_main=tables.table_main, table_tta=tables.table_tta,
+    table_ablation=tables.table_ablation, table_batch=tables.table_batch,
+    markdown=tables.markdown, grid_from=driver.grid_from,
+)  # fmt: skip
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("evaluate", ROOT / "benchmarks" / "evaluate.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["evaluate"] = module
-    spec.loader.exec_module(module)
-    return module
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    return parser.parse_args(argv)
 
 
-ev = _load()
+def _main(argv: list[str]) -> int:
+    return cli.main(["evaluate", *argv])
 
 
 def _parse(md: str) -> list[list[str]]:
@@ -149,12 +159,33 @@ def test_faithful_runs_are_pollux_workloads_without_freezing_or_sharing() -> Non
 
 
 def test_max_scale_stops_at_a_size_and_quick_is_small() -> None:
-    g = ev.grid_from(ev.make_parser().parse_args(["scale", "--max-scale", "480"]))
+    g = ev.grid_from(_args("scale", "--max-scale", "480"))
     assert [n for _, n in g.scale] == [240, 480]
     assert g.loads == (1.0, 2.0, 3.0) and g.seeds == (1, 2, 3) and g.gpus == 48
-    q = ev.grid_from(ev.make_parser().parse_args(["main", "--quick", "--set", "a.b=1"]))
+    q = ev.grid_from(_args("main", "--quick", "--set", "a.b=1"))
     assert (q.gpus, q.loads, q.seeds) == (16, (0.25,), (1,))
     assert q.common == ("--batch", "paper", "--set", "a.b=1")
+
+
+def test_pollux_defaults_to_the_repository_copy_else_the_option_is_required(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = runs.repo_pollux()
+    assert repo is not None and (repo / "workloads-0.5").is_dir()  # a source checkout
+    assert repo == Path(__file__).resolve().parents[2] / "data" / "pollux"
+    monkeypatch.setattr(command, "repo_pollux", lambda: None)
+    assert _main(["faithful", "--no-run", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "icefrog evaluate: error: --pollux:" in err and "give --pollux DIR" in err
+    assert _main(["nosuch", "--out", str(tmp_path)]) == 2
+    assert "unknown table(s) nosuch" in capsys.readouterr().err
+    assert _main(["main", "--policies", "lucid+", "--out", str(tmp_path)]) == 2
+    assert "--policies: must include icefrog" in capsys.readouterr().err
+
+
+def test_the_command_line_in_each_table_names_what_was_given() -> None:
+    args = _args("main", "size", "--quick", "--set", "a.b=1", "--jobs", "3")
+    assert command.command_line(args) == "icefrog evaluate main size --jobs 3 --quick --set a.b=1"
 
 
 def _philly(path: Path) -> Path:
@@ -173,7 +204,7 @@ def test_quick_run_makes_parsable_tables_and_a_rerun_runs_nothing(
     argv = ["--quick", "--base-jobs", "8", "--tasks", "resnet18-cifar10",
             "--policies", "icefrog,pollux+", "--philly", str(_philly(tmp_path / "p.csv")),
             "--out", str(out)]  # fmt: skip
-    assert ev.main(["main", *argv]) == 0
+    assert _main(["main", *argv]) == 0
     first = capsys.readouterr()
     assert "2 run(s) now, 0 reused" in first.out
     rows = _parse(first.out.split("### main", 1)[1])
@@ -187,12 +218,12 @@ def test_quick_run_makes_parsable_tables_and_a_rerun_runs_nothing(
     trace = next((out / "traces").glob("*.json"))
     assert json.loads(trace.read_text())  # the sidecar: seed and mapping
 
-    assert ev.main(["main", "size", "tta", *argv]) == 0
+    assert _main(["main", "size", "tta", *argv]) == 0
     again = capsys.readouterr()
     assert "0 run(s) now" in again.out and " run(s) now, 2 reused" in again.out
     assert "1 run(s) now" not in again.out and "2 run(s) now" not in again.out
     assert [p.stat().st_mtime_ns for p in summaries] == stamps
-    assert ev.main(["main", "--no-run", *argv, "--seeds", "2"]) == 0  # seed 2 never ran
+    assert _main(["main", "--no-run", *argv, "--seeds", "2"]) == 0  # seed 2 never ran
     missing = _parse(capsys.readouterr().out.split("### main", 1)[1])
     assert missing[1][2] == "-" and "1 run(s) missing" in missing[1][-1]
     assert not list((out / "runs").glob("*seed2*"))

@@ -1,0 +1,106 @@
+"""``icefrog evaluate``: the evaluation tables of docs/evaluation.md, one command each.
+
+    icefrog evaluate TABLE [TABLE ...] [--out DIR] [--jobs N] [--quick] [--no-run] \\
+        [--loads 1,2,3] [--seeds 1,2,3] [--gpus N] [--policies P,...] [--base-jobs N] \\
+        [--tasks T,...] [--max-scale GPUS] [--ablation-load W] [--ablation-seeds 1,2,3] \\
+        [--workloads N] [--set SECTION.KEY=VALUE ...] [--philly CSV] [--pollux DIR]
+
+TABLE is one of main, size, tta, solver, scale, ablation, batch, faithful, or all
+(``icefrog_slurm/evaluation``). Every simulation is an ``icefrog simulate`` process whose
+``summary.json`` under ``--out`` is reused by later commands (resumable); ``--no-run`` makes
+the tables from the runs already there. ``--pollux`` (the folder holding
+``workloads-{0.5,1.5,2.0}``, for ``faithful``) defaults to the repository's ``data/pollux``
+in a source checkout and must be given otherwise; ``--philly`` defaults to the trace
+``icefrog trace sample`` ships. Bad arguments exit 2; a failed simulation makes the exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+from icefrog_slurm.errors import InputError
+from icefrog_slurm.evaluation.driver import TABLES, evaluate, grid_from
+from icefrog_slurm.evaluation.grid import POLICIES
+from icefrog_slurm.evaluation.runs import Runner, repo_pollux, source_checkout
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("tables", nargs="+", metavar="TABLE", help=f"{'|'.join(TABLES)}|all")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="runs, traces and tables (default: results/eval in the source "
+                         "checkout, else in the current folder)")  # fmt: skip
+    ap.add_argument("--jobs", type=int, default=2, help="simulations at once (2)")
+    ap.add_argument("--quick", action="store_true", help="16 GPUs, 0.25 load, 1 seed (smoke)")
+    ap.add_argument("--no-run", action="store_true",
+                    help="run nothing: tables from the runs in --out (- if missing)")  # fmt: skip
+    ap.add_argument("--loads", help="main: load factors, e.g. 1,2,3")
+    ap.add_argument("--seeds", help="main: seeds, e.g. 1,2,3")
+    ap.add_argument("--gpus", type=int, help="main/ablation: GPUs (48)")
+    ap.add_argument("--policies", help=f"main/scale: policies ({','.join(POLICIES)})")
+    ap.add_argument("--base-jobs", type=int, default=120, help="trace jobs at 1x load (120)")
+    ap.add_argument("--tasks", default="", help="trace sample --tasks (default: its own)")
+    ap.add_argument("--max-scale", type=int, default=960, help="scale: largest GPUs (960)")
+    ap.add_argument("--ablation-load", type=float, help="ablation: load factor (2: the paper's)")
+    ap.add_argument("--ablation-seeds", help="ablation: seeds, e.g. 1,2,3 (1,2,3)")
+    ap.add_argument("--workloads", type=int, help="faithful: workloads per load (3)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="passed to every simulation (part of the run key)")  # fmt: skip
+    ap.add_argument(
+        "--philly",
+        type=Path,
+        default=None,
+        help="Philly trace CSV for trace sample (default: trace sample's own)",
+    )
+    ap.add_argument("--pollux", type=Path, default=None,
+                    help="folder holding workloads-{0.5,1.5,2.0} (faithful; default: the "
+                         "repository's data/pollux)")  # fmt: skip
+
+
+def tables_from(names: list[str]) -> list[str]:
+    """The tables asked for (``all``: every one); an unknown name is an InputError."""
+    tables = list(TABLES) if "all" in names else names
+    bad = [t for t in tables if t not in TABLES]
+    if bad:
+        raise InputError(f"unknown table(s) {', '.join(bad)}; choose from {', '.join(TABLES)}, all")
+    return tables
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command as given (tables, then each option not left at its default)."""
+    words = ["icefrog", "evaluate", *args.tables]
+    for dest, value in vars(args).items():
+        if dest in ("tables", "command") or dest.startswith("_") or value in (None, False, []):
+            continue
+        if (dest, value) in (("jobs", 2), ("base_jobs", 120), ("max_scale", 960), ("tasks", "")):
+            continue
+        flag = "--" + dest.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        elif isinstance(value, list):
+            words += [w for v in value for w in (flag, str(v))]
+        else:
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+def run(args: argparse.Namespace) -> int:
+    tables = tables_from(args.tables)
+    command = command_line(args)
+    if args.jobs < 1:
+        raise InputError(f"--jobs: must be >= 1, got {args.jobs}")
+    if args.pollux is None:
+        args.pollux = repo_pollux()
+        if args.pollux is None and "faithful" in tables:
+            raise InputError(
+                "--pollux: no data/pollux in a source checkout here; give --pollux DIR "
+                "(the folder holding workloads-0.5, workloads-1.5 and workloads-2.0)"
+            )
+    g = grid_from(args)
+    if "icefrog" not in g.policies:
+        raise InputError("--policies: must include icefrog (the speedups are over it)")
+    root = source_checkout()
+    out = args.out or (root or Path.cwd()) / "results" / "eval"
+    runner = Runner(out, args.jobs, args.philly, run_missing=not args.no_run)
+    return evaluate(tables, g, runner, out=out, command=command)

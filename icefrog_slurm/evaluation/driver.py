@@ -1,0 +1,128 @@
+"""A table end to end: the grid from the command's options, the runs it needs (run when
+missing), the table printed as markdown and saved to ``OUT/tables/TABLE.md`` with its raw
+numbers in ``OUT/tables/TABLE.json``. The header line of each table says how many runs were
+reused and from which commits (use a fresh ``--out`` after the code changed).
+
+``--quick``: 16 GPUs, 0.25 load, one seed (and scale 0.5x on 32 GPUs, faithful one workload
+at 0.5 load): a smoke test of the runner, not a result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from icefrog_slurm.errors import InputError
+from icefrog_slurm.evaluation.grid import (
+    FREEZEOUT_SET,
+    Grid,
+    ablation_rows,
+    batch_runs,
+    faithful_runs,
+    freezeout_known,
+    main_runs,
+    scale_runs,
+)
+from icefrog_slurm.evaluation.runs import Runner
+from icefrog_slurm.evaluation.tables import (
+    Table,
+    markdown,
+    table_ablation,
+    table_batch,
+    table_faithful,
+    table_main,
+    table_scale,
+    table_size,
+    table_solver,
+    table_tta,
+)
+
+TABLES = ("main", "size", "tta", "solver", "scale", "ablation", "batch", "faithful")
+QUICK = Grid(loads=(0.25,), seeds=(1,), gpus=16, ablation_load=0.25, ablation_seeds=(1,),
+             scale=((0.5, 32),), faithful_loads=(0.5,), workloads=1)  # fmt: skip
+
+
+def grid_from(args: argparse.Namespace) -> Grid:
+    """The grid the options ask for (``args`` as ``icefrog evaluate`` parses them)."""
+    g = QUICK if args.quick else Grid()
+    common = ("--batch", "paper", *[x for kv in args.set for x in ("--set", kv)])
+    scale = tuple(p for p in g.scale if p[1] <= args.max_scale)
+    return Grid(
+        loads=_floats(args.loads) if args.loads else g.loads,
+        seeds=_ints(args.seeds) if args.seeds else g.seeds,
+        gpus=args.gpus or g.gpus,
+        policies=tuple(args.policies.split(",")) if args.policies else g.policies,
+        base_jobs=args.base_jobs,
+        tasks=args.tasks,
+        ablation_load=args.ablation_load or g.ablation_load,
+        ablation_seeds=_ints(args.ablation_seeds) if args.ablation_seeds else g.ablation_seeds,
+        scale=scale,
+        faithful_loads=g.faithful_loads,
+        workloads=args.workloads or g.workloads,
+        pollux=args.pollux if args.pollux is not None else g.pollux,
+        common=common,
+    )
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise InputError(f"not a comma-separated list of numbers: {text!r}") from None
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise InputError(f"not a comma-separated list of integers: {text!r}") from None
+
+
+def build(table: str, g: Grid, runner: Runner) -> Table:
+    """Run what ``table`` needs and make it."""
+    if table in ("main", "size", "tta"):
+        res = runner.ensure(main_runs(g))
+        return {"main": table_main, "size": table_size, "tta": table_tta}[table](g, res)
+    if table == "scale":
+        return table_scale(g, runner.ensure(scale_runs(g)))
+    if table == "solver":
+        return table_solver(g, runner.ensure([*main_runs(g), *scale_runs(g)]))
+    if table == "ablation":
+        known = freezeout_known()
+        if not known:
+            runner.log(f"ablation: skipping the FreezeOut row: `--set {FREEZEOUT_SET}` is not "
+                       "a setting in this build")  # fmt: skip
+        rows = ablation_rows(g, known)
+        res = runner.ensure([r for _, runs in rows for r in runs or ()])
+        return table_ablation(rows, res)
+    if table == "batch":
+        pair = replace(g, policies=("icefrog", "pollux+"))
+        return table_batch(g, runner.ensure([*main_runs(pair), *batch_runs(g)]))
+    if table == "faithful":
+        return table_faithful(g, runner.ensure(faithful_runs(g)))
+    raise InputError(f"unknown table {table!r}; choose from {', '.join(TABLES)}, all")
+
+
+def evaluate(tables: list[str], g: Grid, runner: Runner, *, out: Path, command: str) -> int:
+    """Make each table in turn (printed, and saved under ``out/tables``); 1 when a run failed."""
+    (out / "tables").mkdir(parents=True, exist_ok=True)
+    for table in tables:
+        before = (runner.ran, runner.reused)
+        header, rows, raw = build(table, g, runner)
+        text = markdown(header, rows)
+        commits = ", ".join(sorted(runner.commits))
+        note = (f"<!-- {command}: table {table}; {runner.ran - before[0]} run(s) now, "
+                f"{runner.reused - before[1]} reused; commits {commits} -->")  # fmt: skip
+        print(f"\n### {table}\n\n{note}\n\n{text}\n", flush=True)
+        (out / "tables" / f"{table}.md").write_text(f"{note}\n\n{text}\n")
+        doc: dict[str, Any] = {"table": table, "command": command, "header": header,
+                               "rows": rows, "raw": raw,
+                               "commits": sorted(runner.commits)}  # fmt: skip
+        (out / "tables" / f"{table}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"runs: {runner.ran} now, {runner.reused} reused, {len(runner.failed)} failed",
+          file=sys.stderr)  # fmt: skip
+    return 1 if runner.failed else 0

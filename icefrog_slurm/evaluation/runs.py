@@ -1,0 +1,216 @@
+"""Runs of ``icefrog simulate`` and the resumable runner that makes them.
+
+Every simulation is one ``icefrog simulate`` process of one policy writing
+``OUT/runs/KEY/summary.json``; KEY is a readable label plus a hash of the simulate arguments,
+so a run whose summary.json exists is not rerun (RESUMABLE: rerun the same command after an
+interruption; a changed flag makes new runs). A run is written to ``KEY.tmp`` and renamed when
+it succeeded, so a killed run leaves no summary. ``run.json`` beside it records the command,
+the git commit and the wall time. Up to ``jobs`` runs go at once. Philly workloads come from
+``icefrog trace sample`` (``OUT/traces``, with the seed and the mapping in the JSON sidecar).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import icefrog_slurm
+
+PACKAGE_PARENT = Path(icefrog_slurm.__file__).resolve().parent.parent
+"""The folder holding the ``icefrog_slurm`` package: the repository in a source checkout."""
+
+
+def source_checkout() -> Path | None:
+    """The repository this package runs from, or None when it is installed elsewhere."""
+    return PACKAGE_PARENT if (PACKAGE_PARENT / "pyproject.toml").is_file() else None
+
+
+def repo_pollux() -> Path | None:
+    """The repository's copy of the Pollux data (``data/pollux``), when there is one."""
+    root = source_checkout()
+    return root / "data" / "pollux" if root and (root / "data" / "pollux").is_dir() else None
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A Philly workload sampled by ``icefrog trace sample``."""
+
+    load: float
+    seed: int
+    base_jobs: int
+    tasks: str
+
+    @property
+    def name(self) -> str:
+        tag = f"-t{_hash(self.tasks)}" if self.tasks else ""
+        return f"philly-load{self.load:g}-seed{self.seed}-jobs{self.base_jobs}{tag}"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One ``icefrog simulate`` of one policy."""
+
+    label: str
+    workload: Trace | Path
+    policy: str
+    gpus: int
+    seed: int
+    extra: tuple[str, ...] = ()
+
+    def argv(self, workload: Path) -> list[str]:
+        return [
+            "simulate", "--workload", str(workload), "--gpus", str(self.gpus),
+            "--gpus-per-node", "4", "--policy", self.policy, "--seed", str(self.seed),
+            *self.extra,
+        ]  # fmt: skip
+
+    @property
+    def key(self) -> str:
+        name = self.workload.name if isinstance(self.workload, Trace) else str(self.workload)
+        return f"{self.label}-{_hash(' '.join(self.argv(Path(name))))}"
+
+
+@dataclass
+class Runner:
+    """Generates traces and runs simulations that have no summary yet (module docstring)."""
+
+    out: Path
+    jobs: int
+    philly: Path | None  # None: trace sample's own default
+    run_missing: bool = True  # False: tables from the runs that exist (--no-run)
+    log: Callable[[str], None] = field(default=lambda m: _stderr(m))
+    ran: int = 0
+    reused: int = 0
+    failed: list[str] = field(default_factory=list)
+    commits: set[str] = field(default_factory=set)
+
+    def trace_path(self, trace: Trace) -> Path:
+        return self.out / "traces" / f"{trace.name}.csv"
+
+    def summary(self, run: Run) -> dict[str, Any] | None:
+        path = self.out / "runs" / run.key / "summary.json"
+        if not path.is_file():
+            return None
+        doc: dict[str, Any] = json.loads(path.read_text())
+        return doc
+
+    def ensure(self, runs: Sequence[Run]) -> dict[str, dict[str, Any] | None]:
+        """Run what is missing (up to ``jobs`` at once); the summaries by run key."""
+        unique = list({r.key: r for r in runs}.values())
+        if not self.run_missing:
+            found = {r.key: self.summary(r) for r in unique}
+            self._note_commits([r for r in unique if found[r.key] is not None])
+            self.reused += sum(d is not None for d in found.values())
+            missing = sum(d is None for d in found.values())
+            if missing:
+                self.log(f"--no-run: {missing} run(s) missing, shown as -")
+            return found
+        for trace in sorted({r.workload for r in unique if isinstance(r.workload, Trace)},
+                            key=lambda t: t.name):  # fmt: skip
+            self._sample(trace)
+        todo = [r for r in unique if self.summary(r) is None]
+        done = [r for r in unique if r not in todo]
+        self.reused += len(done)
+        self._note_commits(done)
+        if todo:
+            self.log(f"{len(todo)} run(s) to do, {len(unique) - len(todo)} done already, "
+                     f"{self.jobs} at once")  # fmt: skip
+            with ThreadPoolExecutor(max_workers=max(self.jobs, 1)) as pool:
+                list(pool.map(self._simulate, todo))
+        return {r.key: self.summary(r) for r in unique}
+
+    def _note_commits(self, runs: Sequence[Run]) -> None:
+        for r in runs:
+            meta = self.out / "runs" / r.key / "run.json"
+            if meta.is_file():
+                self.commits.add(json.loads(meta.read_text()).get("commit", "?"))
+
+    def _sample(self, trace: Trace) -> None:
+        csv = self.trace_path(trace)
+        if csv.with_suffix(".json").is_file():
+            return
+        csv.parent.mkdir(parents=True, exist_ok=True)
+        argv = [
+            "trace", "sample", "--load", f"{trace.load:g}",
+            "--seed", str(trace.seed), "--jobs", str(trace.base_jobs), "--out", str(csv),
+        ]  # fmt: skip
+        if trace.tasks:
+            argv += ["--tasks", trace.tasks]
+        if self.philly is not None:
+            argv += ["--philly", str(self.philly)]
+        self.log(f"sampling {csv.name}")
+        proc = _icefrog(argv)
+        if proc.returncode != 0:
+            raise SystemExit(f"icefrog {' '.join(argv)} failed:\n{proc.stderr}")
+
+    def _simulate(self, run: Run) -> None:
+        final = self.out / "runs" / run.key
+        tmp = final.with_name(run.key + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        workload = (
+            self.trace_path(run.workload) if isinstance(run.workload, Trace) else run.workload
+        )
+        argv = [*run.argv(workload), "--out", str(tmp), "--quiet"]
+        commit = _commit()  # the code the run starts with
+        self.log(f"start {run.key}")
+        started = time.perf_counter()
+        proc = _icefrog(argv)
+        wall = time.perf_counter() - started
+        (tmp / "log.txt").write_text(proc.stdout + proc.stderr)
+        meta = {"argv": ["icefrog", *argv], "commit": commit, "wall_s": wall,
+                "returncode": proc.returncode}  # fmt: skip
+        (tmp / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
+        if proc.returncode != 0 or not (tmp / "summary.json").is_file():
+            self.failed.append(run.key)
+            self.log(f"FAILED {run.key} (rc {proc.returncode}); see {tmp / 'log.txt'}")
+            return
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        self.ran += 1
+        self.commits.add(commit)
+        self.log(f"done  {run.key} in {wall:.0f} s")
+
+
+def _stderr(message: str) -> None:
+    sys.stderr.write(message + "\n")  # one write: lines of parallel runs do not mix
+    sys.stderr.flush()
+
+
+def _icefrog(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """``icefrog ARGV`` in a child process that imports this very package."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(PACKAGE_PARENT), env.get("PYTHONPATH")) if p
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "icefrog_slurm", *argv],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
+def _commit() -> str:
+    """``git describe`` of the source checkout, ``?`` outside one."""
+    root = source_checkout()
+    if root is None:
+        return "?"
+    try:
+        proc = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=root,
+                              capture_output=True, text=True, check=False)  # fmt: skip
+    except OSError:
+        return "?"
+    return proc.stdout.strip() or "?"
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:8]

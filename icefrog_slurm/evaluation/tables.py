@@ -1,0 +1,279 @@
+"""The evaluation tables, made from the runs' ``summary.json`` documents (by run key): each
+is a header, rows of cells and the raw numbers behind them. A missing run shows as ``-``.
+
+Solver time is ``summary.json``'s ``solver_s``: ICEFROG reports its IceShare solve and
+placement alone, the baselines their whole ``decide`` (docs/evaluation.md).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from icefrog_slurm.evaluation.grid import (
+    Grid,
+    batch_runs,
+    faithful_runs,
+    main_key,
+    main_runs,
+    scale_runs,
+)
+from icefrog_slurm.evaluation.runs import Run, Trace
+
+SIZES = ("small", "medium", "large", "xlarge")
+PAPER_PHYSICAL = {"lucid+": 1.94, "optimus+": 1.84, "pollux+": 1.51}  # 48 GPUs (spec 14)
+PAPER_SIMULATED = {"lucid+": "1.71-2.20", "optimus+": "1.34-4.21", "pollux+": "1.10-2.80"}
+PAPER_TTA = "1.2-1.8"
+PAPER_BATCH_SCALING = "1.16-1.21"  # ICEFROG with batch scaling over without (spec 15)
+FAITHFUL_PUBLISHED = {0.5: 1.56, 1.5: 1.97, 2.0: 1.84}  # Optimus / Pollux avg JCT, Pollux
+
+Table = tuple[list[str], list[list[str]], dict[str, Any]]  # header, rows, raw numbers
+
+
+def _h(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds / 3600
+
+
+def _ratios(top: Sequence[float | None], bottom: Sequence[float | None]) -> list[float | None]:
+    """top / bottom pairwise; None where either is missing or 0."""
+    return [a / b if a and b else None for a, b in zip(top, bottom, strict=True)]
+
+
+def _spread(values: Iterable[float | None], fmt: str = "{:.2f}", unit: str = "") -> str:
+    """``mean (min-max)`` over the values that exist; ``-`` when none."""
+    vs = [v for v in values if v is not None and math.isfinite(v)]
+    if not vs:
+        return "-"
+    mean = fmt.format(statistics.fmean(vs)) + unit
+    if len(vs) == 1:
+        return mean
+    return f"{mean} ({fmt.format(min(vs))}-{fmt.format(max(vs))})"
+
+
+def _totals(doc: dict[str, Any] | None) -> dict[str, Any]:
+    return {} if doc is None else dict(doc["totals"])
+
+
+def _unfinished(docs: Iterable[dict[str, Any] | None]) -> str:
+    n = sum(t["jobs"] - t["finished"] for t in map(_totals, docs) if t)
+    missing = sum(d is None for d in docs)
+    parts = [str(n)] + ([f"{missing} run(s) missing"] if missing else [])
+    return ", ".join(parts)
+
+
+def table_main(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
+    header = ["load", "policy", "avg JCT h, mean (min-max)",
+              "ICEFROG speedup (its JCT / ICEFROG's)", "paper physical (48 GPUs)",
+              "paper simulated", "jobs unfinished"]  # fmt: skip
+    rows, raw = [], {}
+    for w in g.loads:
+        ice = {s: _totals(res[main_key(g, w, s, "icefrog")]).get("avg_jct_s") for s in g.seeds}
+        for p in g.policies:
+            docs = [res[main_key(g, w, s, p)] for s in g.seeds]
+            jct = [_totals(d).get("avg_jct_s") for d in docs]
+            speed = _ratios(jct, [ice[s] for s in g.seeds])
+            raw[f"load{w:g}/{p}"] = {"seeds": list(g.seeds), "avg_jct_s": jct, "speedup": speed}
+            rows.append([
+                f"{w:g}x", p, _spread(map(_h, jct)),
+                "-" if p == "icefrog" else _spread(speed, unit="x"),
+                f"{PAPER_PHYSICAL[p]:.2f}x" if p in PAPER_PHYSICAL else "",
+                f"{PAPER_SIMULATED[p]}x" if p in PAPER_SIMULATED else "",
+                _unfinished(docs),
+            ])  # fmt: skip
+    return header, rows, raw
+
+
+def table_size(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
+    sizes = sorted(
+        {k for d in res.values() if d for k in d["totals"]["jct_by_size_s"]},
+        key=lambda k: SIZES.index(k) if k in SIZES else len(SIZES),
+    )  # fmt: skip
+    header = ["load", "policy", *[f"{k} JCT h (jobs)" for k in sizes]]
+    rows, raw = [], {}
+    for w in g.loads:
+        for p in g.policies:
+            ts = [_totals(res[main_key(g, w, s, p)]) for s in g.seeds]
+            cells = []
+            for k in sizes:
+                vals = [_h(t["jct_by_size_s"].get(k)) for t in ts if t]
+                jobs = [t["jobs_by_size"].get(k, 0) for t in ts if t]
+                raw[f"load{w:g}/{p}/{k}"] = {"jct_h": vals, "jobs": jobs}
+                n = f" ({statistics.fmean(jobs):.0f})" if jobs else ""
+                cells.append(_spread(vals) + n)
+            rows.append([f"{w:g}x", p, *cells])
+    return header, rows, raw
+
+
+def _task_tta(doc: dict[str, Any] | None) -> dict[str, float]:
+    """Per task: mean submit-to-target time (s) of the jobs that reached the target."""
+    by: dict[str, list[float]] = {}
+    for j in [] if doc is None else doc["jobs"]:
+        if j["reached_target"] and j["jct_s"] is not None:
+            by.setdefault(j["task"], []).append(j["jct_s"])
+    return {t: statistics.fmean(v) for t, v in by.items()}
+
+
+def table_tta(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
+    header = ["load", "task", "jobs (seed mean)", "ICEFROG TTA h", "Pollux+ TTA h",
+              "Pollux+ / ICEFROG", "paper"]  # fmt: skip
+    rows, raw = [], {}
+    for w in g.loads:
+        ice = {s: _task_tta(res[main_key(g, w, s, "icefrog")]) for s in g.seeds}
+        pol = {s: _task_tta(res[main_key(g, w, s, "pollux+")]) for s in g.seeds}
+        tasks = sorted({t for s in g.seeds for t in ice[s]} | {t for s in g.seeds for t in pol[s]})
+        for t in tasks:
+            a = [ice[s].get(t) for s in g.seeds]
+            b = [pol[s].get(t) for s in g.seeds]
+            ratio = _ratios(b, a)
+            n = [sum(j["task"] == t for j in d["jobs"]) for s in g.seeds
+                 if (d := res[main_key(g, w, s, "icefrog")]) is not None]  # fmt: skip
+            raw[f"load{w:g}/{t}"] = {"icefrog_s": a, "pollux_s": b, "ratio": ratio}
+            rows.append([f"{w:g}x", t, f"{statistics.fmean(n):.1f}" if n else "-",
+                         _spread(map(_h, a)), _spread(map(_h, b)), _spread(ratio, unit="x"),
+                         f"{PAPER_TTA}x"])  # fmt: skip
+    return header, rows, raw
+
+
+def table_scale(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
+    header = ["load", "GPUs", "policy", "jobs (unfinished)", "avg JCT h",
+              "ICEFROG speedup (its JCT / ICEFROG's)", "solver s/round mean",
+              "solver s/round max", "sim wall s"]  # fmt: skip
+    rows, raw = [], {}
+    for w, n in g.scale:
+        key = {p: Run(f"scale-{n}g-load{w:g}-seed1-{p}", g.trace(w, 1), p, n, 1, g.common).key
+               for p in g.policies}  # fmt: skip
+        ice = _totals(res[key["icefrog"]]).get("avg_jct_s") if "icefrog" in key else None
+        for p in g.policies:
+            t = _totals(res[key[p]])
+            jct = t.get("avg_jct_s")
+            speed = jct / ice if jct and ice and p != "icefrog" else None
+            raw[f"{n}/{p}"] = t
+            rows.append([
+                f"{w:g}x", str(n), p,
+                f"{t['jobs']} ({t['jobs'] - t['finished']})" if t else "no run",
+                _spread([_h(jct)]), "-" if speed is None else f"{speed:.2f}x",
+                _spread([t.get("solver_s_mean")], "{:.3f}"),
+                _spread([t.get("solver_s_max")], "{:.3f}"),
+                _spread([t.get("wall_s")], "{:.0f}"),
+            ])  # fmt: skip
+    return header, rows, raw
+
+
+def table_solver(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
+    header = ["GPUs", "load", "policy", "runs", "rounds (mean)", "solver s/round mean",
+              "solver s/round max"]  # fmt: skip
+    groups: dict[tuple[int, float, str], list[dict[str, Any]]] = {}
+    for r in [*main_runs(g), *scale_runs(g)]:
+        doc = res.get(r.key)
+        if doc is not None:
+            w = r.workload.load if isinstance(r.workload, Trace) else 0.0
+            groups.setdefault((r.gpus, w, r.policy), []).append(doc["totals"])
+    rows, raw = [], {}
+    for (n, w, p), ts in sorted(groups.items()):
+        raw[f"{n}/{w:g}/{p}"] = [
+            {k: t[k] for k in ("rounds", "solver_s_mean", "solver_s_max")} for t in ts
+        ]
+        rows.append([str(n), f"{w:g}x", p, str(len(ts)),
+                     f"{statistics.fmean(t['rounds'] for t in ts):.0f}",
+                     _spread([t["solver_s_mean"] for t in ts], "{:.3f}"),
+                     f"{max(t['solver_s_max'] for t in ts):.3f}"])  # fmt: skip
+    return header, rows, raw
+
+
+def table_ablation(
+    rows_in: Sequence[tuple[str, tuple[Run, ...] | None]], res: dict[str, dict[str, Any] | None]
+) -> Table:
+    """One row a variant: its figures as mean (min-max) over the seeds; the JCT ratio is taken
+    per seed against the "as is" run on the same trace (the first row)."""
+    header = ["ICEFROG variant", "seeds", "avg JCT h", "JCT / as-is JCT", "jobs unfinished",
+              "reallocations", "GPU-hours", "sim wall s"]  # fmt: skip
+    base = {r.seed: _totals(res.get(r.key)).get("avg_jct_s") for r in rows_in[0][1] or ()}
+    rows, raw = [], {}
+    for label, runs in rows_in:
+        if runs is None:
+            rows.append([label, *["-"] * (len(header) - 1)])
+            continue
+        docs = [res.get(r.key) for r in runs]
+        ts = [_totals(d) for d in docs]
+        jct = [t.get("avg_jct_s") for t in ts]
+        ratio = _ratios(jct, [base.get(r.seed) for r in runs])
+        raw[label] = {"seeds": [r.seed for r in runs], "totals": ts, "ratio": ratio}
+        rows.append([
+            label, str(sum(d is not None for d in docs)), _spread(map(_h, jct)),
+            _spread(ratio), _unfinished(docs),
+            _spread([t.get("reallocations") for t in ts], "{:.0f}"),
+            _spread([t.get("gpu_hours") for t in ts], "{:.0f}"),
+            _spread([t.get("wall_s") for t in ts], "{:.0f}"),
+        ])  # fmt: skip
+    return header, rows, raw
+
+
+def table_batch(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
+    """ICEFROG as is, ICEFROG with batch scaling, Pollux+: average JCT per load, and per seed
+    the as-is JCT / its JCT (the paper's batch-elasticity gain) and Pollux+'s JCT / its."""
+    header = ["load", "policy", "avg JCT h, mean (min-max)",
+              "ICEFROG as is / it", "Pollux+ / it", "paper (batch scaling over as is)",
+              "jobs unfinished"]  # fmt: skip
+    scaled = {(r.workload.load, r.seed): r.key for r in batch_runs(g)}  # type: ignore[union-attr]
+    rows, raw = [], {}
+    for w in g.loads:
+        docs = {
+            "icefrog": [res.get(main_key(g, w, s, "icefrog")) for s in g.seeds],
+            "icefrog + batch scaling": [res.get(scaled[w, s]) for s in g.seeds],
+            "pollux+": [res.get(main_key(g, w, s, "pollux+")) for s in g.seeds],
+        }
+        jct = {k: [_totals(d).get("avg_jct_s") for d in ds] for k, ds in docs.items()}
+        for name, ds in docs.items():
+            mine = jct[name]
+            over_ice, pollux = _ratios(jct["icefrog"], mine), _ratios(jct["pollux+"], mine)
+            raw[f"load{w:g}/{name}"] = {
+                "seeds": list(g.seeds),
+                "avg_jct_s": mine,
+                "icefrog_over": over_ice,
+                "pollux_over": pollux,
+            }
+            rows.append([
+                f"{w:g}x", name, _spread(map(_h, mine)),
+                "-" if name == "icefrog" else _spread(over_ice, unit="x"),
+                "-" if name == "pollux+" else _spread(pollux, unit="x"),
+                f"{PAPER_BATCH_SCALING}x" if name == "icefrog + batch scaling" else "",
+                _unfinished(ds),
+            ])  # fmt: skip
+    return header, rows, raw
+
+
+def table_faithful(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
+    header = ["load", "workloads", "Optimus+ avg JCT h", "Pollux+ avg JCT h",
+              "ratio, mean (min-max)", "published", "mean within 25 %?"]  # fmt: skip
+    runs = faithful_runs(g)
+    rows, raw = [], {}
+    for w in g.faithful_loads:
+        opt, pol, ratio = [], [], []
+        for i in range(1, g.workloads + 1):
+            pair = {r.policy: res[r.key] for r in runs if r.label.startswith(
+                f"faithful-64g-load{w:g}-w{i}-")}  # fmt: skip
+            a = _totals(pair["optimus+"]).get("avg_jct_s")
+            b = _totals(pair["pollux+"]).get("avg_jct_s")
+            opt.append(_h(a))
+            pol.append(_h(b))
+            ratio.append(a / b if a and b else None)
+        got = [r for r in ratio if r is not None]
+        pub = FAITHFUL_PUBLISHED.get(w)
+        within = "-"
+        if got and pub:
+            dev = statistics.fmean(got) / pub - 1
+            within = f"{'yes' if abs(dev) <= 0.25 else 'no'} ({dev:+.0%})"
+        raw[f"{w:g}"] = {"optimus_h": opt, "pollux_h": pol, "ratio": ratio, "published": pub}
+        rows.append([f"{w:.1f}", str(len(got)), _spread(opt), _spread(pol),
+                     _spread(ratio, unit="x"), "-" if pub is None else f"{pub:.2f}x",
+                     within])  # fmt: skip
+    return header, rows, raw
+
+
+def markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |",
+             "| " + " | ".join("---" for _ in header) + " |"]  # fmt: skip
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
