@@ -1,6 +1,6 @@
 """``StandInPolicy``: a simple first-come first-served policy behind the policy interface.
 
-Written as the stand-in before the IceShare solver (issue 3) landed; kept as
+Written as the stand-in before the IceShare solver landed; kept as
 ``--policy standin``, a predictable baseline for the mechanics tests (kill test, foreign
 jobs) and a fallback without fitting or solving. It does no
 layer freezing and no sharing: in submission order each job gets ``min_gpus`` exclusive

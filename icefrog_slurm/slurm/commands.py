@@ -1,7 +1,7 @@
 """Pure builders of the Slurm command lines the CLI backend runs (argv tuples, no I/O).
 
 Each builder returns the exact argv; tests pin them. Verified on 22.05 (see
-/work/shared/notes/slurm.md): ``NumNodes`` must be given as ``N-N`` to change a job
+tests/golden/slurm-22.05/): ``NumNodes`` must be given as ``N-N`` to change a job
 submitted with -N1, a requeued job needs ``StartTime=now`` or it waits ~120 s, and
 ``scancel --batch`` signals only the batch shell.
 """
