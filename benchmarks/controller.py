@@ -2,20 +2,20 @@
 
 ``store`` mode (default): a fresh database (SQLite, or a throwaway Postgres with
 ``--postgres``) holds JOBS active jobs (profile samples, per-layer gradient statistics,
-metrics; ``benchmarks/store_snapshot.py``'s filler) on NODES x 4 GPUs. The cluster is an
-in-memory stand-in for Slurm (instant answers), so the figures are the controller's own
-work: the tick transaction (snapshot, policy, record: ``tick_s``) and the reconcile pass
-(its store writes and the state machine). Three ticks: the first round (every job held,
-models fitted for the first time), a pass with nothing due, and a second round.
+metrics; ``benchmarks/store_snapshot.py``'s filler) on NODES x 4 GPUs. The cluster is the
+simulator's in-memory Slurm (``SimCluster``: instant answers), so the figures are the
+controller's own work: the tick transaction (snapshot, policy, record: ``tick_s``) and the
+reconcile pass (its store writes and the state machine). Three ticks: the first round (every
+job held, models fitted for the first time), a pass with nothing due, and a second round.
 
 ``slurm`` mode: the real local cluster (``slurm_conf/dev/cluster.sh``, 4 nodes x 4 GPUs)
 with ``--jobs`` held icefrog jobs; the same three ticks with every Slurm call included
 (squeue poll, sinfo + squeue capacity, scontrol update/release for the jobs started).
 
-    PYTHONPATH=. python benchmarks/controller.py --jobs 2400 --nodes 240          # SQLite
-    PYTHONPATH=. python benchmarks/controller.py --jobs 2400 --nodes 240 --postgres
-    PYTHONPATH=. python benchmarks/controller.py --jobs 120 --nodes 12            # 48 GPUs
-    PYTHONPATH=. python benchmarks/controller.py --mode slurm --jobs 100
+    .venv/bin/python -m benchmarks.controller --jobs 2400 --nodes 240          # SQLite
+    .venv/bin/python -m benchmarks.controller --jobs 2400 --nodes 240 --postgres
+    .venv/bin/python -m benchmarks.controller --jobs 120 --nodes 12            # 48 GPUs
+    .venv/bin/python -m benchmarks.controller --mode slurm --jobs 100
 
 Prints the figures; asserts nothing. Target: a tick's own work under 1 % of the 300 s
 round period at 48 GPUs.
@@ -26,137 +26,47 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from collections.abc import Collection, Mapping
-from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.store_snapshot import database, fill
 from icefrog_slurm.commands.controller import POLICIES, make_policy
 from icefrog_slurm.controller.daemon import Controller, TickReport
 from icefrog_slurm.controller.ports import FsJobFiles
-from icefrog_slurm.domain.cluster import (
-    Gres,
-    IcefrogTag,
-    NodeCapacity,
-    PartitionCapacity,
-    SlurmJobState,
-)
+from icefrog_slurm.domain.cluster import Gres, IcefrogTag
 from icefrog_slurm.protocol import Decision
 from icefrog_slurm.settings import Settings, settings_from_mapping
-from icefrog_slurm.slurm.parse import expand_hostlist
-from icefrog_slurm.slurm.port import GresAllocation, SlurmJobDetail, SubmitRequest
+from icefrog_slurm.sim.cluster import SimCluster
+from icefrog_slurm.slurm.port import SubmitRequest
 from icefrog_slurm.store.migrate import upgrade
 from icefrog_slurm.store.sql import SqlStore
 
+BENCH_UID = 1000  # the owner of every job, in the store and in the simulated Slurm
 
-class MemoryCluster:
-    """Slurm as a dict: instant answers, so a benchmark times the controller alone. A job
-    asked to checkpoint exits at once (as the trainer does after its checkpoint)."""
 
-    def __init__(self, nodes: int, job_ids: Collection[str]) -> None:
-        self.nodes = tuple(f"node{i + 1}" for i in range(nodes))
-        self.jobs = {
-            sid: SlurmJobState(
-                sid,
-                "PENDING",
-                Gres("gpu", 1),
-                1,
-                "",
-                "JobHeldUser",
-                1,
-                0,
-                "gpu",
-                f"icefrog:{sid}",
-                IcefrogTag(sid),
+def sim_cluster(nodes: int) -> SimCluster:
+    """The simulator's in-memory Slurm (instant answers, so the figures are the controller's
+    own work) on ``nodes`` 4-GPU nodes. A job asked to checkpoint exits at once (as the
+    trainer does after its checkpoint)."""
+    cluster = SimCluster(nodes=nodes, gpus_per_node=4, shards_per_gpu=2, partition="gpu",
+                         user_id=BENCH_UID)  # fmt: skip
+    cluster.on_signal = lambda sid: cluster.complete(job_id=sid)
+    return cluster
+
+
+def held_jobs(cluster: SimCluster, jobs: int) -> list[str]:
+    """Submit ``jobs`` held icefrog jobs (gpu:1); their Slurm ids."""
+    return [
+        cluster.submit_held(
+            request=SubmitRequest(
+                script="job.sh",
+                tag=IcefrogTag(f"bench-{i}"),
+                name=f"bench-{i}",
+                gres=Gres("gpu", 1),
+                partition="gpu",
             )
-            for sid in job_ids
-        }
-
-    def _set(self, sid: str, **kw: object) -> None:
-        self.jobs[sid] = replace(self.jobs[sid], **kw)  # type: ignore[arg-type]
-
-    def poll(self, *, job_ids: Collection[str]) -> Mapping[str, SlurmJobState]:
-        return {i: self.jobs[i] for i in job_ids if i in self.jobs}
-
-    def partition_capacity(self, *, partition: str) -> PartitionCapacity:
-        return PartitionCapacity(partition, tuple(NodeCapacity(n, 4, 0) for n in self.nodes), ())
-
-    def update_pending(
-        self,
-        *,
-        job_id: str,
-        gres: Gres | None = None,
-        num_nodes: int | None = None,
-        nodes: tuple[str, ...] | None = None,
-    ) -> None:
-        self._set(job_id, gres=gres, num_nodes=num_nodes or 1, nodelist=",".join(nodes or ()))
-
-    def release_now(self, *, job_id: str) -> None:
-        self._set(job_id, state="RUNNING", reason="None")
-
-    def release(self, *, job_id: str) -> None:
-        self.release_now(job_id=job_id)
-
-    def signal_batch(self, *, job_id: str, signal: str = "USR1") -> None:
-        self._set(job_id, state="COMPLETED")
-
-    def requeue_hold(self, *, job_id: str) -> None:
-        self._set(job_id, state="PENDING", reason="job requeued in held state")
-
-    def hold(self, *, job_id: str) -> None:
-        self._set(job_id, reason="JobHeldUser")
-
-    def cancel(self, *, job_id: str) -> None:
-        self._set(job_id, state="CANCELLED")
-
-    def find_successor(self, *, job_id: str, owner_uid: int) -> str | None:
-        return None
-
-    def resubmit(
-        self,
-        *,
-        job_id: str,
-        owner_uid: int,
-        gres: Gres,
-        num_nodes: int | None = None,
-        nodes: tuple[str, ...] | None = None,
-    ) -> str:
-        new = str(max(int(i) for i in self.jobs) + 1)
-        self.jobs[new] = replace(self.jobs[job_id], job_id=new, gres=gres)
-        self.cancel(job_id=job_id)
-        return new
-
-    def job_detail(self, *, job_id: str) -> SlurmJobDetail:
-        j = self.jobs[job_id]
-        return SlurmJobDetail(
-            job_id,
-            job_id,
-            0,
-            0,
-            j.state,
-            j.reason,
-            0,
-            j.gres,
-            1,
-            None,
-            None,
-            "gpu",
-            "/nonexistent",
-            None,
-            None,
-            None,
-            j.comment,
-            j.tag,
         )
-
-    def gres_allocation(self, *, job_id: str) -> tuple[GresAllocation, ...]:
-        return ()
-
-    def hostnames(self, *, nodelist: str) -> tuple[str, ...]:
-        return tuple(expand_hostlist(nodelist))
-
-    def submit_held(self, *, request: SubmitRequest) -> str:
-        raise NotImplementedError
+        for i in range(jobs)
+    ]
 
 
 class NoFiles:
@@ -216,18 +126,17 @@ def store_mode(args: argparse.Namespace) -> None:
         upgrade(url)
         store = SqlStore(url)
         args.layers, args.samples, args.epochs = 20, 8, 3
+        cluster = sim_cluster(args.nodes)
         t0 = time.perf_counter()
-        fill(store, args)
+        fill(store, args, slurm_ids=held_jobs(cluster, args.jobs), owner_uid=BENCH_UID)
         took = time.perf_counter() - t0
         print(f"filled {args.jobs} jobs in {took:.1f} s ({url.split(':')[0]})")
-        with store.transaction() as tx:
-            sids = [j.slurm_job_id for j in tx.jobs()]
         settings = settings_for(tmp, args)
         clock = StepClock(600.0 - time.time())  # the filler submits at t=0: 10 minutes ago
         ctl = Controller(
             settings=settings,
             policy=make_policy(args.policy),
-            cluster=MemoryCluster(args.nodes, sids),
+            cluster=cluster,
             store=store,
             clock=clock,
             files=NoFiles(),

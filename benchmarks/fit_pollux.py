@@ -1,6 +1,6 @@
 """Fit the DDP throughput model (eq 5-7) to measured profiles and print its accuracy.
 
-1. Pollux's measured unfrozen profiles (``/work/shared/data/pollux/traces/{cifar10,
+1. Pollux's measured unfrozen profiles (the repository's ``data/pollux/traces/{cifar10,
    imagenet}/placements.csv``: placement = per-node GPU counts, per-GPU batch, step time,
    the synchronisation part of it): fit on a seeded 75 % of the rows, report the absolute
    percentage error (APE) of the predicted throughput on the 25 % held back, and again
@@ -8,7 +8,7 @@
 2. Synthetic recovery: profiles drawn from a known model with 5 % noise on each time; APE on
    held-back configurations against the noise-free truth and against noisy measurements.
 
-Usage: python benchmarks/fit_pollux.py [--data DIR] [--seeds N]
+Usage: .venv/bin/python -m benchmarks.fit_pollux [--data DIR] [--seeds N]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import POLLUX
 from icefrog_slurm.core.fit import ape, fit_ddp_model
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.samples import ProfileSample
@@ -135,7 +136,7 @@ def synthetic(seeds: int, noise: float = 0.05) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path("/work/shared/data/pollux/traces"))
+    parser.add_argument("--data", type=Path, default=POLLUX / "traces")
     parser.add_argument("--seeds", type=int, default=5)
     args = parser.parse_args()
     pollux(args.data, args.seeds)

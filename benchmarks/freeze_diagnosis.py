@@ -1,9 +1,9 @@
 """Why freezing does not pay in the simulator (issue 7): the numbers in docs/evaluation.md,
 "Ablation: freezing".
 
-    PYTHONPATH=. python benchmarks/freeze_diagnosis.py oracle [--task T]
-    PYTHONPATH=. python benchmarks/freeze_diagnosis.py myopic [--task T]
-    PYTHONPATH=. python benchmarks/freeze_diagnosis.py toy [--policy P] [--batch paper|tuned]
+    .venv/bin/python -m benchmarks.freeze_diagnosis oracle [--task T]
+    .venv/bin/python -m benchmarks.freeze_diagnosis myopic [--task T]
+    .venv/bin/python -m benchmarks.freeze_diagnosis toy [--policy P] [--batch paper|tuned]
         [--freezing penalty|freezeout] [--jobs N] [--gpus G] [--tuner-batch run]
 
 ``oracle``: one job alone on one GPU at its default batch, trained by the hidden truth

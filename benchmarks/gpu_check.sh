@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The job side's checks that need a CUDA GPU, as one script (run on a machine with one GPU;
 # results go to $OUT, default ./gpu-results). Each part is bounded by `timeout`.
+# Run from the repository root with the project installed (pip install -e '.[launcher]');
+# the benchmarks run as modules (python -m benchmarks.NAME).
 #   1. benchmarks/trainer.py on CUDA: step time vs frozen layers of a ResNet18-width model
 #      (width 64) at batch 32/128/256, eq 6 fitted with its APE (the paper: <= 10 %), and the
 #      gradient statistics' overhead.
@@ -10,14 +12,14 @@
 set -u
 OUT=${OUT:-$PWD/gpu-results}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 {
   nvidia-smi -L
   $PY -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
 } 2>&1 | tee "$OUT/env.txt"
 for b in 32 128 256; do
-  timeout 150 $PY benchmarks/trainer.py --width 64 --batch "$b" --steps 30 --repeats 3 \
+  timeout 150 $PY -m benchmarks.trainer --width 64 --batch "$b" --steps 30 --repeats 3 \
     --rounds 5 --threads 4 2>&1 | tee "$OUT/trainer_b$b.txt"
 done
 rm -rf /tmp/gpu-digits && mkdir -p /tmp/gpu-digits/inbox
@@ -35,4 +37,4 @@ for p in sorted(pathlib.Path("/tmp/gpu-digits/inbox").rglob("*.json")):
         print(env["kind"], json.dumps(pay)[:600])
 PYEOF
 tail -25 "$OUT/digits.txt"
-timeout 240 $PY benchmarks/gpu_share.py --seconds 6 2>&1 | tee "$OUT/share.txt"
+timeout 240 $PY -m benchmarks.gpu_share --seconds 6 2>&1 | tee "$OUT/share.txt"

@@ -3,7 +3,7 @@
 Spec section 8: a pair may share a GPU when their predicted peak memories (x 1.1) fit the
 card and their GPU utilisations sum to at most 100 %; the scheduler then counts each at
 lambda = 0.9 of its exclusive speed. This measures, per pair of ResNet-style CIFAR-size jobs
-(``benchmarks/trainer.py``'s model; random data already on the GPU, SGD):
+(``benchmarks/models.py``, the trainer benchmark's model; random data already on the GPU, SGD):
 
 - each job alone: samples/s, NVML utilisation (``torch.cuda.utilization``, sampled every
   0.1 s while it trains) and peak memory (``torch.cuda.max_memory_allocated``);
@@ -11,7 +11,7 @@ lambda = 0.9 of its exclusive speed. This measures, per pair of ResNet-style CIF
   samples/s, and its ratio to alone (the real lambda);
 - eq 8's verdict from the alone figures, beside the measured lambdas.
 
-    python benchmarks/gpu_share.py --seconds 8        # needs CUDA; prints a markdown table
+    .venv/bin/python -m benchmarks.gpu_share --seconds 8    # needs CUDA; prints a markdown table
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 from torch.nn import functional as F
-from trainer import resnet  # benchmarks/trainer.py's model (this script's folder is on sys.path)
+
+from benchmarks.models import resnet
 
 SAFETY = 1.1  # eq 8's memory safety factor
 

@@ -11,7 +11,8 @@ For each LLaMA table and model: samples of the known ground truth
 APE is against the noisy held-back sample (as a profile would be) and against the
 noise-free truth. Then the paper's ablation at model level: the DDP model fitted to the
 same SDP / HP profiles, its APE and its error on the speedup freezing brings.
-Usage (from the repository root): python -m benchmarks.parallel_fit [--seeds 5] [--noise 0.05]
+Usage (from the repository root):
+    .venv/bin/python -m benchmarks.parallel_fit [--seeds 5] [--noise 0.05]
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ thrown away): squeue (the latest decision of every active job), sacct over every
 (the whole decision history of each: GPU-hours, restarts) and show job. Prints the
 figures; asserts nothing.
 
-    PYTHONPATH=. python benchmarks/reports.py                 # SQLite
-    PYTHONPATH=. python benchmarks/reports.py --postgres      # a throwaway Postgres
+    .venv/bin/python -m benchmarks.reports                 # SQLite
+    .venv/bin/python -m benchmarks.reports --postgres      # a throwaway Postgres
 """
 
 from __future__ import annotations

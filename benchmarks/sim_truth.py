@@ -7,7 +7,7 @@
    against the noise-free truth.
 3. Eq 3's psi against the true progress rate along a run frozen at 50 % of the work.
 
-Usage: PYTHONPATH=. python benchmarks/sim_truth.py [--seed N]
+Usage: .venv/bin/python -m benchmarks.sim_truth [--seed N]
 """
 
 from __future__ import annotations

@@ -8,13 +8,12 @@ rounds, simulated hours, average JCT.
 Targets (issue 7): a 48-GPU 1x trace in under 60 s, the 960-GPU 20x one in under 15 min.
 
 Usage (the 1x trace of docs/evaluation.md):
-    PYTHONPATH=. python -m icefrog_slurm trace sample \\
-        --philly /work/shared/data/pollux/traces/philly.csv --load 1 --seed 1 --out /tmp/w1.csv
-    PYTHONPATH=. python benchmarks/simulate.py --workload /tmp/w1.csv --gpus 48 \\
+    .venv/bin/icefrog trace sample --load 1 --seed 1 --out /tmp/w1.csv
+    .venv/bin/python -m benchmarks.simulate --workload /tmp/w1.csv --gpus 48 \\
         --policy standin,lucid+,optimus+,pollux+
 Where the time goes at scale (cProfile of simulated hours 3.0-3.6 of the 960-GPU 20x trace,
 the busiest stretch: every job has arrived):
-    PYTHONPATH=. python benchmarks/simulate.py --workload /tmp/w20.csv --gpus 960 \
+    .venv/bin/python -m benchmarks.simulate --workload /tmp/w20.csv --gpus 960 \
         --policy icefrog --batch paper --hours 3.6 --profile-from 3.0 --cprofile /tmp/w20.prof
 """
 

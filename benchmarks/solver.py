@@ -1,9 +1,9 @@
 """Solve-time benchmark of IceShare on Philly-trace rounds (docs/solver.md has the table).
 
-Usage: python benchmarks/solver.py [--sizes 48,240,480,960] [--rounds N] [--seeds N]
+Usage: .venv/bin/python -m benchmarks.solver [--sizes 48,240,480,960] [--rounds N] [--seeds N]
        [--mip-limit S] [--partition-gpus N] [--workers N] [--no-mip]
 
-Instances. Jobs are sampled (seeded) from /work/shared/data/pollux/traces/philly.csv like
+Instances. Jobs are sampled (seeded) from the repository's data/pollux/traces/philly.csv like
 the paper's trace: submissions in hours 3-6 of a day, duration >= 60 s, < 1000 GPU-hours;
 120 jobs per 48 GPUs (1x load), nodes of 4 GPUs with 80 GB. From each job's GPU request
 ``g0`` (capped at 32) and duration ``D`` a TTA per option comes from a plausible scaling
@@ -31,13 +31,10 @@ import argparse
 import csv
 import random
 import statistics
-import sys
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from benchmarks import POLLUX
 from icefrog_slurm.core.placement import place
 from icefrog_slurm.core.solver import (
     Cluster,
@@ -51,7 +48,7 @@ from icefrog_slurm.core.solver import (
     solve,
 )
 
-TRACE = Path("/work/shared/data/pollux/traces/philly.csv")
+TRACE = POLLUX / "traces" / "philly.csv"
 
 
 @dataclass

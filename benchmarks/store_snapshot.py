@@ -5,9 +5,9 @@ statistics of several epochs and metrics), then times: ``store.snapshot()`` (the
 read), and one tick transaction (the snapshot, a round with an allocation for every job and
 an intent for a tenth of them). Prints the figures; asserts nothing.
 
-    PYTHONPATH=. python benchmarks/store_snapshot.py                 # SQLite
-    PYTHONPATH=. python benchmarks/store_snapshot.py --postgres      # a throwaway Postgres
-    PYTHONPATH=. python benchmarks/store_snapshot.py --url URL       # an existing database
+    .venv/bin/python -m benchmarks.store_snapshot                 # SQLite
+    .venv/bin/python -m benchmarks.store_snapshot --postgres      # a throwaway Postgres
+    .venv/bin/python -m benchmarks.store_snapshot --url URL       # an existing database
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import argparse
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,7 +42,16 @@ def database(args: argparse.Namespace) -> Iterator[str]:
             yield f"sqlite:///{Path(tmp) / 'bench.db'}"
 
 
-def fill(store: SqlStore, args: argparse.Namespace) -> list[int]:
+def fill(
+    store: SqlStore,
+    args: argparse.Namespace,
+    *,
+    slurm_ids: Sequence[str] = (),
+    owner_uid: int | None = None,
+) -> list[int]:
+    """``args.jobs`` active jobs with their samples, statistics and metrics; their Slurm ids
+    are ``slurm_ids`` when given (else 10000, 10001, ...), their owners ``owner_uid`` (else
+    50 users in turn)."""
     layers = args.layers
     job_spec = spec(
         layer_flops=(1.0,) * layers, layer_param_bytes=(1.0,) * layers, layer_boundaries=()
@@ -50,10 +59,10 @@ def fill(store: SqlStore, args: argparse.Namespace) -> list[int]:
     ids = []
     with store.transaction() as tx:
         for j in range(args.jobs):
-            slurm_id = str(10000 + j)
+            slurm_id = slurm_ids[j] if slurm_ids else str(10000 + j)
             job_id = tx.create_job(
                 name=f"job{j}",
-                owner_uid=1000 + j % 50,
+                owner_uid=1000 + j % 50 if owner_uid is None else owner_uid,
                 owner_user="u",
                 slurm_job_id=slurm_id,
                 spec=job_spec,

@@ -2,8 +2,8 @@
 ResNet-style model, the backward-time model of spec eq 6 fitted to it, and the cost of the
 gradient statistics.
 
-    PYTHONPATH=. python benchmarks/trainer.py                     # one process
-    PYTHONPATH=. torchrun --nproc-per-node 2 --standalone benchmarks/trainer.py --skip-sweep
+    .venv/bin/python -m benchmarks.trainer                        # one process
+    .venv/bin/torchrun --nproc-per-node 2 --standalone -m benchmarks.trainer --skip-sweep
 
 Eq 6: T_bwd(l) = a_flop + b_flop * theta_l ** g_flop * T_bwd(0), theta_l the unfrozen share
 of the FLOPs (measured by torch.utils.flop_counter on the model), fitted with
@@ -24,44 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 from scipy.optimize import least_squares
-from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
+from benchmarks.models import resnet
 from launcher.config import JobConfig
 from launcher.trainer import Trainer
-
-
-class Block(nn.Module):
-    """A ResNet basic block: two 3x3 convolutions with batch norm and a shortcut."""
-
-    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.short: nn.Module = nn.Identity()
-        if stride != 1 or cin != cout:
-            self.short = nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
-            )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.relu(self.bn1(self.conv1(x)))
-        return F.relu(self.bn2(self.conv2(y)) + self.short(x))
-
-
-def resnet(width: int) -> nn.Sequential:
-    w = [width, 2 * width, 4 * width, 8 * width]
-    return nn.Sequential(
-        nn.Sequential(nn.Conv2d(3, w[0], 3, 1, 1, bias=False), nn.BatchNorm2d(w[0]), nn.ReLU()),
-        Block(w[0], w[0]), Block(w[0], w[0]),
-        Block(w[0], w[1], 2), Block(w[1], w[1]),
-        Block(w[1], w[2], 2), Block(w[2], w[2]),
-        Block(w[2], w[3], 2), Block(w[3], w[3]),
-        nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(w[3], 10)),
-    )  # fmt: skip
 
 
 def make_trainer(args: argparse.Namespace, workdir: str) -> Trainer:
