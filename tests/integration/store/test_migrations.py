@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -83,6 +84,19 @@ def _assert_migrated(url: str) -> None:
         engine.dispose()
 
 
+def _source_copy(dest: Path) -> Path:
+    """The working tree's files (tracked and untracked, not ignored) copied to ``dest``."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=REPO, check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    for name in filter(None, listed.split("\0")):
+        if (REPO / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, dest / name)
+    return dest
+
+
 # Run by the child: where icefrog_slurm and db/ came from, then `icefrog db upgrade`.
 _UPGRADE = (
     "import sys, icefrog_slurm; from icefrog_slurm.cli import main; "
@@ -98,8 +112,9 @@ def test_a_wheel_install_can_migrate(tmp_path: Path) -> None:
     Philly trace. Build the wheel, install it into a bare folder, and run `icefrog db
     upgrade` and `icefrog trace sample` from there (not from this checkout)."""
     pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    src = _source_copy(tmp_path / "src")  # a checkout's build/ may hold stale files
     subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", str(REPO), "-w", str(tmp_path / "w")],
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", str(src), "-w", str(tmp_path / "w")],
         check=True,
         cwd=tmp_path,
         capture_output=True,
@@ -110,6 +125,7 @@ def test_a_wheel_install_can_migrate(tmp_path: Path) -> None:
                "sim/data/philly.csv.gz", "sim/data/philly.LICENSE"]  # fmt: skip
     for name in shipped:
         assert f"icefrog_slurm/{name}" in names, name
+    assert not [n for n in names if n.startswith("icefrog_slurm/store/migrations/")]
     site = tmp_path / "site"
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True)
     url = f"sqlite:///{tmp_path / 'state.db'}"
