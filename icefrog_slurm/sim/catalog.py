@@ -8,7 +8,7 @@ class, where calibration comes from) and of the per-layer tables it names:
   device, ``torch.utils.flop_counter``) and committed, so the simulator needs no torch;
 - ``layers: core:NAME`` — a table shipped by ``icefrog_slurm.core.transformer_tables``
   (the LLaMA-3B/7B tables, computed analytically by the parallel-models work).
-  TODO(lead): that module lives on branch ``parallel``; until it is merged the LLaMA tasks
+  Where that module cannot be imported, the LLaMA tasks
   report themselves unavailable (:meth:`Catalog.available`) and everything else works.
 
 Pollux's application names (cifar10, imagenet, yolov3, bert, deepspeech2, ncf) are aliases

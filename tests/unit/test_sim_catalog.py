@@ -68,7 +68,7 @@ def test_llama_tables_are_referenced_not_copied() -> None:
         assert catalog.get(name).layers_ref.startswith("core:")
         try:
             layers = catalog.layers(name)
-        except IcefrogError as exc:  # TODO(lead): core.transformer_tables not merged yet
+        except IcefrogError as exc:  # core.transformer_tables cannot be imported
             assert "transformer_tables" in str(exc)
             assert name not in catalog.available()
         else:
