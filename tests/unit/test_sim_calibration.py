@@ -106,3 +106,17 @@ def test_declared_size_classes_match_gpu_time() -> None:
     assert [size_class(h * 3600) for h in (0.5, 5, 50, 500)] == [
         "small", "medium", "large", "xlarge",
     ]  # fmt: skip
+
+
+def test_the_checkout_data_is_the_default_and_elsewhere_pollux_is_required(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from icefrog_slurm.sim import calibration
+
+    assert calibration.CHECKOUT_POLLUX_DIR == TRACES
+    monkeypatch.setattr(calibration, "CHECKOUT_POLLUX_DIR", tmp_path / "absent")
+    with pytest.raises(SystemExit) as exc:
+        calibration.main(["--out", str(tmp_path / "c.json")])
+    assert exc.value.code == 2
+    assert "--pollux DIR is required outside a source checkout" in capsys.readouterr().err
+    assert not (tmp_path / "c.json").exists()
