@@ -1,4 +1,4 @@
-"""Why freezing does not pay in the simulator (issue 7): the numbers in docs/evaluation.md,
+"""Why freezing does not pay in the simulator: the numbers in docs/evaluation.md,
 "Ablation: freezing".
 
     .venv/bin/python -m benchmarks.freeze_diagnosis oracle [--task T]

@@ -5,7 +5,7 @@ shared machine the figure to compare, wall time depends on the others' load), of
 ``policy.decide`` (the policy's own estimation and optimisation, the same cost production
 pays each round) and the rest (engine, controller tick and reconcile, SQLite store); ticks,
 rounds, simulated hours, average JCT.
-Targets (issue 7): a 48-GPU 1x trace in under 60 s, the 960-GPU 20x one in under 15 min.
+Targets: a 48-GPU 1x trace in under 60 s, the 960-GPU 20x one in under 15 min.
 
 Usage (the 1x trace of docs/evaluation.md):
     .venv/bin/icefrog trace sample --load 1 --seed 1 --out /tmp/w1.csv

@@ -18,12 +18,10 @@ from typing import Any
 
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.evaluation.grid import (
-    FREEZEOUT_SET,
     Grid,
     ablation_rows,
     batch_runs,
     faithful_runs,
-    freezeout_known,
     main_runs,
     scale_runs,
 )
@@ -92,12 +90,8 @@ def build(table: str, g: Grid, runner: Runner) -> Table:
     if table == "solver":
         return table_solver(g, runner.ensure([*main_runs(g), *scale_runs(g)]))
     if table == "ablation":
-        known = freezeout_known()
-        if not known:
-            runner.log(f"ablation: skipping the FreezeOut row: `--set {FREEZEOUT_SET}` is not "
-                       "a setting in this build")  # fmt: skip
-        rows = ablation_rows(g, known)
-        res = runner.ensure([r for _, runs in rows for r in runs or ()])
+        rows = ablation_rows(g)
+        res = runner.ensure([r for _, runs in rows for r in runs])
         return table_ablation(rows, res)
     if table == "batch":
         pair = replace(g, policies=("icefrog", "pollux+"))

@@ -6,9 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from icefrog_slurm.errors import InputError
 from icefrog_slurm.evaluation.runs import Run, Trace
-from icefrog_slurm.settings import Settings, apply_overrides
 
 POLICIES = ("icefrog", "lucid+", "optimus+", "pollux+")
 SCALE_POINTS = ((5.0, 240), (10.0, 480), (20.0, 960))
@@ -57,9 +55,9 @@ def scale_runs(g: Grid) -> list[Run]:
     ]  # fmt: skip
 
 
-def ablation_rows(g: Grid, freezeout_known: bool) -> list[tuple[str, tuple[Run, ...] | None]]:
-    """(row label, one run a seed of ``g.ablation_seeds``); None: skipped (the label says why).
-    Rows that equal the defaults (lambda 0.9, period 5 min) reuse the "as is" runs."""
+def ablation_rows(g: Grid) -> list[tuple[str, tuple[Run, ...]]]:
+    """(row label, one run a seed of ``g.ablation_seeds``). Rows that equal the defaults
+    (lambda 0.9, period 5 min) reuse the "as is" runs."""
 
     def run(tag: str, *extra: str) -> tuple[Run, ...]:
         return tuple(
@@ -69,18 +67,14 @@ def ablation_rows(g: Grid, freezeout_known: bool) -> list[tuple[str, tuple[Run, 
         )  # fmt: skip
 
     base = run("asis")
-    rows: list[tuple[str, tuple[Run, ...] | None]] = [
+    rows: list[tuple[str, tuple[Run, ...]]] = [
         ("as is (frozen penalty, sharing, lambda 0.9, period 5 min)", base),
         ("freezing off (`--no-freeze`)", run("nofreeze", "--no-freeze")),
         ("sharing off (`--no-share`)", run("noshare", "--no-share")),
         ("batch scaling on (`--set policy.batch_scaling=true`: goodput tuner, decided batch)",
          run("batchscaling", "--set", BATCH_SCALING_SET)),
+        ("frozen penalty -> tuned FreezeOut", run("freezeout", "--set", FREEZEOUT_SET)),
     ]  # fmt: skip
-    if freezeout_known:
-        rows.append(("frozen penalty -> tuned FreezeOut", run("freezeout", "--set", FREEZEOUT_SET)))
-    else:
-        rows.append((f"frozen penalty -> tuned FreezeOut: SKIPPED (`--set {FREEZEOUT_SET}` is "
-                     "not a setting in this build)", None))  # fmt: skip
     for lam in ABLATION_LAMBDAS:
         extra = () if lam == DEFAULT_LAMBDA else ("--set", f"sharing.speed_factor={lam:g}")
         rows.append((f"lambda {lam:g}", run(f"lambda{lam:g}", *extra) if extra else base))
@@ -124,15 +118,6 @@ def faithful_runs(g: Grid) -> list[Run]:
             for p in ("optimus+", "pollux+"):
                 out.append(Run(f"faithful-64g-load{w:g}-w{i}-{p}", path, p, 64, 1, common))
     return out
-
-
-def freezeout_known() -> bool:
-    """Whether this build has ``policy.freezing`` (added on branch freeze)."""
-    try:
-        apply_overrides(Settings(), [FREEZEOUT_SET])
-    except InputError:
-        return False
-    return True
 
 
 def main_key(g: Grid, w: float, s: int, p: str) -> str:

@@ -183,18 +183,15 @@ def table_solver(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
 
 
 def table_ablation(
-    rows_in: Sequence[tuple[str, tuple[Run, ...] | None]], res: dict[str, dict[str, Any] | None]
+    rows_in: Sequence[tuple[str, tuple[Run, ...]]], res: dict[str, dict[str, Any] | None]
 ) -> Table:
     """One row a variant: its figures as mean (min-max) over the seeds; the JCT ratio is taken
     per seed against the "as is" run on the same trace (the first row)."""
     header = ["ICEFROG variant", "seeds", "avg JCT h", "JCT / as-is JCT", "jobs unfinished",
               "reallocations", "GPU-hours", "sim wall s"]  # fmt: skip
-    base = {r.seed: _totals(res.get(r.key)).get("avg_jct_s") for r in rows_in[0][1] or ()}
+    base = {r.seed: _totals(res.get(r.key)).get("avg_jct_s") for r in rows_in[0][1]}
     rows, raw = [], {}
     for label, runs in rows_in:
-        if runs is None:
-            rows.append([label, *["-"] * (len(header) - 1)])
-            continue
         docs = [res.get(r.key) for r in runs]
         ts = [_totals(d) for d in docs]
         jct = [t.get("avg_jct_s") for t in ts]

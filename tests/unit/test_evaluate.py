@@ -87,31 +87,28 @@ def test_tta_counts_only_jobs_that_reached_the_target() -> None:
     assert rows[0][1] == "a" and rows[0][5] == "2.00x"
 
 
-def test_ablation_rows_skip_freezeout_when_unknown_and_reuse_the_default_run() -> None:
+def test_ablation_rows_reuse_the_default_run() -> None:
     g = ev.Grid()
-    rows = dict(ev.ablation_rows(g, False))
-    skipped = [k for k, r in rows.items() if r is None]
-    assert len(skipped) == 1 and "SKIPPED" in skipped[0] and "FreezeOut" in skipped[0]
+    rows = dict(ev.ablation_rows(g))
     base = rows["as is (frozen penalty, sharing, lambda 0.9, period 5 min)"]
     assert rows["lambda 0.9"] is base and rows["period 5 min"] is base
     assert all("sharing.speed_factor=0.6" in r.extra for r in rows["lambda 0.6"])
     assert all("controller.round_period_s=600" in r.extra for r in rows["period 10 min"])
     assert rows["throughput noise sd 0.5"][0].extra[-2:] == ("--profile-noise", "0.5")
     scaling = next(rs for label, rs in rows.items() if label.startswith("batch scaling on"))
-    assert all("policy.batch_scaling=true" in r.extra for r in scaling or ())
-    runs = [r for rs in rows.values() if rs for r in rs]
+    assert all("policy.batch_scaling=true" in r.extra for r in scaling)
+    runs = [r for rs in rows.values() for r in rs]
     assert all(r.workload.load == 2.0 and r.policy == "icefrog" for r in runs)
-    assert all([r.seed for r in rs] == [1, 2, 3] for rs in rows.values() if rs)
+    assert all([r.seed for r in rs] == [1, 2, 3] for rs in rows.values())
     assert all(r.workload.seed == r.seed for r in runs)  # each seed on its own trace
-    known = dict(ev.ablation_rows(g, True))
-    assert all(ev.FREEZEOUT_SET in r.extra for r in known["frozen penalty -> tuned FreezeOut"])
-    keys = {r.key for rs in known.values() if rs for r in rs}
-    assert len(keys) == 3 * (len(known) - 2)  # lambda 0.9, period 5 = as is
+    assert all(ev.FREEZEOUT_SET in r.extra for r in rows["frozen penalty -> tuned FreezeOut"])
+    keys = {r.key for r in runs}
+    assert len(keys) == 3 * (len(rows) - 2)  # lambda 0.9, period 5 = as is
 
 
 def test_ablation_ratio_is_per_seed_against_the_as_is_run_of_that_seed() -> None:
     g = ev.Grid(ablation_seeds=(1, 2))
-    rows_in = ev.ablation_rows(g, True)
+    rows_in = ev.ablation_rows(g)
     (_, base), (off_label, off) = rows_in[0], rows_in[1]
     assert base and off
     res = {base[0].key: _doc(1.0), base[1].key: _doc(4.0),
