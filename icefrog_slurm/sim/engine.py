@@ -12,7 +12,7 @@ Slurm's scheduler pass starts released jobs; the world advances to the next even
 round, or ``reconcile_poll_s`` while reconcile waits for checkpoints; jobs arriving in
 between are submitted at the next tick, as the production daemon sees them):
 every running job trains per the truth (:mod:`~icefrog_slurm.sim.jobs`) and its reports go
-into the store through the same ``StoreTx`` calls the inbox makes for verified reports.
+into the store through the same ``SqlStoreTx`` calls the inbox makes for verified reports.
 A job asked to checkpoint (USR1) checkpoints at once; the reallocation overhead is paid
 when it restarts.
 """
