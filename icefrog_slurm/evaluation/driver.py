@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.evaluation.grid import (
+    POLICIES,
     Grid,
     ablation_rows,
     batch_runs,
@@ -39,6 +41,10 @@ from icefrog_slurm.evaluation.tables import (
     table_tta,
 )
 
+MAX_LOAD = 100.0
+MAX_SEED = 2**32 - 1  # what icefrog trace sample and simulate accept
+MAX_GPUS = 100_000
+MAX_BASE_JOBS = 1_000_000
 TABLES = ("main", "size", "tta", "solver", "scale", "ablation", "batch", "faithful")
 QUICK = Grid(loads=(0.25,), seeds=(1,), gpus=16, ablation_load=0.25, ablation_seeds=(1,),
              scale=((0.5, 32),), faithful_loads=(0.5,), workloads=1)  # fmt: skip
@@ -49,35 +55,63 @@ def grid_from(args: argparse.Namespace) -> Grid:
     g = QUICK if args.quick else Grid()
     common = ("--batch", "paper", *[x for kv in args.set for x in ("--set", kv)])
     scale = tuple(p for p in g.scale if p[1] <= args.max_scale)
-    return Grid(
-        loads=_floats(args.loads) if args.loads else g.loads,
-        seeds=_ints(args.seeds) if args.seeds else g.seeds,
-        gpus=args.gpus or g.gpus,
-        policies=tuple(args.policies.split(",")) if args.policies else g.policies,
-        base_jobs=args.base_jobs,
-        tasks=args.tasks,
-        ablation_load=args.ablation_load or g.ablation_load,
-        ablation_seeds=_ints(args.ablation_seeds) if args.ablation_seeds else g.ablation_seeds,
-        scale=scale,
-        faithful_loads=g.faithful_loads,
-        workloads=args.workloads or g.workloads,
-        pollux=args.pollux if args.pollux is not None else g.pollux,
-        common=common,
+    return check_grid(
+        Grid(
+            loads=_floats("--loads", args.loads) if args.loads else g.loads,
+            seeds=_ints("--seeds", args.seeds) if args.seeds else g.seeds,
+            gpus=g.gpus if args.gpus is None else args.gpus,
+            policies=tuple(args.policies.split(",")) if args.policies else g.policies,
+            base_jobs=args.base_jobs,
+            tasks=args.tasks,
+            ablation_load=g.ablation_load if args.ablation_load is None else args.ablation_load,
+            ablation_seeds=_ints("--ablation-seeds", args.ablation_seeds)
+            if args.ablation_seeds
+            else g.ablation_seeds,
+            scale=scale,
+            faithful_loads=g.faithful_loads,
+            workloads=g.workloads if args.workloads is None else args.workloads,
+            pollux=args.pollux if args.pollux is not None else g.pollux,
+            common=common,
+        )
     )
 
 
-def _floats(text: str) -> tuple[float, ...]:
+def check_grid(g: Grid) -> Grid:
+    """``g`` when every size in it can run; else an InputError naming the option, before
+    any simulation starts."""
+    if not all(math.isfinite(w) and 0 < w <= MAX_LOAD for w in g.loads):
+        raise InputError(f"--loads: each load must be in (0, {MAX_LOAD:g}], got {g.loads}")
+    for flag, seeds in (("--seeds", g.seeds), ("--ablation-seeds", g.ablation_seeds)):
+        if not seeds or not all(0 <= s <= MAX_SEED for s in seeds):
+            raise InputError(f"{flag}: each seed must be in [0, {MAX_SEED}], got {seeds}")
+    if not 1 <= g.gpus <= MAX_GPUS:
+        raise InputError(f"--gpus: must be in [1, {MAX_GPUS}], got {g.gpus}")
+    unknown = [p for p in g.policies if p not in POLICIES]
+    if unknown:
+        raise InputError(f"--policies: unknown {', '.join(unknown)}; choose from "
+                         f"{', '.join(POLICIES)}")  # fmt: skip
+    if not 1 <= g.base_jobs <= MAX_BASE_JOBS:
+        raise InputError(f"--base-jobs: must be in [1, {MAX_BASE_JOBS}], got {g.base_jobs}")
+    if not (math.isfinite(g.ablation_load) and 0 < g.ablation_load <= MAX_LOAD):
+        raise InputError(f"--ablation-load: must be in (0, {MAX_LOAD:g}], got {g.ablation_load}")
+    if not 1 <= g.workloads <= 3:
+        raise InputError(f"--workloads: must be 1, 2 or 3 (Pollux's workloads a load), "
+                         f"got {g.workloads}")  # fmt: skip
+    return g
+
+
+def _floats(flag: str, text: str) -> tuple[float, ...]:
     try:
         return tuple(float(x) for x in text.split(","))
     except ValueError:
-        raise InputError(f"not a comma-separated list of numbers: {text!r}") from None
+        raise InputError(f"{flag}: not a comma-separated list of numbers: {text!r}") from None
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def _ints(flag: str, text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise InputError(f"not a comma-separated list of integers: {text!r}") from None
+        raise InputError(f"{flag}: not a comma-separated list of integers: {text!r}") from None
 
 
 def build(table: str, g: Grid, runner: Runner) -> Table:

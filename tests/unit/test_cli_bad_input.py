@@ -124,6 +124,7 @@ W_OK = {"w.csv": _workload("j0,0,resnet18-cifar10,1,128")}
 SAMPLE = "trace sample --seed 1 --philly {d}/p.csv --out {d}/w.csv"
 P_OK = {"p.csv": PHILLY_HEAD + PHILLY_ROW}
 SUBMIT = "submit --inbox {d}/no-inbox"
+EVAL = "evaluate --out {d}/eval"
 DB = "--db sqlite:///{db}"
 
 # one row a line or two: the table reads as a table
@@ -280,6 +281,16 @@ CASES = [
     case("sample-bad-row", SAMPLE, 2, "p.csv:2",
          {"p.csv": PHILLY_HEAD + b"2017-10-03 03:10:00,nan,1,3600,x\n"}),
     case("sample-tasks", SAMPLE + " --tasks nope", 2, "nope", P_OK),
+    # --- evaluate: refused before any run starts (nothing written under --out) --------------
+    case("evaluate-table", f"{EVAL} nope", 2, "unknown table"),
+    case("evaluate-jobs-zero", f"{EVAL} main --jobs 0", 2, "--jobs"),
+    case("evaluate-seed-negative", f"{EVAL} main --seeds -1", 2, "--seeds"),
+    case("evaluate-seeds-empty", f"{EVAL} main --seeds ,", 2, "--seeds"),
+    case("evaluate-gpus-zero", f"{EVAL} main --gpus 0", 2, "--gpus"),
+    case("evaluate-loads-nan", f"{EVAL} main --loads nan", 2, "--loads"),
+    case("evaluate-policy-unknown", f"{EVAL} main --policies icefrog,nope", 2, "--policies"),
+    case("evaluate-base-jobs", f"{EVAL} main --base-jobs 0", 2, "--base-jobs"),
+    case("evaluate-workloads", f"{EVAL} faithful --workloads 9", 2, "--workloads"),
     # --- sacct, squeue, show -------------------------------------------------------------
     case("sacct-start-empty", ["sacct", "--db", "sqlite:///{db}", "-S", ""], 2, "--starttime"),
     case("sacct-end-empty", ["sacct", "--db", "sqlite:///{db}", "-E", ""], 2, "--endtime"),
@@ -432,6 +443,8 @@ def test_hostile_input_exits_with_a_clear_error(
     last = err.strip().splitlines()[-1]
     assert last.startswith("icefrog") and "error: " in last, err
     assert row.fragment in last, err
+    if row.argv[0] == "evaluate":  # refused before it wrote a trace or a run
+        assert not (folder / "eval").exists()
 
 
 def test_the_table_covers_every_subcommand() -> None:
