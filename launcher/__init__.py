@@ -8,12 +8,15 @@ do not, so ``icefrog launch`` starts without it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launcher.trainer import Trainer
 
 __all__ = ["Trainer"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type[Trainer]:
     if name == "Trainer":
         from launcher.trainer import Trainer
 

@@ -68,8 +68,8 @@ class JobConfig:
         return {ENV_PREFIX + k: v for k, v in env.items()}
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], **overrides: object) -> JobConfig:
-        """Read the launcher's variables (and SLURM_JOB_ID); keyword overrides win."""
+    def from_env(cls, env: Mapping[str, str]) -> JobConfig:
+        """Read the launcher's variables (and SLURM_JOB_ID)."""
 
         def get(key: str, default: str) -> str:
             return env.get(ENV_PREFIX + key, default)
@@ -82,23 +82,21 @@ class JobConfig:
         except ValueError as exc:
             raise InputError(f"{ENV_PREFIX}*: {exc}") from None
         target_text = get("TARGET", "")
-        values: dict[str, object] = {
-            "gpus": parse_range(get("GPUS", "1"), "gpus"),
-            "batch": parse_range(get("BATCH", "32"), "batch"),
-            "max_frozen": max_frozen,
-            "target": parse_target(target_text) if target_text else None,
-            "max_epochs": max_epochs,
-            "workdir": get("WORKDIR", "."),
-            "inbox": get("INBOX", ""),
-            "decision": get("DECISION", ""),
-            "job_name": get("JOB_NAME", "job"),
-            "slurm_job_id": env.get("SLURM_JOB_ID", "0"),
-            "seed": seed,
-            "parallelism": _env_parallelism(get("PARALLELISM", "")),
-            "global_batch": global_batch,
-        }
-        values.update(overrides)
-        config = cls(**values)  # type: ignore[arg-type]
+        config = cls(
+            gpus=parse_range(get("GPUS", "1"), "gpus"),
+            batch=parse_range(get("BATCH", "32"), "batch"),
+            max_frozen=max_frozen,
+            target=parse_target(target_text) if target_text else None,
+            max_epochs=max_epochs,
+            workdir=get("WORKDIR", "."),
+            inbox=get("INBOX", ""),
+            decision=get("DECISION", ""),
+            job_name=get("JOB_NAME", "job"),
+            slurm_job_id=env.get("SLURM_JOB_ID", "0"),
+            seed=seed,
+            parallelism=_env_parallelism(get("PARALLELISM", "")),
+            global_batch=global_batch,
+        )
         config.validate()
         return config
 

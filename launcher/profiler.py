@@ -53,7 +53,7 @@ def layer_flops(model: nn.Module, layers: Sequence[nn.Module], sample: Any) -> l
     on the real model with ``sample`` (one input batch). Gradients it makes are dropped."""
     names = {id(m): n for n, m in model.named_modules()}
     root = type(model).__name__
-    with FlopCounterMode(display=False, depth=None) as counter:
+    with FlopCounterMode(display=False) as counter:  # depth shapes only the display
         out = model(sample)
         tensor = out if isinstance(out, torch.Tensor) else None
         if tensor is not None and tensor.requires_grad:

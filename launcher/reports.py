@@ -23,10 +23,13 @@ import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from icefrog_slurm import security
 from icefrog_slurm.protocol import PROTOCOL_VERSION, Envelope
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 FINAL_WAIT_S = 120.0
 """How long the last report of a job waits for munged to answer."""
@@ -54,7 +57,7 @@ class Reporter:
             existing = [int(p.name.split("-")[0]) for p in self.folder.glob("*-*.json")]
             self.seq = max(existing, default=0) + 1
 
-    def send(self, kind: str, payload: Mapping[str, Any] | Any) -> Path | None:
+    def send(self, kind: str, payload: Mapping[str, Any] | DataclassInstance) -> Path | None:
         if not self.enabled:
             return None
         self.seq = max(self.seq, time.time_ns() // 1000)

@@ -22,11 +22,14 @@ For a frozen layer the reported values are those from the epoch before it was fr
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from icefrog_slurm.core.penalty import frozen_penalty
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 
 class GradStatsCollector:
@@ -39,7 +42,9 @@ class GradStatsCollector:
         self.last_sqr = [0.0] * num_layers
         self.frozen_var = [0.0] * num_layers  # values at freeze time (eq 3's sigma^2_t0)
         self.frozen_sqr = [0.0] * num_layers
-        self._previous: list[torch.Tensor] | None = None  # one-replica estimator
+        # one-replica estimator: the previous measured step's gradients (a list at run time,
+        # a tuple in torch's stubs)
+        self._previous: tuple[torch.Tensor, ...] | list[torch.Tensor] | None = None
         # Sums over the epoch, kept on the gradients' device so that measuring a step never
         # waits for the GPU (one copy to the host per epoch, in end_epoch); rows: var, sqr,
         # count, local. Created at the first measured step.
@@ -87,7 +92,7 @@ class GradStatsCollector:
         step: int,
         local_batch: int,
         world: int,
-        group: Any = None,
+        group: ProcessGroup | None = None,
     ) -> None:
         """Turn the step's (averaged) gradients into one estimate per measured layer."""
         if self.every <= 0 or not grads:
@@ -100,7 +105,12 @@ class GradStatsCollector:
             self._finish_pair(layer_index, grads, local_batch)
 
     def _finish_pollux(
-        self, index: torch.Tensor, grads: list[torch.Tensor], m: int, n: int, group: Any
+        self,
+        index: torch.Tensor,
+        grads: list[torch.Tensor],
+        m: int,
+        n: int,
+        group: ProcessGroup | None,
     ) -> None:
         import torch.distributed as dist
 

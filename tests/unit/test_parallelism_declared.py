@@ -96,8 +96,8 @@ def test_launch_passes_the_parallelism_to_the_trainer(
             "--workdir", os.fspath(tmp_path), "--dry-run", "--", "t.py"]  # fmt: skip
     assert main(argv) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "PARALLELISM=" in x)
-    env = {"ICEFROG_PARALLELISM": json.loads(line.split("=", 1)[1].strip("'"))}
-    config = JobConfig.from_env({k: json.dumps(v) for k, v in env.items()}, gpus=(4, 16))
+    env = {"ICEFROG_PARALLELISM": line.split("=", 1)[1].strip("'"), "ICEFROG_GPUS": "4-16"}
+    config = JobConfig.from_env(env)
     assert config.parallelism == Parallelism(Kind.HP, stages=4, unit=4)
     assert not config.accepts_shared  # only DDP in units of 1 may share a GPU
     assert JobConfig(gpus=(1, 4)).accepts_shared
