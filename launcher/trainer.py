@@ -42,7 +42,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -57,9 +57,10 @@ from icefrog_slurm.runfiles import CHECKPOINT_MARKER
 from icefrog_slurm.security import write_atomic
 from launcher import checkpoint
 from launcher.config import JobConfig
-from launcher.data import ElasticDataLoader
+from launcher.data import ElasticDataLoader, SizedDataset
 from launcher.decision import read_decision
 from launcher.launch import REQUEUE_EXIT_CODE
+from launcher.position import DataPosition
 from launcher.profiler import (
     StepTimer,
     find_layers,
@@ -70,6 +71,12 @@ from launcher.profiler import (
 )
 from launcher.reports import Reporter
 from launcher.stats import GradStatsCollector
+
+if TYPE_CHECKING:  # torch.distributed re-exports it without marking it public
+    from torch._C._distributed_c10d import GradBucket
+
+Finish = Literal["target_reached", "max_epochs"]
+"""Why a job ends (FinishedReport.reason)."""
 
 
 class ElasticModel:
@@ -100,7 +107,7 @@ class Trainer:
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        dataset: Any,
+        dataset: SizedDataset,
         *,
         layers: Sequence[nn.Module] | None = None,
         shuffle: bool = True,
@@ -127,7 +134,19 @@ class Trainer:
         self.optimizer = optimizer
         self.layers = find_layers(model, layers)
         self.model = ElasticModel(self)
-        self.loader = ElasticDataLoader(self, dataset, shuffle)
+        # the data position, shared with the loader (which moves it) and checkpointed here
+        self.data_position = DataPosition(batch=self.config.batch[0])
+        self.loader = ElasticDataLoader(
+            dataset,
+            self.data_position,
+            rank=self.rank,
+            world=self.world,
+            seed=self.config.seed,
+            shuffle=shuffle,
+            before_step=self.step_boundary,
+            on_step=self.consumed,
+            to_device=self.to_device,
+        )
         self.timer = StepTimer(self.device)
         self.stats = GradStatsCollector(len(self.layers), stats_every)
         self._bucket_index: dict[tuple[int, ...], torch.Tensor] = {}  # DDP bucket -> layers
@@ -138,12 +157,12 @@ class Trainer:
             enabled=self.rank == 0,
         )
         self.ddp: DistributedDataParallel | None = None
-        self.epoch = self.position = self.samples_done = self.step = 0
+        self.samples_done = self.step = 0
         self.effective_done = 0.0
-        self.batch, self.frozen, self.psi = self.config.batch[0], 0, 1.0
+        self.frozen, self.psi = 0, 1.0
         self.decision_round, self.shared = -1, False
         self.metric: float | None = None
-        self.finished: str = ""
+        self.finished: Finish | Literal[""] = ""
         self._stop: int | None = None
         self._said_global = False  # the global-batch note was printed
         self.last_profile: ProfileSample | None = None
@@ -164,8 +183,36 @@ class Trainer:
         for signum in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(signum, self._on_signal)
 
+    # -- the data position (launcher.position) ----------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch being trained: epochs finished so far."""
+        return self.data_position.epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self.data_position.epoch = value
+
+    @property
+    def position(self) -> int:
+        """Samples of this epoch consumed, all ranks together."""
+        return self.data_position.samples
+
+    @position.setter
+    def position(self, value: int) -> None:
+        self.data_position.samples = value
+
+    @property
+    def batch(self) -> int:
+        """The per-GPU batch of the next step."""
+        return self.data_position.batch
+
+    @batch.setter
+    def batch(self, value: int) -> None:
+        self.data_position.batch = value
+
     # -- layers and freezing ---------------------------------------------------------
-    def _measure_layers(self, dataset: Any) -> LayerTable:
+    def _measure_layers(self, dataset: SizedDataset) -> LayerTable:
         names = {id(m): n for n, m in self.module.named_modules()}
         clone = copy.deepcopy(self.module)  # FLOP counting runs a step: keep the model intact
         clone_layers = [clone.get_submodule(names[id(layer)]) for layer in self.layers]
@@ -211,7 +258,7 @@ class Trainer:
     def backward_started(self, grad: torch.Tensor) -> None:
         self.timer.bwd_start = time.perf_counter()
 
-    def _comm_hook(self, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+    def _comm_hook(self, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
         self.timer.last_bucket = time.perf_counter()
         self.synced_numel += bucket.buffer().numel()
         if self._measuring:
@@ -226,23 +273,29 @@ class Trainer:
                 if index is None:
                     index = self._bucket_index[layers] = torch.tensor(layers, dtype=torch.long)
                 self.stats.add_local(index, [g for _, g in pairs])
-        return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+        group = dist.group.WORLD  # the group allreduce_hook takes for None
+        assert group is not None  # DDP exists only in an initialised process group
+        return default_hooks.allreduce_hook(group, bucket)
 
-    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _before_step(
+        self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         end = self.now()
         if self._measuring and self._stat_params:
-            grads = [p.grad for p in self._stat_params]
-            if all(g is not None for g in grads):
+            grads = [p.grad for p in self._stat_params if p.grad is not None]
+            if len(grads) == len(self._stat_params):
                 self.stats.finish_step(
                     self._stat_index,
-                    grads,  # type: ignore[arg-type]
+                    grads,
                     step=self.step,
                     local_batch=self.batch,
                     world=self.world,
                 )
         self.timer.record(end, self._timing)
 
-    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _after_step(
+        self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         self.step += 1
         self._measuring = self.stats.measuring(self.step, self.world)
         self._timing = self.step % self.profile_every == 0
@@ -261,8 +314,8 @@ class Trainer:
         return batch
 
     def consumed(self, global_count: int, local_count: int) -> None:
-        """A step's samples: data position and progress (psi-weighted, spec section 4)."""
-        self.position += global_count
+        """A step's samples (the loader has moved the data position past them): progress,
+        psi-weighted (spec section 4)."""
         self.samples_done += global_count
         self.effective_done += self.psi * global_count
         full = local_count == self.batch
@@ -293,8 +346,7 @@ class Trainer:
             self._measuring = self.stats.measuring(self.step, self.world)
             self._timing = self.step % self.profile_every == 0
             yield self.epoch
-            self._end_epoch()
-            if self.finished:
+            if self._end_epoch():
                 return
             self.apply_decision(first=False)
         self._finish("max_epochs")
@@ -310,7 +362,8 @@ class Trainer:
         label = name or (target.metric if target else "metric")
         self.reporter.send("metric", MetricReport(epoch=self.epoch, name=label, value=self.metric))
 
-    def _end_epoch(self) -> None:
+    def _end_epoch(self) -> bool:
+        """Report, checkpoint and start the next epoch; whether the job has finished."""
         var, sqr = self.stats.end_epoch(self.frozen)
         self.reporter.send("grad_stats", GradStats(self.epoch, self.frozen, tuple(var), tuple(sqr)))
         self._send_profile()
@@ -328,11 +381,13 @@ class Trainer:
         )
         if self.finished:
             self._finish(self.finished)
+            return True
+        return False
 
-    def _finish(self, reason: str) -> None:
+    def _finish(self, reason: Finish) -> None:
         self.finished = reason
         metric = self.metric if self.metric is not None else 0.0
-        self.reporter.send("finished", FinishedReport(reason, self.epoch, metric))  # type: ignore[arg-type]
+        self.reporter.send("finished", FinishedReport(reason, self.epoch, metric))
         if self.rank == 0:
             target = self.config.target
             print(
