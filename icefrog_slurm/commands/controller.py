@@ -8,10 +8,6 @@ filesystem, the report inbox and, when ``metrics.port`` is set, the Prometheus e
 ``--once`` makes one tick; ``--dry-run`` makes one tick, prints the plan as JSON and enacts
 nothing (nothing is recorded either). ``--policy`` picks the policy: ``icefrog`` (default)
 or ``standin``.
-
-:func:`run` takes an optional ``after_step`` callback, called at each reconcile step point
-(a Slurm command done, its outcome logged, a decision file about to be renamed into place);
-the command line never sets it: only tests do, to kill the process at such a point.
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ from pathlib import Path
 
 from icefrog_slurm.controller.daemon import Controller
 from icefrog_slurm.controller.ports import FsJobFiles, SystemClock
-from icefrog_slurm.controller.reconcile import StepHook
 from icefrog_slurm.domain.plan import Policy
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.settings import Settings, load_settings
@@ -101,7 +96,7 @@ def setup_logging(settings: Settings, environ: dict[str, str]) -> None:
         logging.getLogger(name).setLevel(quiet)
 
 
-def run(args: argparse.Namespace, *, after_step: StepHook | None = None) -> int:
+def run(args: argparse.Namespace) -> int:
     from icefrog_slurm.store.inbox import ReportInbox, slurm_jobs_of
     from icefrog_slurm.store.sql import SqlStore
 
@@ -133,10 +128,9 @@ def run(args: argparse.Namespace, *, after_step: StepHook | None = None) -> int:
         cluster=cluster,
         store=store,
         clock=SystemClock(),
-        files=FsJobFiles(after_step=after_step),
+        files=FsJobFiles(),
         drain=inbox.drain,
         dry_run=args.dry_run,
-        after_step=after_step,
         on_tick=on_tick,
     )
     try:

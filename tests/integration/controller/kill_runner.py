@@ -6,7 +6,8 @@
 name matches REGEX (``re.fullmatch``). The points, by name:
 
 - ``<action>:done`` and ``<action>:logged``, ``link:logged``: a reconcile step (a Slurm
-  command returned; its outcome logged), from the controller's ``after_step`` hook;
+  command returned; its outcome logged), from the controller's ``after_step`` hook, which
+  :func:`watch_steps` hands to the controller the command builds;
 - ``decision:temp``: decision.json's temporary file is complete, not yet renamed;
 - ``run:<tool>`` / ``run:scontrol <subcommand>``: one Slurm command returned, also inside a
   backend method (``run:scontrol release`` is between the release and the ``StartTime=now``
@@ -20,6 +21,7 @@ tests that run a controller in a forked child.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import signal
@@ -76,6 +78,13 @@ def watch_commands(hook: Hook) -> None:
     subprocess.run = run  # type: ignore[assignment]
 
 
+def watch_steps(hook: Hook) -> None:
+    """Give ``icefrog controller``'s controller and job files ``hook`` as their
+    ``after_step`` (reconcile steps, ``decision:temp``); the command never sets one."""
+    for name in ("Controller", "FsJobFiles"):  # the names commands.controller builds them by
+        setattr(controller, name, functools.partial(getattr(controller, name), after_step=hook))
+
+
 def watch_drains(hook: Hook) -> None:
     """Call ``hook("drain:commit")`` after each store transaction a drain commits."""
     from icefrog_slurm.store.inbox import ReportInbox
@@ -111,10 +120,11 @@ def main(argv: Sequence[str]) -> int:
     rest = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
     hook = killer(ns.at, ns.nth)
     watch_commands(hook)
+    watch_steps(hook)
     watch_drains(hook)
     ctl = argparse.ArgumentParser(prog="icefrog controller")
     controller.add_arguments(ctl)
-    return controller.run(ctl.parse_args(rest), after_step=hook)
+    return controller.run(ctl.parse_args(rest))
 
 
 if __name__ == "__main__":
