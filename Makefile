@@ -11,7 +11,7 @@ TORCH := torch==2.13.0
 
 .PHONY: setup test lint typecheck importlint pytest demo cluster-up cluster-down clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)

@@ -50,7 +50,9 @@ def _save_killed_before_rename(folder: str) -> None:
 
 
 def _run(target: Any, *args: Any) -> int:
-    child = multiprocessing.get_context("fork").Process(target=target, args=args)
+    """``target(*args)`` in a fresh interpreter (spawn: a fork after torch ran a parallel
+    op in this process can hang the child in OpenMP); its exit code."""
+    child = multiprocessing.get_context("spawn").Process(target=target, args=args)
     child.start()
     child.join(60)
     assert child.exitcode is not None
