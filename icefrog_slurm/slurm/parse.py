@@ -23,8 +23,10 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
+
+from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
 from icefrog_slurm.domain.cluster import COMMENT_PREFIX, Gres, IcefrogTag
 from icefrog_slurm.slurm.port import (
@@ -40,6 +42,12 @@ log = logging.getLogger(__name__)
 _NULL = ("(null)", "N/A", "")
 # "Key=" starts a field of scontrol's one-line output; values may hold spaces (paths).
 _FIELD_START = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=")
+MAX_HOSTLIST_NAMES = 65536
+"""Most names one hostlist may expand to (counted before expanding: ``n[1-999999999]`` is
+refused, not built in memory)."""
+MAX_HOSTLIST_TEXT = 65536
+_HOSTLIST = re.compile(r"[A-Za-z0-9._\-\[\],]+")
+_NODE_NAME = re.compile(r"[A-Za-z0-9._\-]+")
 
 
 class ParseError(SlurmError, ValueError):
@@ -289,24 +297,72 @@ def parse_sinfo_nodes(text: str) -> tuple[NodeGpus, ...]:
     return tuple(nodes.values())
 
 
+def _check_hostlist(text: str) -> None:
+    """Refuse what is not a Slurm hostlist, or one too long, before anything is expanded.
+
+    Only what Slurm's hostlists use is accepted (names of letters, digits, ``.``, ``_``,
+    ``-``; bracketed ranges ``[1-3,5]``, zero padding kept): ClusterShell's own extensions
+    (``@group``, which could run a configured group command, the set operators ``!&^``,
+    ``/step``) are refused, and so is a list of more than :data:`MAX_HOSTLIST_NAMES` names,
+    counted from the ranges before anything is expanded.
+    """
+    if len(text) > MAX_HOSTLIST_TEXT or not _HOSTLIST.fullmatch(text):
+        raise ParseError(f"hostlist {text[:80]!r}: not a Slurm hostlist")
+    total = 0
+    for item in _split_top(text, "[]"):
+        count = 1
+        for group in re.findall(r"\[([^\[\]]*)\]", item):
+            count *= _range_size(group, text)
+        total += count
+        if total > MAX_HOSTLIST_NAMES:
+            raise ParseError(
+                f"hostlist {text[:80]!r}: more than {MAX_HOSTLIST_NAMES} names, refused"
+            )
+
+
+def _range_size(group: str, text: str) -> int:
+    n = 0
+    for part in group.split(","):
+        lo, _, hi = part.partition("-")
+        if not (lo.isdigit() and (hi or lo).isdigit()) or len(lo) > 9 or len(hi) > 9:
+            raise ParseError(f"hostlist {text[:80]!r}: bad range {part[:20]!r}")
+        n += max(int(hi or lo) - int(lo) + 1, 0)
+    return n
+
+
 def expand_hostlist(text: str) -> tuple[str, ...]:
     """``node[1-3,5],gpu07`` -> ("node1", "node2", "node3", "node5", "gpu07") like
-    ``scontrol show hostnames`` (zero padding kept; one bracket group a name)."""
+    ``scontrol show hostnames`` (zero padding kept, any number of bracket groups a name:
+    ``rack[1-2]-node[01-02]``), through ClusterShell's NodeSet. Names keep the order of
+    the comma list (each item's own names sorted), each once. Not a hostlist, or more than
+    :data:`MAX_HOSTLIST_NAMES` names: ParseError."""
     if _opt(text) is None:
         return ()
-    out: list[str] = []
-    for item in _split_top(text, "[]"):
-        m = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\]([^\[\]]*)", item)
-        if not m:
-            out.append(item)
-            continue
-        prefix, ranges, suffix = m.groups()
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            width = len(lo)
-            for n in range(int(lo), int(hi or lo) + 1):
-                out.append(f"{prefix}{n:0{width}d}{suffix}")
-    return tuple(out)
+    stripped = text.strip()
+    _check_hostlist(stripped)
+    names: dict[str, None] = {}
+    try:
+        for item in _split_top(stripped, "[]"):
+            names.update(dict.fromkeys(NodeSet(item, resolver=RESOLVER_NOGROUP)))
+    except NodeSetException as exc:
+        raise ParseError(f"hostlist {stripped[:80]!r}: {str(exc)[:120]}") from None
+    return tuple(names)
+
+
+def compress_hostlist(names: Iterable[str]) -> str:
+    """Node names -> a hostlist as Slurm prints one: ``node1,node2,node4`` ->
+    ``node[1-2,4]`` (sorted; only the last number of a name folds, as Slurm's
+    ``scontrol show hostlist`` does: ``rack1-node[01-02],rack2-node01``). A name that is
+    not a Slurm node name: ParseError."""
+    items = list(names)
+    if not items:
+        return ""
+    for name in items:
+        if not _NODE_NAME.fullmatch(name):
+            raise ParseError(f"node name {name[:80]!r}: not a Slurm node name")
+    nodes = NodeSet(resolver=RESOLVER_NOGROUP, fold_axis=[-1])
+    nodes.updaten(items)
+    return str(nodes)
 
 
 def parse_hostnames(text: str) -> tuple[str, ...]:

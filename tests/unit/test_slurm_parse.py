@@ -216,6 +216,69 @@ def test_expand_hostlist_forms() -> None:
     assert parse.expand_hostlist("") == () and parse.expand_hostlist("(null)") == ()
 
 
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("rack[1-2]-node[01-02]", ("rack1-node01", "rack1-node02", "rack2-node01", "rack2-node02")),
+        ("n[001-002]x", ("n001x", "n002x")),
+        ("a[1,3-4]b", ("a1b", "a3b", "a4b")),
+        ("node7", ("node7",)),
+        ("gpu1,gpu2,gpu1", ("gpu1", "gpu2")),
+        ("node[098-101]", ("node098", "node099", "node100", "node101")),
+        ("r[1-2]n[1-2],x", ("r1n1", "r1n2", "r2n1", "r2n2", "x")),
+    ],
+)
+def test_expand_hostlist_multi_group_padding_plain(text: str, names: tuple[str, ...]) -> None:
+    assert parse.expand_hostlist(text) == names
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("n[1-99999999]", "more than 65536 names"),  # refused before expansion
+        ("n[1-300]m[1-300]", "more than 65536 names"),  # 90000 names from two groups
+        ("n[1-65536],x", "more than 65536 names"),
+        ("n[1-99999999999999999999]", "bad range"),
+        ("@admins", "not a Slurm hostlist"),  # a ClusterShell group: never resolved
+        ("a,b!b", "not a Slurm hostlist"),
+        ("n[1-8/2]", "not a Slurm hostlist"),
+        ("n[1-2", "missing bracket"),
+        ("n[2-1]", "bad range"),
+        ("n[a-b]", "bad range"),
+        ("node 1", "not a Slurm hostlist"),
+    ],
+)
+def test_expand_hostlist_refuses_hostile_lists(text: str, why: str) -> None:
+    with pytest.raises(parse.ParseError, match=why):
+        parse.expand_hostlist(text)
+
+
+def test_expand_hostlist_at_the_cap() -> None:
+    assert len(parse.expand_hostlist("n[1-65536]")) == parse.MAX_HOSTLIST_NAMES
+
+
+@pytest.mark.parametrize(
+    ("names", "text"),
+    [
+        (["node1", "node2", "node4"], "node[1-2,4]"),  # scontrol show hostlist
+        (["node9", "node10", "node11"], "node[9-11]"),
+        (["node2", "node1"], "node[1-2]"),
+        (["rack1-node01", "rack1-node02", "rack2-node01"], "rack1-node[01-02],rack2-node01"),
+        (["gpu08", "gpu09", "gpu10", "a"], "a,gpu[08-10]"),
+        (["solo"], "solo"),
+        ([], ""),
+    ],
+)
+def test_compress_hostlist_like_slurm(names: list[str], text: str) -> None:
+    assert parse.compress_hostlist(names) == text
+    assert sorted(parse.expand_hostlist(text)) == sorted(names)
+
+
+def test_compress_hostlist_refuses_odd_names() -> None:
+    with pytest.raises(parse.ParseError, match="not a Slurm node name"):
+        parse.compress_hostlist(["node1", "@grp"])
+
+
 def test_tags() -> None:
     assert parse.parse_tag("icefrog:abc;prev=12") == IcefrogTag("abc", "12")
     assert parse.parse_tag("icefrog:abc") == IcefrogTag("abc")
