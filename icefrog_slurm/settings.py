@@ -244,6 +244,19 @@ class LoggingSettings:
 
 
 @dataclass(frozen=True)
+class ReportsSettings:
+    """What ``icefrog squeue``, ``sacct`` and ``show job`` show to whom."""
+
+    private: bool = False
+    """Like Slurm's ``PrivateData=jobs``: a user other than root and the members of
+    ``operator_group`` sees only his own jobs. Off by default, as in Slurm. A display rule,
+    not access control: whoever can read the database can read every job."""
+
+    operator_group: str | None = None
+    """A Unix group whose members see every job when ``private`` is on (unset: root only)."""
+
+
+@dataclass(frozen=True)
 class Settings:
     """All of the controller's settings: one section a field."""
 
@@ -276,6 +289,9 @@ class Settings:
 
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     """Logging."""
+
+    reports: ReportsSettings = field(default_factory=ReportsSettings)
+    """The reports (squeue, sacct, show job)."""
 
     def __post_init__(self) -> None:
         state = Path(self.state.dir)
