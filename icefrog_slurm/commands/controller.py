@@ -115,13 +115,13 @@ def run(args: argparse.Namespace) -> int:
         settings.inbox, store=store, slurm_jobs=slurm_jobs_of(cluster)
     )
     inbox.prepare()
-    on_tick = None
+    on_tick, on_lead = None, None
     if settings.metrics.port is not None and not args.dry_run:
         from icefrog_slurm.controller.metrics import ControllerMetrics
 
-        metrics = ControllerMetrics()
+        metrics = ControllerMetrics(jobs_per_gpu=settings.sharing.max_jobs_per_gpu)
         metrics.serve(port=settings.metrics.port, address=settings.metrics.address)
-        on_tick = metrics.observe
+        on_tick, on_lead = metrics.observe, metrics.lead
     controller = Controller(
         settings=settings,
         policy=policy,
@@ -132,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         drain=inbox.drain,
         dry_run=args.dry_run,
         on_tick=on_tick,
+        on_lead=on_lead,
     )
     try:
         if args.dry_run:

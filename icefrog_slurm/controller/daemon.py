@@ -17,6 +17,11 @@ loudly, abandons the tick and waits for the lock again (store/leader.py). A tick
    and the intents (nothing at all with ``dry_run``);
 3. advances the open intents on Slurm (:class:`~.reconcile.Reconciler`).
 
+Callbacks: ``on_tick`` gets each tick's :class:`TickReport` (what the round decided, the
+reconcile pass and the inbox drain did, how long each took), ``on_lead`` True when the
+controller takes the lead and False when it loses or gives it up (the metrics). Every log
+line about one job starts ``job=<icefrog id> slurm_job=<Slurm id>:``.
+
 The loop sleeps only when a tick left nothing to do: until the next round or inbox pass;
 while a job is checkpointing it comes back every ``reconcile_poll_s``. When slurmctld is
 down or slow (``SlurmUnavailable``) or the database fails, the tick is abandoned (its
@@ -33,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from icefrog_slurm.controller.ports import Clock, JobFiles, Lease, StorePort
+from icefrog_slurm.controller.ports import Clock, DrainCounts, JobFiles, Lease, StorePort
 from icefrog_slurm.controller.reconcile import Reconciler, ReconcileResult, StepHook, record
 from icefrog_slurm.controller.snapshot import build_snapshot
 from icefrog_slurm.controller.tick import round_due, tick
@@ -41,6 +46,7 @@ from icefrog_slurm.domain.plan import Plan, Policy
 from icefrog_slurm.domain.records import StoreSnapshot
 from icefrog_slurm.domain.snapshot import Snapshot
 from icefrog_slurm.errors import IcefrogError, InputError, LostLead
+from icefrog_slurm.jsonio import printable
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.port import ClusterPort, SlurmUnavailable
 
@@ -57,6 +63,9 @@ class TickReport:
     reconcile: ReconcileResult
     tick_s: float  # the tick's own work: snapshot, policy, record (Slurm polls included)
     jobs_by_state: dict[str, int]
+    reconcile_s: float = 0.0  # the reconcile pass after it
+    last_round_time: float | None = None  # when the last round was decided (this one's too)
+    drain: DrainCounts | None = None  # what this tick's inbox drain did (None: no drain)
 
 
 class Controller:
@@ -75,10 +84,12 @@ class Controller:
         dry_run: bool = False,
         after_step: StepHook | None = None,
         on_tick: Callable[[TickReport], None] | None = None,
+        on_lead: Callable[[bool], None] | None = None,
     ) -> None:
         self.settings, self.policy, self.cluster = settings, policy, cluster
         self.store, self.clock, self.drain = store, clock, drain
         self.dry_run, self.on_tick = dry_run, on_tick
+        self.on_lead = on_lead or (lambda _leading: None)  # took the lead (True), lost it
         self.reconciler = Reconciler(
             cluster=cluster,
             store=store,
@@ -96,9 +107,11 @@ class Controller:
         ticks = 0
         while max_ticks is None or ticks < max_ticks:
             lease = self._lead()
+            self.on_lead(True)
             try:
                 ticks = self._tick_while_leading(lease, ticks, max_ticks)
             finally:
+                self.on_lead(False)
                 lease.release()
         return ticks
 
@@ -174,12 +187,13 @@ class Controller:
     def tick_once(self) -> TickReport:
         """One tick (module docstring)."""
         now = self.clock.now()
+        drained = None
         if (
             self.drain is not None
             and not self.dry_run
             and (self._last_drain is None or now - self._last_drain >= self.settings.inbox.poll_s)
         ):
-            self.drain()
+            drained = self.drain()
             self._last_drain = now
         started = time.perf_counter()
         with self.store.transaction(consistent=True) as tx:
@@ -192,10 +206,20 @@ class Controller:
                 record(plan, tx)
         tick_s = time.perf_counter() - started
         result = ReconcileResult() if self.dry_run else self.reconciler.enact(plan)
+        reconcile_s = time.perf_counter() - started - tick_s
         counts: dict[str, int] = {}
         for j in snapshot.jobs:
             counts[j.job.state] = counts.get(j.job.state, 0) + 1
-        report = TickReport(plan=plan, reconcile=result, tick_s=tick_s, jobs_by_state=counts)
+        last = store_snapshot.last_round
+        report = TickReport(
+            plan=plan,
+            reconcile=result,
+            tick_s=tick_s,
+            jobs_by_state=counts,
+            reconcile_s=reconcile_s,
+            last_round_time=plan.time if plan.new_round else None if last is None else last.time,
+            drain=drained if isinstance(drained, DrainCounts) else None,
+        )
         self._log(report, snapshot)
         self.last = report
         if self.on_tick is not None:
@@ -223,6 +247,25 @@ class Controller:
                 len(plan.actions()),
                 report.tick_s,
             )
+            moved = plan.actions() if log.isEnabledFor(logging.INFO) else ()
+            for j in moved:  # one line a job the round moves: grep -w job=<id>
+                a = j.allocation
+                log.info(
+                    "job=%d slurm_job=%s: round %s: %s to %d GPU(s)%s, batch %d, %d frozen%s",
+                    j.job_id,
+                    j.slurm_job_id,
+                    plan.round_no,
+                    j.action,
+                    a.gpus,
+                    " shared" if a.shared else "",
+                    a.batch,
+                    a.frozen,
+                    f" ({printable(j.reason, 300)})" if j.reason else "",
+                )
+        if plan.state_changes and log.isEnabledFor(logging.INFO):
+            slurm_ids = {j.id: j.job.slurm_job_id for j in snapshot.jobs}
+            for job_id, state in plan.state_changes:
+                log.info("job=%d slurm_job=%s: now %s", job_id, slurm_ids.get(job_id), state)
         if r.commands or r.failed:
             log.info(
                 "reconcile: %d done, %d waiting, %d failed, %d Slurm commands",

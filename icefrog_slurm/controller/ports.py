@@ -17,7 +17,7 @@ import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, suppress
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from icefrog_slurm.controller.jobdir import UnsafeJobDir, open_job_dir
 from icefrog_slurm.domain.records import (
@@ -49,6 +49,24 @@ class SystemClock:
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
             time.sleep(seconds)
+
+
+@runtime_checkable
+class DrainCounts(Protocol):
+    """What one drain of the report inbox did, by outcome (the store's ``DrainResult``);
+    the daemon hands it on to the metrics."""
+
+    @property
+    def accepted(self) -> int: ...
+
+    @property
+    def rejected(self) -> int: ...
+
+    @property
+    def duplicates(self) -> int: ...
+
+    @property
+    def deferred(self) -> int: ...
 
 
 class Lease(Protocol):

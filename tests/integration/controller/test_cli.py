@@ -103,11 +103,12 @@ def test_metrics_endpoint_serves_a_ticks_figures() -> None:
     metrics.observe(report)
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     for line in (
-        "icefrog_round_duration_seconds 0.125",
-        "icefrog_solve_seconds 0.25",
+        "icefrog_round_duration_seconds_sum 0.125",
+        "icefrog_solve_duration_seconds_sum 0.25",
         'icefrog_jobs{state="running"} 3.0',
         "icefrog_gpus_allocated 3.0",
-        "icefrog_gpus_shared 2.0",
+        "icefrog_gpus_shared 1.0",  # the two shared jobs on node2 share one GPU
+        "icefrog_jobs_sharing 2.0",
         "icefrog_reallocations_total 2.0",
         "icefrog_capacity_gpus 16.0",
     ):
