@@ -67,7 +67,7 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, str | No
         if name == chosen:
             module = importlib.import_module(module_name)
             module.add_arguments(sp)
-            sp.set_defaults(_run=module.run)
+            sp.set_defaults(_run=module.run, _parser=sp)
     return parser, chosen
 
 
@@ -76,7 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     error's exit code (2 for bad input; argparse's own errors exit 2 as well)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser, _ = build_parser(args_list)
-    args = parser.parse_args(args_list)
+    args, extra = parser.parse_known_args(args_list)
+    if extra:  # the subcommand's usage, not the top level's (exits 2)
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     run = getattr(args, "_run", None)
     if run is None:
         parser.error("give a COMMAND (icefrog --help lists them)")

@@ -1,7 +1,9 @@
 """``icefrog show job ID``: one job's figures, trajectory and recent Slurm actions.
 
 ``ID`` is an icefrog job id or any Slurm job id of the job's chain (``--slurm``: only a
-Slurm job id). What is printed: ``report/show.py``.
+Slurm job id). What is printed: ``report/show.py``. Under ``[reports] private`` a user
+other than root or an operator gets for another user's job the answer of a job that does
+not exist (``commands/reportview.py``).
 """
 
 from __future__ import annotations
@@ -9,13 +11,14 @@ from __future__ import annotations
 import argparse
 
 from icefrog_slurm.commands import storeargs
+from icefrog_slurm.commands.reportview import report_view
 from icefrog_slurm.commands.storeargs import (
     add_store_arguments,
     open_store,
     print_json,
     print_lines,
 )
-from icefrog_slurm.errors import InputError
+from icefrog_slurm.errors import IcefrogError, InputError
 from icefrog_slurm.report.queries import read_job
 from icefrog_slurm.report.select import parse_id
 from icefrog_slurm.report.show import show_json, show_lines
@@ -31,18 +34,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--actions", type=int, default=10, metavar="N", help="recent Slurm actions (10)"
     )
     job.add_argument("--json", action="store_true", help="everything as JSON")
+    job.set_defaults(_parser=job)  # an unknown option prints this usage
 
 
 def run(args: argparse.Namespace) -> int:
     ident = parse_id(args.id.strip(), option="ID")
     if args.actions < 0:
         raise InputError(f"--actions {args.actions}: must be 0 or more")
+    t = storeargs.now()
+    view = report_view(args, now=t)
     store = open_store(args)
     try:
         detail = read_job(store, ident, slurm_id=args.slurm)
     finally:
         store.close()
-    t = storeargs.now()
+    if view.owner_uid is not None and detail.facts.job.owner_uid != view.owner_uid:
+        kind = "Slurm job id" if args.slurm else "icefrog job id or Slurm job id"
+        raise IcefrogError(f"no icefrog job with {kind} {ident}")
     if args.json:
         print_json(show_json(detail, now=t, actions=args.actions))
     else:

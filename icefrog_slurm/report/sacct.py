@@ -1,8 +1,8 @@
 """``icefrog sacct``: one accounting row a job, its fields, and its JSON form. Pure.
 
 Times print like sacct (``YYYY-MM-DDTHH:MM:SS``, ``Unknown`` when absent) and durations
-as ``[D-]HH:MM:SS``; JSON carries the raw numbers (seconds since the epoch, seconds) so
-nothing is lost to formatting. How each figure is computed: ``report/jobs.py``.
+as ``[D-]HH:MM:SS``; JSON carries the numbers (whole seconds since the epoch, whole
+seconds, as Slurm prints them) inside Slurm's envelope (``report/envelope.py``). How each figure is computed: ``report/jobs.py``.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from icefrog_slurm.report import jobs
+from icefrog_slurm.report.envelope import seconds
 from icefrog_slurm.report.jobs import JobFacts
 from icefrog_slurm.report.table import Field
 from icefrog_slurm.report.timefmt import format_duration, format_time
@@ -32,6 +33,7 @@ class AcctRow:
     reallocations: int
     final_metric: float | None
     reached: bool
+    partition: str = ""
 
     @property
     def alloc_gpus(self) -> int:
@@ -39,7 +41,7 @@ class AcctRow:
         return history[-1].allocation.gpus if history else 0
 
 
-def acct_row(facts: JobFacts, *, now: float) -> AcctRow:
+def acct_row(facts: JobFacts, *, now: float, partition: str = "") -> AcctRow:
     job = facts.job
     end = jobs.end_or_now(job, now)
     restarts, reallocations = jobs.restarts_and_reallocations(facts.history)
@@ -53,6 +55,7 @@ def acct_row(facts: JobFacts, *, now: float) -> AcctRow:
         reallocations=reallocations,
         final_metric=jobs.final_metric(facts),
         reached=jobs.target_reached(facts),
+        partition=partition,
     )
 
 
@@ -78,6 +81,7 @@ FIELDS: tuple[Field[AcctRow], ...] = (
     Field("JobName", 10, lambda r: r.facts.job.name, help="job name"),
     Field("User", 9, lambda r: r.facts.job.owner_user, help="owner's user name"),
     Field("UID", 6, lambda r: str(r.facts.job.owner_uid), help="owner's uid"),
+    Field("Partition", 10, lambda r: r.partition, help="the controller's partition"),
     Field("State", 10, lambda r: jobs.state_name(r.facts.job.state), help="job state"),
     Field("Submit", 19, lambda r: format_time(r.facts.job.submit_time), help="submitted"),
     Field("Start", 19, lambda r: format_time(r.facts.job.start_time), help="first ran"),
@@ -105,13 +109,14 @@ def acct_json(row: AcctRow) -> dict[str, Any]:
         "name": job.name,
         "user": job.owner_user,
         "uid": job.owner_uid,
+        "partition": row.partition,
         "state": jobs.state_name(job.state),
-        "submit_time": job.submit_time,
-        "start_time": job.start_time,
-        "end_time": job.end_time,
-        "elapsed_s": row.elapsed_s,
-        "jct_s": row.jct_s,
-        "tta_s": row.tta_s,
+        "submit_time": seconds(job.submit_time),
+        "start_time": seconds(job.start_time),
+        "end_time": seconds(job.end_time),
+        "elapsed_s": seconds(row.elapsed_s),
+        "jct_s": seconds(row.jct_s),
+        "tta_s": seconds(row.tta_s),
         "gpu_hours": row.gpu_hours,
         "alloc_gpus": row.alloc_gpus,
         "restarts": row.restarts,

@@ -4,7 +4,8 @@ The summary is ``Key=Value`` pairs like ``scontrol show job``, with the figures 
 ``icefrog sacct`` (same code). The trajectory has one line per round whose decision
 differs from the one before in GPUs, sharing, nodes, batch, frozen layers or ψ (as
 printed, 3 decimals); predicted TTA and IceShare move every round and do not start a
-line by themselves.
+line by themselves. Node lists print compressed (``node[1-2]``) and JSON times are whole
+seconds, as in the other reports.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any
 from icefrog_slurm.domain.records import SlurmAction
 from icefrog_slurm.report import jobs
 from icefrog_slurm.report.queries import ShownJob
+from icefrog_slurm.report.envelope import seconds
 from icefrog_slurm.report.sacct import acct_json, acct_row, number
+from icefrog_slurm.report.squeue import node_list
 from icefrog_slurm.report.table import Column, Field, render_table
 from icefrog_slurm.report.timefmt import format_duration, format_time
 from icefrog_slurm.store.views import Decided
@@ -36,7 +39,7 @@ TRAJECTORY: tuple[Field[Decided], ...] = (
     Field("Psi", 5, lambda d: _opt(d.allocation.psi)),
     Field("PredTTA", 10, lambda d: format_duration(d.allocation.predicted_tta_s)),
     Field("IceShare", 8, lambda d: _opt(d.allocation.share)),
-    Field("NodeList", 20, lambda d: ",".join(d.allocation.nodes), left=True),
+    Field("NodeList", 20, lambda d: node_list(d.allocation.nodes), left=True),
 )
 
 ACTIONS: tuple[Field[SlurmAction], ...] = (
@@ -121,12 +124,14 @@ def show_json(detail: ShownJob, *, now: float, actions: int) -> dict[str, Any]:
     return {
         "job": acct_json(acct_row(facts, now=now)),
         "trajectory": [
-            {"round": d.round_no, "time": d.time, **_allocation_json(d)}
+            {"round": d.round_no, "time": seconds(d.time), **_allocation_json(d)}
             for d in changes(facts.history)
         ],
         "rounds_decided": len(facts.history),
         "reason": _wait_text(facts.history, jobs.wait_reason(facts.job, _last(facts.history))),
-        "actions": [{**asdict(a), "command": list(a.command)} for a in recent],
+        "actions": [
+            {**asdict(a), "time": seconds(a.time), "command": list(a.command)} for a in recent
+        ],
         "actions_total": len(detail.actions),
     }
 
@@ -134,5 +139,6 @@ def show_json(detail: ShownJob, *, now: float, actions: int) -> dict[str, Any]:
 def _allocation_json(d: Decided) -> dict[str, Any]:
     values = asdict(d.allocation)
     values.pop("job_id")
-    values["nodes"] = list(d.allocation.nodes)
+    values["nodes"] = node_list(d.allocation.nodes)
+    values["predicted_tta_s"] = seconds(d.allocation.predicted_tta_s)
     return values

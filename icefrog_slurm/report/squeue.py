@@ -3,7 +3,8 @@
 The decision fields (GPUs, shared, nodes, batch, frozen layers, ψ, predicted TTA,
 IceShare) are those of the most recent round that decided the job; ``N/A`` before any
 round did. ``NodeList(Reason)`` shows the nodes of a running job and ``(reason)`` for a
-waiting one, as squeue's ``NODELIST(REASON)`` does.
+waiting one, as squeue's ``NODELIST(REASON)`` does. Node lists print compressed as Slurm
+prints them (``node[1-2,4]``), in text and in JSON.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from icefrog_slurm.domain.records import Allocation
 from icefrog_slurm.report import jobs
 from icefrog_slurm.report.queries import QueuedJob
 from icefrog_slurm.report.table import Field
+from icefrog_slurm.report.envelope import seconds
 from icefrog_slurm.report.timefmt import format_duration
+from icefrog_slurm.slurm.parse import ParseError, compress_hostlist
 
 DEFAULT_FORMAT = (
     "JobID,SlurmJobID,Name,User,ST,Time,GPUs,Shared,Batch,Frozen,Psi,PredTTA,IceShare,"
@@ -29,6 +32,7 @@ NA = "N/A"
 class QueueRow:
     queued: QueuedJob
     now: float
+    partition: str = ""
 
     @property
     def allocation(self) -> Allocation | None:
@@ -57,6 +61,14 @@ def _decided(text: Callable[[Allocation], str]) -> Callable[[QueueRow], str]:
     return get
 
 
+def node_list(nodes: tuple[str, ...]) -> str:
+    """Nodes as a Slurm hostlist (``node[1-2]``); a name Slurm would not print, joined."""
+    try:
+        return compress_hostlist(nodes)
+    except ParseError:
+        return ",".join(nodes)
+
+
 def _fixed(value: float | None, digits: int = 3) -> str:
     return NA if value is None else f"{value:.{digits}f}"
 
@@ -65,7 +77,7 @@ def _node_list_reason(row: QueueRow) -> str:
     if row.reason:
         return f"({row.reason})"
     a = row.allocation
-    return ",".join(a.nodes) if a is not None else ""
+    return node_list(a.nodes) if a is not None else ""
 
 
 FIELDS: tuple[Field[QueueRow], ...] = (
@@ -73,6 +85,7 @@ FIELDS: tuple[Field[QueueRow], ...] = (
     Field("SlurmJobID", 12, lambda r: r.queued.job.slurm_job_id, help="current Slurm job id"),
     Field("Name", 10, lambda r: r.queued.job.name, help="job name"),
     Field("User", 9, lambda r: r.queued.job.owner_user, help="owner's user name"),
+    Field("Partition", 9, lambda r: r.partition, help="the controller's partition"),
     Field("ST", 2, lambda r: jobs.state_code(r.queued.job.state), help="state, compact"),
     Field("State", 9, lambda r: jobs.state_name(r.queued.job.state), help="state"),
     Field("Time", 10, lambda r: format_duration(r.time_s), help="time running"),
@@ -80,7 +93,7 @@ FIELDS: tuple[Field[QueueRow], ...] = (
     Field("GPUs", 4, _decided(lambda a: str(a.gpus)), help="GPUs decided (0: wait)"),
     Field("Shared", 6, _decided(lambda a: "yes" if a.shared else "no"), help="on a shared GPU"),
     Field("Nodes", 5, _decided(lambda a: str(len(a.nodes))), help="number of nodes"),
-    Field("NodeList", 15, _decided(lambda a: ",".join(a.nodes)), left=True, help="nodes"),
+    Field("NodeList", 15, _decided(lambda a: node_list(a.nodes)), left=True, help="nodes"),
     Field("Batch", 5, _decided(lambda a: str(a.batch)), help="per-GPU batch"),
     Field("Frozen", 6, _decided(lambda a: str(a.frozen)), help="frozen layers"),
     Field("Psi", 5, _decided(lambda a: _fixed(a.psi)), help="frozen penalty ψ (eq 3)"),
@@ -104,15 +117,16 @@ def queue_json(row: QueueRow) -> dict[str, Any]:
         "name": job.name,
         "user": job.owner_user,
         "state": jobs.state_name(job.state),
-        "time_s": row.time_s,
+        "partition": row.partition,
+        "time_s": seconds(row.time_s),
         "round": None if latest is None else latest.round_no,
         "gpus": None if a is None else a.gpus,
         "shared": None if a is None else a.shared,
-        "nodes": None if a is None else list(a.nodes),
+        "nodes": None if a is None else node_list(a.nodes),
         "batch": None if a is None else a.batch,
         "frozen": None if a is None else a.frozen,
         "psi": None if a is None else a.psi,
-        "predicted_tta_s": None if a is None else a.predicted_tta_s,
+        "predicted_tta_s": None if a is None else seconds(a.predicted_tta_s),
         "ice_share": None if a is None else a.share,
         "reason": row.reason or None,
     }

@@ -10,7 +10,12 @@ left-justifies. A value wider than its column is cut and ends in ``+``, as in sa
 - :func:`render_table`: a header, a dash line (sacct; squeue has none), then one line a
   row; columns are separated by one space (trailing spaces are dropped).
 - :func:`render_parsable`: ``|``-separated (``-P/--parsable2``: no trailing ``|``;
-  ``-p/--parsable``: a trailing ``|``), header first unless told not to.
+  ``-p/--parsable``: a trailing ``|``; ``--delimiter`` another separator), header first
+  unless told not to.
+- :func:`parse_long_format`: squeue's ``-O/--Format`` (``name[:[.][size][suffix]]``: left
+  justified unless ``.``, a suffix printed after the value).
+- :func:`parse_sort` / :func:`sort_rows`: squeue's ``--sort`` (``[+|-]FIELD`` comma list;
+  numbers compare as numbers).
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from icefrog_slurm.limits import MAX_FORMAT_WIDTH
 
 R = TypeVar("R")
 _ITEM = re.compile(r"^([A-Za-z][A-Za-z0-9_()\-]*)(?:%(-?)(\d+))?$")
+_LONG_ITEM = re.compile(r"^([A-Za-z][A-Za-z0-9_()\-]*)(?::(\.?)(\d*)(.*))?$")
+_NUMBER = re.compile(r"^-?\d+(?:\.\d+)?$")
+MAX_SUFFIX = 64
 
 
 @dataclass(frozen=True)
@@ -43,12 +51,14 @@ class Column(Generic[R]):
     field: Field[R]
     width: int
     left: bool
+    suffix: str = ""  # squeue -O's text after the value
 
     def fit(self, value: str, *, mark: bool = True) -> str:
         """The value cut to the width (last kept character ``+`` when ``mark``), padded."""
         if len(value) > self.width:
             value = value[: self.width - 1] + "+" if mark else value[: self.width]
-        return value.ljust(self.width) if self.left else value.rjust(self.width)
+        padded = value.ljust(self.width) if self.left else value.rjust(self.width)
+        return padded + self.suffix
 
 
 def field_index(fields: Iterable[Field[R]]) -> dict[str, Field[R]]:
@@ -82,6 +92,72 @@ def parse_format(text: str, fields: Mapping[str, Field[R]], *, option: str) -> l
     return columns
 
 
+def parse_long_format(text: str, fields: Mapping[str, Field[R]], *, option: str) -> list[Column[R]]:
+    """squeue's ``-O``: ``JobID,Name:30,GPUs:.6`` to columns (left-justified, ``.`` right)."""
+    columns: list[Column[R]] = []
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        match = _LONG_ITEM.match(item)
+        found = fields.get(match.group(1).lower()) if match else None
+        if match is None or found is None:
+            name = match.group(1) if match else item
+            valid = ", ".join(f.name for f in fields.values())
+            raise InputError(f"{option}: unknown field {name[:40]!r}; valid fields: {valid}")
+        dot, width, suffix = match.group(2) or "", match.group(3) or "", match.group(4) or ""
+        if len(suffix) > MAX_SUFFIX or not suffix.isprintable():
+            raise InputError(
+                f"{option}: field {item[:40]!r}: the suffix must be printable, "
+                f"at most {MAX_SUFFIX} characters"
+            )
+        columns.append(
+            Column(
+                field=found,
+                width=_width(width, item, option) if width else found.width,
+                left=not dot,
+                suffix=suffix,
+            )
+        )
+    if not columns:
+        raise InputError(f"{option}: no fields given")
+    return columns
+
+
+def parse_sort(
+    text: str, fields: Mapping[str, Field[R]], *, option: str
+) -> list[tuple[Field[R], bool]]:
+    """``--sort -Time,User``: (field, descending) pairs, first key first."""
+    keys: list[tuple[Field[R], bool]] = []
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        descending = item.startswith("-")
+        name = item[1:] if item[:1] in "+-" else item
+        found = fields.get(name.lower())
+        if found is None:
+            valid = ", ".join(f.name for f in fields.values())
+            raise InputError(f"{option}: unknown field {name[:40]!r}; valid fields: {valid}")
+        keys.append((found, descending))
+    if not keys:
+        raise InputError(f"{option}: no fields given")
+    return keys
+
+
+def sort_rows(rows: Sequence[R], keys: Sequence[tuple[Field[R], bool]]) -> list[R]:
+    """Rows ordered by each key in turn (stable); numbers before text, numbers by value."""
+    out = list(rows)
+    for field, descending in reversed(keys):
+        texts = {id(row): _sort_key(field.text(row)) for row in out}
+        out.sort(key=lambda row: texts[id(row)], reverse=descending)
+    return out
+
+
+def _sort_key(text: str) -> tuple[int, float, str]:
+    return (0, float(text), "") if _NUMBER.match(text) else (1, 0.0, text)
+
+
 def _width(digits: str, item: str, option: str) -> int:
     """The ``%N`` of a ``--format`` item: 1 to :data:`MAX_FORMAT_WIDTH` columns."""
     digits = digits.lstrip("0")
@@ -113,13 +189,18 @@ def render_table(
 
 
 def render_parsable(
-    columns: Sequence[Column[R]], rows: Iterable[R], *, header: bool, trailing: bool
+    columns: Sequence[Column[R]],
+    rows: Iterable[R],
+    *,
+    header: bool,
+    trailing: bool,
+    delimiter: str = "|",
 ) -> list[str]:
-    end = "|" if trailing else ""
+    end = delimiter if trailing else ""
     lines: list[str] = []
     if header:
-        lines.append("|".join(c.field.name for c in columns) + end)
-    lines.extend("|".join(c.field.text(row) for c in columns) + end for row in rows)
+        lines.append(delimiter.join(c.field.name for c in columns) + end)
+    lines.extend(delimiter.join(c.field.text(row) for c in columns) + end for row in rows)
     return lines
 
 

@@ -1,15 +1,19 @@
 """Times and durations the way Slurm's sacct/squeue print and read them (local time zone).
 
-- :func:`format_time`: ``YYYY-MM-DDTHH:MM:SS``, ``Unknown`` when absent.
+- :func:`format_time`: ``YYYY-MM-DDTHH:MM:SS``, ``Unknown`` when absent; another style
+  when ``SLURM_TIME_FORMAT`` asks for one (:func:`parse_time_style`, :func:`use_time_style`:
+  ``standard``, ``relative`` or a strftime pattern holding ``%``, as Slurm reads it).
 - :func:`format_duration`: ``[D-]HH:MM:SS`` (sacct's Elapsed; days unpadded like Slurm).
 - :func:`parse_time`: the subset of sacct's ``-S/-E`` formats listed in its docstring.
 
-The current time is always passed in; nothing here reads a clock.
+The current time is always passed in; nothing here reads a clock. The style is set once a
+report (:func:`use_time_style`) before any row is formatted.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from icefrog_slurm.errors import InputError
@@ -45,11 +49,79 @@ _CLOCK = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?$")
 _NAMED = {"midnight": (0, 0), "noon": (12, 0), "teatime": (16, 0)}
 
 
+MAX_TIME_PATTERN = 256
+"""Longest strftime pattern ``SLURM_TIME_FORMAT`` may give."""
+
+
+@dataclass(frozen=True)
+class TimeStyle:
+    """How times print: ``standard`` (ISO), ``relative`` (Slurm's) or a strftime pattern."""
+
+    kind: str = "standard"
+    pattern: str = ""
+    now: float = 0.0  # the report's time, for ``relative``
+
+
+STANDARD = TimeStyle()
+_style = STANDARD
+
+
+def parse_time_style(
+    text: str | None, *, now: float, option: str = "SLURM_TIME_FORMAT"
+) -> TimeStyle:
+    """``SLURM_TIME_FORMAT`` as Slurm reads it: unset or ``standard``, ``relative``, or a
+    strftime pattern (it holds a ``%``); anything else is an InputError naming it."""
+    if text is None or text == "" or text == "standard":
+        return STANDARD
+    if text == "relative":
+        return TimeStyle("relative", now=now)
+    if "%" in text and len(text) <= MAX_TIME_PATTERN and text.isprintable():
+        try:
+            datetime.fromtimestamp(now).strftime(text)
+        except ValueError:
+            pass
+        else:
+            return TimeStyle("strftime", pattern=text)
+    raise InputError(
+        f"{option} {text[:80]!r}: use standard, relative or a strftime pattern holding % "
+        f"(printable, at most {MAX_TIME_PATTERN} characters)"
+    )
+
+
+def use_time_style(style: TimeStyle) -> None:
+    """The style every :func:`format_time` of this report uses (set once, by the command)."""
+    global _style
+    _style = style
+
+
 def format_time(t: float | None) -> str:
-    """Seconds since the epoch as local ``YYYY-MM-DDTHH:MM:SS``; ``Unknown`` for None."""
+    """Seconds since the epoch as local ``YYYY-MM-DDTHH:MM:SS`` (or the style of
+    :func:`use_time_style`); ``Unknown`` for None."""
     if t is None:
         return UNKNOWN
-    return datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S")
+    when = datetime.fromtimestamp(t)
+    if _style.kind == "strftime":
+        return when.strftime(_style.pattern)
+    if _style.kind == "relative":
+        return _relative(when, datetime.fromtimestamp(_style.now))
+    return when.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _relative(when: datetime, now: datetime) -> str:
+    """Slurm's ``relative``: ``HH:MM:SS`` today; ``Ystday``/``Tomorr``/a weekday of the
+    coming week with ``HH:MM``; else ``25 Apr`` this year, ``6 Jun 2012`` another."""
+    days = (when.date() - now.date()).days
+    if days == 0:
+        return when.strftime("%H:%M:%S")
+    if when.year != now.year:
+        return f"{when.day} {when:%b %Y}"
+    if days == -1:
+        return when.strftime("Ystday %H:%M")
+    if days == 1:
+        return when.strftime("Tomorr %H:%M")
+    if 1 < days < 7:
+        return when.strftime("%a %H:%M")
+    return f"{when.day} {when:%b}"
 
 
 def format_duration(seconds: float | None) -> str:

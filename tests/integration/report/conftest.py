@@ -17,6 +17,8 @@ def _utc_and_fixed_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()
     monkeypatch.setattr(storeargs, "now", lambda: NOW)
+    for name in ("SACCT_FORMAT", "SQUEUE_FORMAT", "SQUEUE_FORMAT2", "SLURM_TIME_FORMAT"):
+        monkeypatch.delenv(name, raising=False)  # the caller's own would change the output
     yield
     monkeypatch.undo()
     time.tzset()

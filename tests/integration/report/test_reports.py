@@ -155,27 +155,31 @@ def test_squeue_table_options_and_json(db: list[str], capsys: pytest.CaptureFixt
     code, out, _ = run(capsys, "squeue", *db, "-j", "107,200", "-t", "CD,PD", "-o", "JobID%-3")
     assert out == "JOB\n1\n2\n"
     code, out, _ = run(capsys, "squeue", *db, "--json", "-j", "1,3", "-t", "all")
-    jobs = json.loads(out)["jobs"]
+    doc = json.loads(out)
+    assert (doc["meta"]["Slurm"]["release"], doc["errors"], doc["warnings"]) == ("22.05", [], [])
+    assert doc["meta"]["plugin"]["type"] == "icefrog"
+    jobs = doc["jobs"]
     assert [j["job_id"] for j in jobs] == [1, 3]
     assert jobs[0] | {"time_s": None} == {
         "job_id": 1,
         "slurm_job_id": "107",
         "name": "cnn",
         "user": "alice",
+        "partition": "gpu",
         "state": "COMPLETED",
         "time_s": None,
         "round": 5,
         "gpus": 4,
         "shared": False,
-        "nodes": ["n1", "n2"],
+        "nodes": "n[1-2]",
         "batch": 64,
         "frozen": 2,
         "psi": 0.7,
-        "predicted_tta_s": 3000.0,
+        "predicted_tta_s": 3000,
         "ice_share": 1.0,
         "reason": None,
     }
-    assert (jobs[1]["shared"], jobs[1]["time_s"], jobs[1]["nodes"]) == (True, 4700.0, ["n3"])
+    assert (jobs[1]["shared"], jobs[1]["time_s"], jobs[1]["nodes"]) == (True, 4700, "n3")
     code, _, err = run(capsys, "squeue", *db, "-o", "JobID,Nope")
     assert code == 2 and "unknown field 'Nope'" in err
 
@@ -194,9 +198,9 @@ Trajectory: 4 of 5 rounds changed the decision
  Round                Time GPUs Shared Batch Frozen   Psi    PredTTA IceShare NodeList
 ------ ------------------- ---- ------ ----- ------ ----- ---------- -------- --------------------
      1 2026-11-20T08:00:00    2     no    64      0 1.000   02:00:00    0.900 n1
-     2 2026-11-20T08:30:00    4     no    64      2 0.800   01:23:20    1.000 n1,n2
+     2 2026-11-20T08:30:00    4     no    64      2 0.800   01:23:20    1.000 n[1-2]
      4 2026-11-20T09:30:00    0     no    64      2 0.800
-     5 2026-11-20T10:00:00    4     no    64      2 0.700   00:50:00    1.000 n1,n2
+     5 2026-11-20T10:00:00    4     no    64      2 0.700   00:50:00    1.000 n[1-2]
 
 Slurm actions: latest 2 of 3
                Time Action       Outcome  RC SlurmJobID Command
@@ -223,7 +227,7 @@ def test_show_job_trajectory_chain_and_actions(
             "batch": 32,
             "frozen": 0,
             "shared": True,
-            "nodes": ["n3"],
+            "nodes": "n3",
             "psi": 1.0,
             "predicted_tta_s": None,
             "share": 0.6,
