@@ -1,11 +1,24 @@
-"""The one thing pyproject.toml cannot say: the top-level ``db/`` folder (alembic's
-environment and migrations) installs as the package ``icefrog_slurm.db``, beside the
-packages found under ``icefrog_slurm/`` and ``launcher/``. Everything else is in
-pyproject.toml."""
+"""What pyproject.toml cannot say: three folders outside ``icefrog_slurm/`` install as its
+packages, beside those found under ``icefrog_slurm/`` and ``launcher/``:
+
+- ``db/`` (alembic's environment and migrations) as ``icefrog_slurm.db``;
+- ``slurm_conf/`` (the systemd unit, the example settings, slurm.conf and gres.conf; not its
+  ``dev/``) as ``icefrog_slurm.examples``;
+- ``docs/`` (the guides the unit's ``Documentation=`` names) as ``icefrog_slurm.docs``.
+
+``icefrog admin install-files DEST`` copies the last two out of an installed wheel. Their
+files are listed under ``[tool.setuptools.package-data]`` in pyproject.toml; everything
+else is there too."""
 
 from setuptools import find_packages, setup
 
+MAPPED = {
+    "icefrog_slurm.db": "db",
+    "icefrog_slurm.examples": "slurm_conf",
+    "icefrog_slurm.docs": "docs",
+}
+
 setup(
-    packages=[*find_packages(include=["icefrog_slurm*", "launcher*"]), "icefrog_slurm.db"],
-    package_dir={"icefrog_slurm.db": "db"},
+    packages=[*find_packages(include=["icefrog_slurm*", "launcher*"]), *MAPPED],
+    package_dir=MAPPED,
 )
