@@ -64,12 +64,18 @@ class DecisionWriter:
             self._refused(job, run_dir, str(exc))
             return True
         except (OSError, IcefrogError) as exc:
-            log.warning("job %d: decision.json not written yet: %s", job.job_id, exc)
+            log.warning(
+                "job=%d slurm_job=%s: decision.json not written yet: %s",
+                job.job_id, job.slurm_job_id, printable(str(exc), 500),
+            )  # fmt: skip
             return False
         return True
 
     def _refused(self, job: JobPlan, run_dir: str, reason: str) -> None:
-        log.warning("job %d: decision.json not written: %s", job.job_id, printable(reason))
+        log.warning(
+            "job=%d slurm_job=%s: decision.json not written: %s",
+            job.job_id, job.slurm_job_id, printable(reason),
+        )  # fmt: skip
         with self.store.transaction() as tx:
             tx.log_action(
                 action="decision",

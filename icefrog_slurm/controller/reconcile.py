@@ -51,6 +51,7 @@ from icefrog_slurm.domain.cluster import SlurmJobState
 from icefrog_slurm.domain.plan import Plan, SlurmRequest
 from icefrog_slurm.domain.records import ACTIVE_STATES, Intent
 from icefrog_slurm.errors import IcefrogError
+from icefrog_slurm.jsonio import printable
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.port import ClusterPort, SlurmRejected, SlurmUnavailable
 
@@ -228,17 +229,21 @@ class Reconciler:
                 return "done"
             tx.start_intent(intent_id=intent.id, now=self.clock.now())
         try:
-            detail = self._converge(intent, job.id, job.slurm_job_id, target, result)
+            sid = job.slurm_job_id
+            detail = self._converge(intent, job.id, sid, target, result)
         except _Waiting:
             return "waiting"
         except SlurmRejected as exc:
-            log.error("intent %d (job %s, %s) failed: %s", intent.id, job.id, intent.action, exc)
+            log.error(
+                "job=%d slurm_job=%s: intent %d (%s) failed: %s",
+                job.id, job.slurm_job_id, intent.id, intent.action, printable(str(exc), 500),
+            )  # fmt: skip
             with self.store.transaction() as tx:
                 self._finish(tx, intent, "failed", str(exc))
             return "failed"
         with self.store.transaction() as tx:
             self._finish(tx, intent, "done", detail)
-        log.info("job %d: %s done (%s)", job.id, intent.action, detail)
+        log.info("job=%d slurm_job=%s: %s done (%s)", job.id, sid, intent.action, detail)
         return "done"
 
     def _converge(
@@ -312,7 +317,8 @@ class Reconciler:
         if not marked and waited < self.settings.controller.checkpoint_timeout_s:
             raise _Waiting
         if not marked:
-            log.warning("job %d: no checkpoint after %.0f s; requeued anyway", job_id, waited)
+            msg = "job=%d slurm_job=%s: no checkpoint after %.0f s; requeued anyway"
+            log.warning(msg, job_id, sid, waited)
         self._do(
             intent, job_id, sid, "requeue_hold", r, lambda: self.cluster.requeue_hold(job_id=sid)
         )
@@ -416,8 +422,9 @@ class Reconciler:
         )
         if wait > 0:
             log.info(
-                "job %d: launch refused (%s); released again in %.0f s", job_id, state.reason, wait
-            )
+                "job=%d slurm_job=%s: launch refused (%s); released again in %.0f s",
+                job_id, state.job_id, printable(state.reason, 200), wait,
+            )  # fmt: skip
             raise _Waiting
 
     # ----- bookkeeping -------------------------------------------------------------------

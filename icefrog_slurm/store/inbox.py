@@ -29,7 +29,9 @@ job Slurm has forgotten falls back to the owner the store recorded at register. 
 read is moved to ``<archive>/accepted|rejected/<job id>/``
 (entries that are no job folder to ``rejected/_inbox``); if a move fails the file is
 deleted, so nothing is ever processed twice. All file operations go through directory file
-descriptors with ``O_NOFOLLOW`` (``inbox_files``).
+descriptors with ``O_NOFOLLOW`` (``inbox_files``). Each log line about a report starts
+``job=<icefrog job id> slurm_job=<Slurm job id>:`` (as far as they are known), and
+:meth:`ReportInbox.drain` returns the counts by outcome (the controller's metrics).
 
 Guarantees:
 
@@ -271,9 +273,9 @@ class ReportInbox:
             owner = owners[f.job_id].uid
             if owner is not None and f.uid not in (owner, 0):
                 log.warning(
-                    "inbox: folder %s is held by uid %d (%s), not by uid %d who owns Slurm "
-                    "job %s: its files are rejected and the folder removed",
-                    f.name, f.uid, user_name(f.uid), owner, f.job_id,
+                    "slurm_job=%s: inbox: folder %s is held by uid %d (%s), not by uid %d who "
+                    "owns Slurm job %s: its files are rejected and the folder removed",
+                    f.job_id, f.name, f.uid, printable(user_name(f.uid)), owner, f.job_id,
                 )  # fmt: skip
 
     def _remove_folders(
@@ -294,12 +296,12 @@ class ReportInbox:
         try:
             return self._judge(inbox_fd, item, owners)
         except Exception as exc:  # a fault outside any report's reach: try again next drain
-            log.error("inbox: %s waits: %s", item.where, _why(exc))
+            log.error("%sinbox: %s waits: %s", _fields(None, item), item.where, _why(exc))
             return "deferred"
 
     def _judge(self, inbox_fd: int, item: Item, owners: dict[str, _Owner]) -> str:
         now = self.clock()
-        size, claim = 0, None
+        size, claim, job_id = 0, None, None
         try:
             if item.folder is None:
                 self._quarantine(inbox_fd, item, "not a job folder: <job id>[.<token>]", 0, None)
@@ -310,7 +312,7 @@ class ReportInbox:
                     raw, size = self._read(job_fd, item, owner)
                     claim = self._check(raw, item, owner, now)
                     with self.store.transaction() as tx:
-                        outcome = apply_report(tx, claim, icefrog=owner.icefrog, now=now)
+                        outcome, job_id = apply_report(tx, claim, icefrog=owner.icefrog, now=now)
                 except Rejected as exc:
                     self._quarantine(job_fd, item, str(exc), size, claim)
                     return "rejected"
@@ -319,7 +321,10 @@ class ReportInbox:
                 except Exception as exc:
                     if _transient_db(exc):
                         self._db_fault = True
-                        log.warning("inbox: %s waits, the store failed: %s", item.where, _why(exc))
+                        log.warning(
+                            "%sinbox: %s waits, the store failed: %s",
+                            _fields(None, item), item.where, _why(exc),
+                        )  # fmt: skip
                         return "deferred"
                     self._quarantine(job_fd, item, f"cannot be handled: {_why(exc)}", size, claim)
                     return "rejected"
@@ -327,10 +332,13 @@ class ReportInbox:
         except _Deferred:
             return "deferred"
         except OSError as exc:  # the folder was swapped or removed since the scan
-            log.warning("inbox: %s skipped: %s", item.where, exc.strerror)
+            log.warning("%sinbox: %s skipped: %s", _fields(None, item), item.where, exc.strerror)
             return "deferred"
         if outcome == "accepted":
-            log.info("report %s accepted (uid %s)", item.where, claim.uid if claim else "?")
+            log.info(
+                "%sreport %s accepted (uid %s)",
+                _fields(job_id, item), item.where, claim.uid if claim else "?",
+            )  # fmt: skip
         return outcome
 
     def _read(self, job_fd: int, item: Item, owner: _Owner) -> tuple[bytes, int]:
@@ -394,11 +402,14 @@ class ReportInbox:
     ) -> None:
         """Record the rejection (a transient store fault defers it) and archive the entry."""
         reason = printable(reason, MAX_DETAIL)
-        log.warning("report %s rejected: %s", item.where, reason)
         env = None if claim is None else claim.envelope
         uid = None if claim is None or claim.uid > protocol.INT32_MAX else claim.uid
+        job_id = None
         try:
             with self.store.transaction() as tx:
+                if item.folder is not None:  # whose report it was, for the log line
+                    job = tx.job_by_slurm_id(item.folder.job_id)
+                    job_id = None if job is None else job.id
                 tx.record_rejected(
                     file=item.where,
                     reason=reason,
@@ -411,8 +422,13 @@ class ReportInbox:
         except Exception as exc:
             if _transient_db(exc):
                 self._db_fault = True
+                log.warning(
+                    "%sinbox: %s waits, the store failed: %s (to be rejected: %s)",
+                    _fields(None, item), item.where, _why(exc), reason,
+                )  # fmt: skip
                 raise _Deferred from None
             log.error("inbox: rejection of %s not recorded: %s", item.where, _why(exc))
+        log.warning("%sreport %s rejected: %s", _fields(job_id, item), item.where, reason)
         self._move(src_fd, item, "rejected")
 
     def _move(self, src_fd: int, item: Item, outcome: str) -> None:
@@ -441,6 +457,16 @@ def _transient_db(exc: BaseException) -> bool:
     if isinstance(exc, _TRANSIENT_DB):
         return True
     return isinstance(exc, sa_exc.DBAPIError) and bool(exc.connection_invalidated)
+
+
+def _fields(job_id: int | None, item: Item) -> str:
+    """``job=<icefrog job> slurm_job=<Slurm job>: `` as far as they are known, at the head
+    of a line about a report, so ``grep -w job=<id>`` finds it (the Slurm job id is its
+    folder's, ASCII digits by the folder pattern)."""
+    fields = [] if job_id is None else [f"job={job_id}"]
+    if item.folder is not None:
+        fields.append(f"slurm_job={item.folder.job_id}")
+    return " ".join(fields) + ": " if fields else ""
 
 
 def _why(exc: BaseException) -> str:

@@ -28,13 +28,16 @@ class Claim:
     munge_status: int
 
 
-def apply_report(tx: SqlStoreTx, claim: Claim, *, icefrog: bool, now: float) -> str:
-    """Apply a checked report in ``tx``: accepted, or a duplicate of an accepted one; raises
-    Rejected when the store says no (seq reused, another job's, register refused)."""
+def apply_report(
+    tx: SqlStoreTx, claim: Claim, *, icefrog: bool, now: float
+) -> tuple[str, int | None]:
+    """Apply a checked report in ``tx``: ("accepted", the icefrog job's id), or
+    ("duplicate", None) for a duplicate of an accepted one; raises Rejected when the store
+    says no (seq reused, another job's, register refused)."""
     env = claim.envelope
     seen = tx.accepted_digest(slurm_job_id=env.slurm_job_id, seq=env.seq)
     if seen == claim.digest:
-        return "duplicate"
+        return "duplicate", None
     if seen is not None:
         raise Rejected(f"seq {env.seq} of Slurm job {env.slurm_job_id} was used for other content")
     if claim.uid > protocol.INT32_MAX:
@@ -62,7 +65,7 @@ def apply_report(tx: SqlStoreTx, claim: Claim, *, icefrog: bool, now: float) -> 
         now=now,
         munge_status=claim.munge_status,
     )
-    return "accepted"
+    return "accepted", job_id
 
 
 def _register(tx: SqlStoreTx, claim: Claim, icefrog: bool, payload: Any, now: float) -> int:

@@ -1,14 +1,31 @@
-"""The controller's log as journald reads it: a syslog priority on every line, quiet libraries."""
+"""The controller's log as journald reads it: a syslog priority on every line, quiet libraries,
+and every line about a job names it (``job=<id> slurm_job=<id>``)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import os
+import re
 from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from icefrog_slurm.commands.controller import THIRD_PARTY_LOGGERS, setup_logging
-from icefrog_slurm.settings import settings_from_mapping
+from icefrog_slurm.policies.standin import StandInPolicy
+from icefrog_slurm.protocol import Envelope, body_digest
+from icefrog_slurm.security import DecodedCredential
+from icefrog_slurm.settings import Settings, settings_from_mapping
+from icefrog_slurm.sim.engine import Engine, SimOptions
+from icefrog_slurm.sim.workload import TraceJob
+from icefrog_slurm.store import migrate
+from icefrog_slurm.store.inbox import DrainResult, ReportInbox, SlurmJobFacts
+from icefrog_slurm.store.sql import SqlStore
+from tests.integration.store.helpers import spec
 
 
 @pytest.fixture
@@ -53,3 +70,92 @@ def test_on_a_terminal_lines_have_a_time_and_no_prefix(
     logging.getLogger("alembic").debug("library detail")  # DEBUG: everything, libraries too
     [line] = capsys.readouterr().out.splitlines()
     assert not line.startswith("<") and line.endswith("DEBUG alembic: library detail")
+
+
+# ----- every line about a job names it: ``journalctl -u icefrog-controller | grep -w job=N``
+JOB_FIELDS = re.compile(r"^job=(\d+) slurm_job=(\d+): ")
+
+
+def test_the_controllers_lines_about_a_job_carry_job_and_slurm_job(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The production controller over the simulated cluster: each round's line per moved
+    job and each reconcile step's line start with ``job=<icefrog id> slurm_job=<Slurm id>``,
+    the very ids of the plan."""
+    jobs = [TraceJob(f"j{i}", 0.0, "resnet18-cifar10", 1, 128) for i in range(2)]
+    engine = Engine(jobs, StandInPolicy(), settings=Settings(), options=SimOptions(gpus=4))
+    pairs: set[tuple[str, str]] = set()
+    engine.controller.on_tick = lambda r: pairs.update(
+        (str(j.job_id), j.slurm_job_id) for j in r.plan.jobs
+    )
+    engine._arrivals()
+    try:
+        with caplog.at_level(logging.INFO, logger="icefrog_slurm.controller"):
+            engine.controller.tick_once()
+    finally:
+        engine.close()
+    by_logger: dict[str, list[str]] = {}
+    for rec in caplog.records:
+        by_logger.setdefault(rec.name, []).append(rec.getMessage())
+    rounds = [m for m in by_logger["icefrog_slurm.controller.daemon"] if JOB_FIELDS.match(m)]
+    steps = by_logger["icefrog_slurm.controller.reconcile"]
+    assert len(rounds) == 2 and all("round 1: start to 1 GPU(s)" in m for m in rounds)
+    assert len(steps) == 2 and all("start done" in m for m in steps)
+    found = {m.group(1, 2) for m in map(JOB_FIELDS.match, rounds + steps) if m is not None}
+    assert found == pairs and len(pairs) == 2  # every line matched, with the plan's ids
+
+
+def _report(sid: str, kind: str, seq: int, payload: dict[str, Any]) -> str:
+    env = Envelope(1, kind, sid, "cnn", seq, 1000.0 + seq, payload)
+    # the stand-in munge below decodes a "credential" that is the body's digest itself
+    return replace(env, credential=body_digest(env.body())).to_json()
+
+
+def test_the_inboxs_lines_about_a_report_carry_job_and_slurm_job(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Accepted and rejected reports of a job are logged with its icefrog and Slurm ids; a
+    file name a user chose cannot forge a line (it is printed escaped, on the same line)."""
+    uid, sid = os.getuid(), "4242"
+    url = f"sqlite:///{tmp_path / 'icefrog.db'}"
+    migrate.upgrade(url)
+    store = SqlStore(url)
+    inbox = ReportInbox(
+        store=store,
+        inbox_dir=tmp_path / "inbox",
+        archive_dir=tmp_path / "archive",
+        slurm_jobs=lambda ids: {i: SlurmJobFacts(uid=uid, icefrog=True) for i in ids},
+        decode=lambda cred: DecodedCredential(status=0, uid=uid, gid=0, payload=cred),
+        clock=lambda: 5000.0,
+    )
+    inbox.prepare()
+    folder = tmp_path / "inbox" / sid
+    folder.mkdir()
+    try:
+        register = json.loads(json.dumps(dataclasses.asdict(spec())))
+        (folder / "0-register.json").write_text(_report(sid, "register", 0, register))
+        with caplog.at_level(logging.INFO, logger="icefrog_slurm.store.inbox"):
+            assert inbox.drain() == DrainResult(accepted=1)
+            with store.transaction() as tx:
+                job = tx.job_by_slurm_id(sid)
+            assert job is not None
+            progress = {"epoch": 1, "samples_done": 5, "effective_samples_done": 4.5}
+            (folder / "1-progress.json").write_text(_report(sid, "progress", 1, progress))
+            forged = json.loads(_report(sid, "progress", 2, progress))
+            forged["payload"]["samples_done"] = 6  # the credential signs other content
+            (folder / "2-progress.json").write_text(json.dumps(forged))
+            (folder / "3-x.json\nINFO job=999 slurm_job=1: forged").write_text("{}")
+            assert inbox.drain() == DrainResult(accepted=1, rejected=2)
+    finally:
+        store.close()
+    lines = [r.getMessage() for r in caplog.records]
+    fields = f"job={job.id} slurm_job={sid}: report {sid}/"
+    assert len(lines) == 4 and all(line.startswith(fields) for line in lines)
+    said = sorted(line[len(fields) :].split(" ", 2)[0:2] for line in lines)
+    assert said == [
+        ["0-register.json", "accepted"],
+        ["1-progress.json", "accepted"],
+        ["2-progress.json", "rejected:"],
+        ["3-x.json\\x0aINFO", "job=999"],  # escaped: one line, led by the true fields
+    ]
+    assert all("\n" not in line for line in lines)
