@@ -13,6 +13,7 @@ import socket
 import sys
 
 from icefrog_slurm import declaration
+from icefrog_slurm.extras import require, require_program
 from launcher.config import JobConfig
 from launcher.launch import (
     DEFAULT_PORT,
@@ -87,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{key}={shlex.quote(value)}")
         print(shlex.join(command))
         return 0
+    # the training needs torch and its torchrun: say so in one line, not in torchrun's trace
+    require("torch", "launcher", "the training", load=False)
+    require_program(args.torchrun, "launcher", "the training", path=env.get("PATH"))
     os.makedirs(config.workdir, exist_ok=True)
     print(f"icefrog launch: {shlex.join(command)}", file=sys.stderr)
     sys.stdout.flush()

@@ -22,6 +22,7 @@ from icefrog_slurm.controller.daemon import Controller
 from icefrog_slurm.controller.ports import FsJobFiles, SystemClock
 from icefrog_slurm.domain.plan import Policy
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.extras import require
 from icefrog_slurm.settings import Settings, load_settings
 from icefrog_slurm.slurm.identity import TAG_SECRET, TagSigner
 from icefrog_slurm.slurm.select import make_cluster
@@ -101,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
     from icefrog_slurm.store.sql import SqlStore
 
     settings = load_settings(args.config)
+    if settings.metrics.port is not None and not args.dry_run:  # before anything starts
+        require("prometheus_client", "metrics", "metrics.port")
     environ = dict(os.environ)
     setup_logging(settings, environ)
     policy = make_policy(args.policy)

@@ -1,7 +1,7 @@
 """``SlurmPyslurmBackend``: the ClusterPort over pyslurm 25.11 (optional; needs Slurm 25.11).
 
 pyslurm is imported lazily, only when the backend is built; where it is absent
-``PyslurmMissing`` names the problem. Operations done through pyslurm's API:
+``MissingExtra`` names the problem. Operations done through pyslurm's API:
 submission (``JobSubmitDescription(priority=0, is_requeueable=True).submit()``), release
 (``Job.release``), GRES and node-list updates of a pending job (``Job.modify``; a
 ``begin_time`` of now for ``release_now``), signalling only the batch shell
@@ -40,6 +40,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from icefrog_slurm.domain.cluster import FINISHED_STATES, Gres, PartitionCapacity, SlurmJobState
+from icefrog_slurm.extras import MissingExtra, require
 from icefrog_slurm.slurm import parse
 from icefrog_slurm.slurm.cli_backend import CliSettings, SlurmCliBackend
 from icefrog_slurm.slurm.identity import TagSigner, earlier_submission, successor_of
@@ -64,20 +65,19 @@ _ALREADY_DONE = 2021  # ESLURM_ALREADY_DONE
 _UNAVAILABLE_TEXT = ("unable to contact slurm controller", "socket timed out", "connection")
 
 
-class PyslurmMissing(SlurmError):
-    """pyslurm cannot be imported (it builds only against Slurm 25.11)."""
+PyslurmMissing = MissingExtra
+"""pyslurm cannot be imported (it builds only against Slurm 25.11): exit code 2."""
 
 
 def load_pyslurm() -> ModuleType:
-    """Import pyslurm, or raise ``PyslurmMissing`` saying why and what to use instead."""
-    try:
-        return importlib.import_module("pyslurm")
-    except ImportError as exc:
-        raise PyslurmMissing(
-            f"slurm.backend = 'pyslurm' needs the pyslurm package ({exc}); it builds only "
-            "against Slurm 25.11: install icefrog-slurm[pyslurm] there, or use "
-            "slurm.backend = 'cli'"
-        ) from exc
+    """Import pyslurm, or raise ``MissingExtra`` saying why and what to use instead."""
+    require(
+        "pyslurm",
+        "pyslurm",
+        "slurm.backend = 'pyslurm'",
+        hint="it builds only against Slurm 25.11; elsewhere use slurm.backend = 'cli'",
+    )
+    return importlib.import_module("pyslurm")
 
 
 def _gres(per_node: Mapping[str, Any] | None) -> Gres | None:

@@ -41,6 +41,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from icefrog_slurm.domain.records import StoreSnapshot
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.extras import require
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.store.leader import SqlLease, lock_path, try_lead
 from icefrog_slurm.store.tx import SqlStoreTx
@@ -66,10 +67,17 @@ def make_engine(url: str) -> Engine:
             engine = create_engine(parsed, connect_args={"timeout": 30.0})
             _configure_sqlite(engine, in_memory=parsed.database in (None, "", ":memory:"))
             return engine
+        if parsed.get_driver_name() == "psycopg":
+            require("psycopg", "postgres", f"a {parsed.drivername}:// database URL")
         keepalives = {k: v for k, v in _PG_KEEPALIVES.items() if k not in parsed.query}
         return create_engine(parsed, pool_pre_ping=True, connect_args=keepalives)
     except (ArgumentError, NoSuchModuleError) as exc:
         raise InputError(f"database URL {url!r}: {exc}") from None
+    except ModuleNotFoundError as exc:  # a driver no extra installs (postgresql:// = psycopg2)
+        raise InputError(
+            f"a {parsed.drivername}:// database URL needs the module {exc.name}, which "
+            "icefrog-slurm does not install: use postgresql+psycopg:// (the postgres extra)"
+        ) from None
 
 
 def _configure_sqlite(engine: Engine, *, in_memory: bool) -> None:

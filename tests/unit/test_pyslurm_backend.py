@@ -31,7 +31,8 @@ def _stand_in() -> ModuleType:
 
 def test_missing_pyslurm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pyslurm", None)  # import pyslurm -> ImportError
-    with pytest.raises(PyslurmMissing, match=r"needs the pyslurm package.*Slurm 25\.11"):
+    expected = r"needs the pyslurm extra: pip install 'icefrog-slurm\[pyslurm\]'.*Slurm 25\.11"
+    with pytest.raises(PyslurmMissing, match=expected):
         make_cluster("pyslurm")
     assert isinstance(make_cluster("cli"), SlurmCliBackend)
 
