@@ -4,20 +4,28 @@ The repository's top-level ``db/`` installs as the package ``icefrog_slurm.db`` 
 :func:`migrations_dir` finds it with importlib.resources in a wheel or an editable install,
 and beside the package in a source checkout run without installing (``PYTHONPATH=.``).
 
-``upgrade(url)`` is what ``icefrog db upgrade`` runs: it migrates an empty database or one of
-ours, and refuses any other (tables but no revision of ours: another application's data,
-never to be altered). ``current_revision`` and ``head_revision`` let :class:`SqlStore`
-refuse a database that is not migrated. A database that cannot be read is an InputError
-naming it (a file that is not a database, a folder); one that cannot be reached is an
-IcefrogError (the server may be down: try again later).
+What ``icefrog db`` runs: :func:`upgrade` and :func:`downgrade` (the writing ones: both
+refuse a database that is not ours, tables but no revision of ours: another application's
+data, never to be altered, and one at a revision this icefrog does not know),
+:func:`inspect_database` (``current``: reads only, and never creates a SQLite file that is
+not there) and :func:`history`. :func:`require_head` is the daemon's gate: a database that
+is absent or not at the newest revision is refused, naming what to run, before anything
+touches it. ``current_revision`` and ``head_revision`` let :class:`SqlStore` refuse a
+database that is not migrated. A database that cannot be read is an InputError naming it (a
+file that is not a database, a folder); one that cannot be reached is an IcefrogError (the
+server may be down: try again later).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from urllib.parse import quote
 
 from alembic import command
 from alembic.config import Config
@@ -25,7 +33,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.script.revision import RevisionError
 from alembic.util import CommandError
-from sqlalchemy import Connection, Engine, inspect
+from sqlalchemy import Connection, Engine, create_engine, inspect
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from icefrog_slurm.errors import IcefrogError, InputError
@@ -56,26 +65,137 @@ def alembic_config(url: str) -> Config:
     return config
 
 
+@dataclass(frozen=True)
+class DbState:
+    """What a database holds, as :func:`inspect_database` read it."""
+
+    shown: str  # the URL without its password
+    exists: bool  # False: a SQLite file that is not there (nothing was created)
+    revision: str | None  # the icefrog schema revision, None when there is none
+    tables: tuple[str, ...]  # its tables but alembic's version table
+
+    @property
+    def foreign(self) -> bool:
+        """Tables but no icefrog revision: another application's database."""
+        return self.revision is None and bool(self.tables)
+
+
+def inspect_database(url: str) -> DbState:
+    """The database at ``url``, read only: a SQLite file is opened read-only (absent: not
+    created, ``exists`` False); another database is only connected to."""
+    engine = _reading_engine(url)
+    if engine is None:
+        return DbState(_shown_url(url), False, None, ())
+    shown = _shown_url(url)
+    try:
+        with (
+            _database_errors(shown, sqlite=engine.dialect.name == "sqlite"),
+            engine.connect() as conn,
+        ):
+            names = inspect(conn).get_table_names()
+            revision = MigrationContext.configure(conn).get_current_revision() if names else None
+    finally:
+        engine.dispose()
+    tables = tuple(sorted(t for t in names if t != VERSION_TABLE))
+    return DbState(shown, True, revision, tables)
+
+
+def require_head(url: str, *, upgrade_hint: str = "icefrog db upgrade") -> None:
+    """InputError, naming ``upgrade_hint`` when it helps, unless the database is ours and at
+    the newest revision; reads only (an absent SQLite file is never created)."""
+    state, head = inspect_database(url), head_revision()
+    if not state.exists:
+        raise InputError(f"database {state.shown} does not exist: run `{upgrade_hint}`")
+    _refuse_foreign(state, _scripts())
+    if state.revision != head:
+        raise InputError(
+            f"database {state.shown} is at revision {state.revision or 'none'}, the code "
+            f"needs {head}: run `{upgrade_hint}`"
+        )
+
+
 def upgrade(url: str, revision: str = "head") -> None:
     """Migrate the database at ``url`` to ``revision`` (creating the tables on an empty one);
     a database that is not ours, or a revision we do not know, is an InputError."""
-    from icefrog_slurm.store.sql import make_engine
-
     config = alembic_config(url)
     scripts = ScriptDirectory.from_config(config)
-    _known_revision(scripts, revision, "--revision")
-    engine = make_engine(url)
-    shown, sqlite = _shown(engine), engine.dialect.name == "sqlite"
+    _known_revision(scripts, revision, "revision")
+    state = inspect_database(url)
+    _refuse_foreign(state, scripts)
+    _run(command.upgrade, config, revision, state)
+
+
+def downgrade(url: str, revision: str) -> None:
+    """Migrate the database at ``url`` down to ``revision`` (``base``: no tables left);
+    refused (InputError) for a database that is absent, empty, not ours or at a revision we
+    do not know, and for a revision that is not below the current one."""
+    config = alembic_config(url)
+    scripts = ScriptDirectory.from_config(config)
+    _known_revision(scripts, revision, "revision")
+    state = inspect_database(url)
+    if not state.exists:
+        raise InputError(f"database {state.shown} does not exist: nothing to downgrade")
+    _refuse_foreign(state, scripts)
+    if state.revision is None:
+        raise InputError(f"database {state.shown} has no icefrog schema: nothing to downgrade")
+    _run(command.downgrade, config, revision, state)
+
+
+@dataclass(frozen=True)
+class Revision:
+    """One migration of ``db/versions``."""
+
+    revision: str
+    down_revision: str | None
+    doc: str
+
+
+def history() -> list[Revision]:
+    """Every migration this icefrog knows, newest first."""
+    out = []
+    for script in _scripts().walk_revisions():
+        down = script.down_revision
+        out.append(Revision(script.revision, down if isinstance(down, str) else None, script.doc))
+    return out
+
+
+def _scripts() -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config("sqlite://"))
+
+
+def _run(
+    step: Callable[[Config, str], None], config: Config, revision: str, state: DbState
+) -> None:
     try:
-        with connected(engine) as conn:
-            _refuse_foreign(conn, scripts, shown)
-    finally:
-        engine.dispose()
+        with _database_errors(state.shown, sqlite=state.shown.startswith("sqlite")):
+            step(config, revision)
+    except CommandError as exc:  # "-1" at the base, a downgrade "up", ...
+        raise InputError(f"revision {printable(revision, 80)}: {exc}") from None
+
+
+def _shown_url(url: str) -> str:
     try:
-        with _database_errors(shown, sqlite=sqlite):
-            command.upgrade(config, revision)
-    except CommandError as exc:  # a relative revision that goes nowhere ("-1" at the base)
-        raise InputError(f"--revision {printable(revision, 80)}: {exc}") from None
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # sqlalchemy raises ArgumentError, ValueError...
+        return printable(url, 200)
+
+
+def _reading_engine(url: str) -> Engine | None:
+    """An engine that cannot write to a SQLite file (opened ``mode=ro``), None when the file
+    is not there; for other databases the project's engine."""
+    from icefrog_slurm.store.sql import make_engine
+
+    engine = make_engine(url)  # InputError for a malformed URL
+    parsed = engine.url
+    memory = parsed.database in (None, "", ":memory:")
+    if parsed.get_backend_name() != "sqlite" or memory or parsed.query.get("uri"):
+        return engine
+    engine.dispose()
+    path = os.path.abspath(str(parsed.database))
+    if not os.path.lexists(path):
+        return None
+    uri = f"file:{quote(path)}?mode=ro"
+    return create_engine("sqlite://", creator=lambda: sqlite3.connect(uri, uri=True, timeout=30))
 
 
 def head_revision() -> str | None:
@@ -123,16 +243,13 @@ def _known_revision(scripts: ScriptDirectory, revision: str, what: str) -> None:
         )
 
 
-def _refuse_foreign(conn: Connection, scripts: ScriptDirectory, shown: str) -> None:
+def _refuse_foreign(state: DbState, scripts: ScriptDirectory) -> None:
     """InputError unless the database is empty or carries a revision of ours."""
-    tables = sorted(inspect(conn).get_table_names())
-    revision = MigrationContext.configure(conn).get_current_revision() if tables else None
-    others = [t for t in tables if t != VERSION_TABLE]
-    if revision is None and others:
-        names = printable(", ".join(others), 200)
+    if state.foreign:
+        names = printable(", ".join(state.tables), 200)
         raise InputError(
-            f"database {shown} holds tables ({names}) but no icefrog schema revision: "
+            f"database {state.shown} holds tables ({names}) but no icefrog schema revision: "
             "not an icefrog database, left untouched"
         )
-    if revision is not None:
-        _known_revision(scripts, revision, f"database {shown} is at revision")
+    if state.revision is not None:
+        _known_revision(scripts, state.revision, f"database {state.shown} is at revision")

@@ -1,9 +1,14 @@
-"""The migrations match the models on both databases, and `icefrog db upgrade` runs them."""
+"""The migrations match the models on both databases, and `icefrog db current | history |
+upgrade | downgrade` run them: up to the head, down to the base and back, refusing another
+application's database and a revision this icefrog does not know."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
+import sqlite3
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -63,6 +68,143 @@ def test_cli_db_upgrade_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["db", "upgrade", "--config", str(config)]) == 2
     assert "store.urll: unknown field" in capsys.readouterr().err
     assert main(["db", "upgrade", "--url", "nosuchdb://x"]) == 2
+
+
+def _db(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["db", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _tables(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return set(inspect(conn).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_cli_up_to_head_down_to_base_and_back(
+    empty_db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    head = migrate.head_revision()
+    assert head is not None
+    if not empty_db_url.startswith("sqlite"):  # a SQLite file is not there yet
+        code, out, _ = _db(capsys, "current", "--url", empty_db_url)
+        assert code == 0 and "no icefrog schema (empty)" in out
+    assert _db(capsys, "upgrade", "--url", empty_db_url)[0] == 0
+    code, out, _ = _db(capsys, "current", "--url", empty_db_url)
+    assert code == 0 and out.strip().endswith(f"revision {head} (head)"), out
+    code, out, _ = _db(capsys, "downgrade", "--url", empty_db_url, "-1")
+    below = migrate.history()[1].revision
+    assert code == 0 and out.strip().endswith(f"at revision {below}"), out
+    code, out, _ = _db(capsys, "current", "--url", empty_db_url)
+    assert f"revision {below}, the newest is {head}" in out
+    with pytest.raises(IcefrogError, match="icefrog db upgrade"):
+        SqlStore(empty_db_url)  # the store refuses a database below the head
+    code, out, _ = _db(capsys, "downgrade", "--url", empty_db_url, "base")
+    assert code == 0 and out.strip().endswith("at revision base"), out
+    assert _tables(empty_db_url) <= {migrate.VERSION_TABLE}
+    assert _db(capsys, "upgrade", "--url", empty_db_url, "0003")[0] == 0
+    assert "revision 0003," in _db(capsys, "current", "--url", empty_db_url)[1]
+    assert _db(capsys, "upgrade", "--url", empty_db_url)[0] == 0
+    _assert_migrated(empty_db_url)
+    engine = make_engine(empty_db_url)
+    try:
+        with engine.connect() as conn:  # back at the head, the schema is the models' again
+            ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+            assert compare_metadata(ctx, Base.metadata) == []
+    finally:
+        engine.dispose()
+    SqlStore(empty_db_url).close()
+
+
+def test_cli_history_lists_every_revision_newest_first(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = _db(capsys, "history")
+    lines = out.strip().splitlines()
+    assert code == 0
+    assert lines[0].startswith(f"0004 -> {migrate.head_revision()} (head), ")
+    assert lines[-1] == "<base> -> 0001, initial schema"
+    assert len(lines) == len(migrate.history()) >= 5
+
+
+def test_every_writing_subcommand_refuses_a_foreign_db(
+    empty_db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine = make_engine(empty_db_url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE customers (id INTEGER PRIMARY KEY)")
+            conn.exec_driver_sql("INSERT INTO customers VALUES (7)")
+    finally:
+        engine.dispose()
+    for argv in (["upgrade"], ["upgrade", "0002"], ["downgrade", "base"], ["current"]):
+        code, out, err = _db(capsys, argv[0], "--url", empty_db_url, *argv[1:])
+        assert code == 2 and out == "", (argv, out, err)
+        assert "customers" in err and "not an icefrog database" in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert _tables(empty_db_url) == {"customers"}  # no version table was added
+
+
+def test_a_bad_revision_is_one_line(empty_db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _db(capsys, "upgrade", "--url", empty_db_url, "0003")[0] == 0
+    for argv, fragment in (
+        (["upgrade", "nope"], "revision nope: not a revision of this icefrog's schema"),
+        (["downgrade", "f00dfeed"], "revision f00dfeed: not a revision"),
+        (["downgrade", "0005"], "revision 0005: "),  # above the current one
+        (["upgrade", "--revision", "0004", "0005"], "give the revision once"),
+    ):
+        code, _, err = _db(capsys, argv[0], "--url", empty_db_url, *argv[1:])
+        assert code == 2, (argv, err)
+        assert fragment in err and len(err.strip().splitlines()) == 1, (argv, err)
+        assert "Traceback" not in err
+    assert "revision 0003," in _db(capsys, "current", "--url", empty_db_url)[1]
+
+
+def test_nothing_to_downgrade(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    code, _, err = _db(capsys, "downgrade", "--url", url, "base")
+    assert code == 2 and "does not exist: nothing to downgrade" in err
+    code, _, err = _db(capsys, "current", "--url", url)
+    assert code == 2 and "does not exist" in err
+    assert not (tmp_path / "x.db").exists()  # neither made the file
+    (tmp_path / "x.db").write_bytes(b"")
+    code, _, err = _db(capsys, "downgrade", "--url", url, "base")
+    assert code == 2 and "has no icefrog schema: nothing to downgrade" in err
+
+
+def test_looking_leaves_a_foreign_sqlite_file_byte_for_byte(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refusing another application's SQLite file reads it read-only: not even its journal
+    mode changes (the store's engine would switch it to WAL on connect)."""
+    path = tmp_path / "theirs.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "CREATE TABLE customers (id INTEGER PRIMARY KEY); INSERT INTO customers VALUES (1);"
+    )
+    conn.close()
+    before = path.read_bytes()
+    for argv in (["upgrade"], ["downgrade", "base"], ["current"]):
+        assert _db(capsys, argv[0], "--url", f"sqlite:///{path}", *argv[1:])[0] == 2
+    assert path.read_bytes() == before
+
+
+def test_upgrade_makes_the_folders_of_a_sqlite_file_0755(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Whatever the umask: users must pass through the state folder to reach the inbox."""
+    db = tmp_path / "a" / "b" / "icefrog.db"
+    old = os.umask(0o077)
+    try:
+        assert _db(capsys, "upgrade", "--url", f"sqlite:///{db}")[0] == 0
+    finally:
+        os.umask(old)
+    for folder in (tmp_path / "a", tmp_path / "a" / "b"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o755, folder
 
 
 REPO = Path(__file__).resolve().parents[3]

@@ -1,0 +1,123 @@
+"""The controller's folders on the host: the state folder, the report inbox and its archive.
+
+What each must be (docs/security.md, "Installing it safely"), made at the controller's first
+start (:func:`make`) and looked at, without changing anything, by ``icefrog controller
+--check`` (:func:`inspect`):
+
+- ``state.dir``: a folder of root's (the controller's uid), mode 0755: everyone may pass
+  through it to the inbox, nobody else may write in it (it holds ``tag.key`` and, by
+  default, the SQLite database);
+- ``inbox.dir``: root's, mode 1733 (drop-only and sticky, like /tmp);
+- ``inbox.archive_dir``: root's, mode 0700, on the inbox's filesystem (reports are renamed
+  into it, not copied).
+
+A missing folder is made, its missing parents mode 0755, and its mode set whatever the
+umask. An existing folder owned by another uid, a state folder others may write in or
+cannot pass through, or an archive on another filesystem is refused with the command that
+fixes it: the controller changes no mode of a folder it did not make, except the inbox's
+and the archive's, which it sets at every start (``ReportInbox.prepare``).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from icefrog_slurm.errors import InputError
+from icefrog_slurm.jsonio import printable
+from icefrog_slurm.settings import Settings
+
+STATE_MODE = 0o755
+INBOX_MODE = 0o1733
+ARCHIVE_MODE = 0o700
+
+
+@dataclass(frozen=True)
+class Folder:
+    """One folder the controller needs: its settings key, path and mode."""
+
+    key: str
+    path: Path
+    mode: int
+    set_at_start: bool  # the controller sets this mode at every start
+
+
+def folders(settings: Settings) -> tuple[Folder, Folder, Folder]:
+    return (
+        Folder("state.dir", Path(settings.state.dir), STATE_MODE, False),
+        Folder("inbox.dir", Path(settings.inbox.dir), INBOX_MODE, True),
+        Folder("inbox.archive_dir", Path(settings.inbox.archive_dir), ARCHIVE_MODE, True),
+    )
+
+
+def inspect(folder: Folder, *, inbox: Path | None = None) -> tuple[bool, str]:
+    """(fine, what it is) of an existing folder, or of an absent one the first start makes;
+    the text of a refused one names the fix. ``inbox``: the archive's filesystem must be
+    this folder's (when it exists)."""
+    shown = printable(str(folder.path), 300)
+    try:
+        st = os.stat(folder.path)
+    except FileNotFoundError:
+        return True, f"absent: the first start makes it, mode {folder.mode:04o}"
+    except OSError as exc:
+        return False, f"{shown}: {exc.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return False, f"{shown} is not a folder: remove it, or set {folder.key} elsewhere"
+    uid, mode = os.geteuid(), stat.S_IMODE(st.st_mode)
+    if st.st_uid != uid:
+        return False, f"{shown} is owned by uid {st.st_uid}: run `chown {uid} {shown}`"
+    if not folder.set_at_start and mode & 0o022:
+        return (
+            False,
+            f"{shown} has mode {mode:04o}, others may write in it: run `chmod 0755 {shown}`",
+        )
+    if not folder.set_at_start and not mode & 0o001:
+        return False, (
+            f"{shown} has mode {mode:04o}, users cannot reach the inbox through it: "
+            f"run `chmod 0755 {shown}`"
+        )
+    if inbox is not None:
+        try:
+            inbox_dev = os.stat(inbox).st_dev
+        except OSError:
+            inbox_dev = st.st_dev
+        if inbox_dev != st.st_dev:
+            return False, f"{shown} is on another filesystem than the inbox: set {folder.key}"
+    if mode != folder.mode:
+        return True, f"mode {mode:04o}, set to {folder.mode:04o} at start"
+    return True, f"mode {mode:04o}, uid {uid}"
+
+
+def make(settings: Settings) -> None:
+    """Refuse a folder :func:`inspect` refuses (InputError naming the fix); make the missing
+    ones with their modes."""
+    state, inbox, archive = folders(settings)
+    for folder in (state, inbox, archive):
+        fine, why = inspect(folder, inbox=inbox.path if folder is archive else None)
+        if not fine:
+            raise InputError(f"{folder.key}: {why}")
+        make_folder(folder.path, folder.mode)
+    fine, why = inspect(archive, inbox=inbox.path)  # made on another filesystem just now?
+    if not fine:
+        raise InputError(f"{archive.key}: {why}")
+
+
+def make_folder(path: Path, mode: int) -> None:
+    """``path`` and its missing parents (mode 0755), ``path`` with ``mode``, whatever the
+    umask; an existing folder is left as it is."""
+    missing = []
+    for folder in (path, *path.parents):
+        if os.path.lexists(folder):
+            break
+        missing.append(folder)
+    for folder in reversed(missing):
+        try:
+            folder.mkdir()
+        except FileExistsError:  # made meanwhile by someone else: taken as it is
+            continue
+        except OSError as exc:
+            shown = printable(str(folder), 300)
+            raise InputError(f"{shown}: cannot make the folder: {exc.strerror}") from None
+        os.chmod(folder, mode if folder == path else STATE_MODE)
