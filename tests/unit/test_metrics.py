@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 import socket
 import urllib.request
+from pathlib import Path
 
 from prometheus_client import generate_latest
 
 from icefrog_slurm import __version__
 from icefrog_slurm.controller.daemon import TickReport
-from icefrog_slurm.controller.metrics import DURATION_BUCKETS, ControllerMetrics
+from icefrog_slurm.controller.metrics import DURATION_BUCKETS, REPORT_OUTCOMES, ControllerMetrics
 from icefrog_slurm.controller.reconcile import ReconcileResult
 from icefrog_slurm.domain.cluster import Gres
 from icefrog_slurm.domain.plan import JobPlan, Plan, SlurmRequest
@@ -127,7 +128,7 @@ def test_report_outcomes_are_counted_from_the_drains_result() -> None:
     assert _value(text, 'icefrog_reports_total{outcome="deferred"}') == 8
 
 
-def test_the_real_controllers_ticks_feed_every_series(tmp_path: object) -> None:
+def test_the_real_controllers_ticks_feed_every_series() -> None:
     """The production controller (over the simulated cluster and a SQLite store) leads,
     drains, rounds and reconciles; the metrics say so: the leader gauge is 1 during its
     ticks and 0 once it let go, the last round's time is the last round's, and the drain's
@@ -168,3 +169,37 @@ def test_the_real_controllers_ticks_feed_every_series(tmp_path: object) -> None:
     assert _value(text, "icefrog_gpus_allocated") == 2  # the stand-in's two 1-GPU jobs
     assert drains and _value(text, 'icefrog_reports_total{outcome="accepted"}') == len(drains)
     assert _value(text, 'icefrog_reports_total{outcome="rejected"}') == len(drains)
+
+
+RULES = Path(__file__).resolve().parents[2] / "slurm_conf" / "icefrog-alerts.rules.yml"
+
+
+def test_the_example_alert_rules_use_only_series_the_controller_exports() -> None:
+    """Read line by line (no YAML library): every rule has a comment above it, an
+    expression, a severity and a summary; every icefrog series an expression names, and
+    every report outcome, is in the exposition of a controller that ticked."""
+    metrics = ControllerMetrics()
+    metrics.lead(True)
+    drained = DrainResult(accepted=1)
+    metrics.observe(TickReport(_plan(1, []), ReconcileResult(), 0.1, {}, drain=drained))
+    exported = set(re.findall(r"^(icefrog_[a-z_]+)", _text(metrics), re.MULTILINE))
+    lines = RULES.read_text().splitlines()
+    alerts = [i for i, line in enumerate(lines) if line.strip().startswith("- alert: ")]
+    assert len(alerts) >= 5
+    for start, end in zip(alerts, [*alerts[1:], len(lines)], strict=True):
+        assert lines[start - 1].strip().startswith("#"), lines[start]  # explained
+        rule = "\n".join(lines[start:end])
+        assert "expr:" in rule and "severity:" in rule and "summary:" in rule, lines[start]
+    expressions = "\n".join(lines[alerts[0] :])
+    used = set(re.findall(r"\b(icefrog_[a-z_]+)", expressions))
+    assert {
+        "icefrog_leader",
+        "icefrog_last_round_timestamp_seconds",
+        "icefrog_reconcile_failures_total",
+        "icefrog_reports_total",
+        "icefrog_round_duration_seconds_bucket",
+    } <= used
+    assert used <= exported, used - exported
+    outcomes = set(re.findall(r'outcome="([a-z]+)"', expressions))
+    assert outcomes and outcomes <= set(REPORT_OUTCOMES)
+    assert "up{" in expressions  # the controller down: Prometheus's own series
