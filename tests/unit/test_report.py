@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from datetime import datetime
+from typing import Any
 
 import pytest
 
 from icefrog_slurm.domain.records import Allocation
 from icefrog_slurm.errors import InputError
-from icefrog_slurm.report import jobs
-from icefrog_slurm.report.select import parse_ids, parse_states
-from icefrog_slurm.report.table import Field, field_index, parse_format, render_table
+from icefrog_slurm.report import jobs, timefmt
+from icefrog_slurm.report.envelope import envelope, seconds
+from icefrog_slurm.report.select import (
+    parse_ids,
+    parse_names,
+    parse_partitions,
+    parse_states,
+    visible_owner,
+)
+from icefrog_slurm.report.table import (
+    Field,
+    field_index,
+    parse_format,
+    parse_long_format,
+    parse_sort,
+    render_table,
+    sort_rows,
+)
 from icefrog_slurm.report.timefmt import format_duration, format_time, parse_time
 from icefrog_slurm.store.views import Decided
 
@@ -164,3 +181,127 @@ def test_restarts_and_reallocations() -> None:
     assert jobs.restarts_and_reallocations(history) == (3, 3)
     assert jobs.restarts_and_reallocations([d(1, 0, 2, "a", "b"), d(2, 1, 2, "b", "a")]) == (0, 0)
     assert jobs.restarts_and_reallocations([]) == (0, 0)
+
+
+# --- SLURM_TIME_FORMAT, squeue -O and --sort, privacy ---------------------------------
+
+
+@pytest.fixture
+def _standard_time_style() -> Iterator[None]:
+    yield
+    timefmt.use_time_style(timefmt.STANDARD)
+
+
+@pytest.mark.usefixtures("_standard_time_style")
+@pytest.mark.parametrize(
+    ("style", "when", "expected"),
+    [
+        (None, "2026-03-10T09:05:00", "2026-03-10T09:05:00"),
+        ("standard", "2026-03-10T09:05:00", "2026-03-10T09:05:00"),
+        ("relative", "2026-03-10T09:05:07", "09:05:07"),  # today
+        ("relative", "2026-03-09T09:05:07", "Ystday 09:05"),
+        ("relative", "2026-03-11T09:05:07", "Tomorr 09:05"),
+        ("relative", "2026-03-13T09:05:07", "Fri 09:05"),  # the coming week
+        ("relative", "2026-04-25T09:05:07", "25 Apr"),
+        ("relative", "2012-06-06T09:05:07", "6 Jun 2012"),
+        ("%H:%M %d/%m", "2026-03-10T09:05:00", "09:05 10/03"),
+    ],
+)
+def test_slurm_time_format_styles(style: str | None, when: str, expected: str) -> None:
+    timefmt.use_time_style(timefmt.parse_time_style(style, now=NOW))
+    assert format_time(ts(when)) == expected
+    assert format_time(None) == "Unknown"
+
+
+@pytest.mark.parametrize("bad", ["fancy", "%H\n%M", "%" * 300, "relative "])
+def test_slurm_time_format_bad_values(bad: str) -> None:
+    with pytest.raises(InputError, match="SLURM_TIME_FORMAT"):
+        timefmt.parse_time_style(bad, now=NOW)
+
+
+FIELDS3 = field_index(
+    [
+        Field("A", 3, lambda r: str(r[0])),
+        Field("B", 4, lambda r: str(r[1])),
+    ]
+)
+
+
+def test_long_format_items() -> None:
+    cols = parse_long_format("a,B:.6,a:2|", FIELDS3, option="-O")
+    assert [(c.field.name, c.width, c.left, c.suffix) for c in cols] == [
+        ("A", 3, True, ""),
+        ("B", 6, False, ""),
+        ("A", 2, True, "|"),
+    ]
+    assert render_table(cols, [(1, "xy")], header=True, squeue_style=True) == [
+        "A        B A |",
+        "1       xy 1 |",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("C", "unknown field 'C'"),
+        ("A:0", "at least 1"),
+        ("A:9999999", "at most"),
+        ("A:5\x1b[2J", "printable"),
+        (",", "no fields"),
+    ],
+)
+def test_long_format_bad_items(text: str, message: str) -> None:
+    with pytest.raises(InputError, match=re.escape(message)):
+        parse_long_format(text, FIELDS3, option="-O")
+
+
+def test_sort_rows_numbers_by_value_then_text() -> None:
+    rows = [(10, "b"), (9, "a"), (10, "a"), ("x", "c")]
+    assert sort_rows(rows, parse_sort("A", FIELDS3, option="--sort")) == [
+        (9, "a"), (10, "b"), (10, "a"), ("x", "c"),
+    ]  # fmt: skip
+    assert sort_rows(rows, parse_sort("-A,+B", FIELDS3, option="--sort")) == [
+        ("x", "c"), (10, "a"), (10, "b"), (9, "a"),
+    ]  # fmt: skip
+    with pytest.raises(InputError, match="unknown field 'Z'"):
+        parse_sort("A,-Z", FIELDS3, option="--sort")
+
+
+@pytest.mark.parametrize(
+    ("uid", "groups", "private", "operator_gid", "owner"),
+    [
+        (1001, frozenset({100}), False, None, None),  # Slurm's default: everyone's jobs
+        (1001, frozenset({100}), True, None, 1001),
+        (0, frozenset({0}), True, None, None),  # root
+        (1001, frozenset({100, 50}), True, 50, None),  # an operator
+        (1001, frozenset({100}), True, 50, 1001),
+    ],
+)
+def test_visible_owner(
+    uid: int, groups: frozenset[int], private: bool, operator_gid: int | None, owner: int | None
+) -> None:
+    assert (
+        visible_owner(uid=uid, groups=groups, private=private, operator_gid=operator_gid) == owner
+    )
+
+
+@pytest.mark.parametrize(
+    ("parse", "text", "message"),
+    [
+        (parse_names, "a,\x07b", "is not a job name"),
+        (parse_names, "x" * 2000, "is not a job name"),
+        (parse_names, ",", "give at least one item"),
+        (parse_partitions, "gpu,debug queue", "is not a partition name"),
+        (parse_partitions, "", "give at least one item"),
+    ],
+)
+def test_names_and_partitions_bad(parse: Any, text: str, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        parse(text, option="--x")
+
+
+def test_envelope_shape_and_whole_seconds() -> None:
+    doc = envelope([{"job_id": 1}])
+    assert list(doc) == ["meta", "errors", "warnings", "jobs"]
+    assert doc["meta"]["Slurm"]["version"] == {"major": 22, "micro": 0, "minor": 5}
+    assert (seconds(None), seconds(2.6), seconds(1779000000.4)) == (None, 3, 1779000000)
