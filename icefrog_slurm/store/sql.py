@@ -44,6 +44,7 @@ from icefrog_slurm.errors import InputError
 from icefrog_slurm.extras import require
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.store.leader import SqlLease, lock_path, try_lead
+from icefrog_slurm.store.readonly import make_readonly_engine
 from icefrog_slurm.store.tx import SqlStoreTx
 
 _BEGIN_OPTION = "icefrog_sqlite_begin"
@@ -98,9 +99,11 @@ def _configure_sqlite(engine: Engine, *, in_memory: bool) -> None:
 class SqlStore:
     """The state store over one database URL."""
 
-    def __init__(self, url: str, *, check_schema: bool = True) -> None:
+    def __init__(self, url: str, *, check_schema: bool = True, readonly: bool = False) -> None:
+        """``readonly``: a report's store, opened with ``store/readonly.py`` (it never
+        writes nor creates a file: SQLite ``mode=ro``, Postgres read-only sessions)."""
         self.url = url
-        self.engine = make_engine(url)
+        self.engine = make_readonly_engine(url) if readonly else make_engine(url)
         self._is_sqlite = self.engine.dialect.name == "sqlite"
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._lease: SqlLease | None = None
