@@ -7,7 +7,9 @@ Wires the real adapters: ``SqlStore``, the Slurm backend (``slurm.backend``:
 filesystem, the report inbox and, when ``metrics.port`` is set, the Prometheus endpoint.
 ``--once`` makes one tick; ``--dry-run`` makes one tick, prints the plan as JSON and enacts
 nothing (nothing is recorded either). ``--policy`` picks the policy: ``icefrog`` (default)
-or ``standin``.
+or ``standin``. Before anything starts, the database is checked without touching it and the
+state folders are made (``preflight.first_start``); ``--check`` runs every check of
+``preflight`` instead, one line each, and starts nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import sys
 from pathlib import Path
 
+from icefrog_slurm.commands.preflight import first_start
 from icefrog_slurm.controller.daemon import Controller
 from icefrog_slurm.controller.ports import FsJobFiles, SystemClock
 from icefrog_slurm.domain.plan import Policy
@@ -43,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=POLICIES,
         default="icefrog",
         help="icefrog (default) or standin (first come, first served, no freezing or sharing)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="check the settings, database, folders, munge, Slurm and metrics port; start nothing",
     )
 
 
@@ -101,15 +109,21 @@ def run(args: argparse.Namespace) -> int:
     from icefrog_slurm.store.inbox import ReportInbox, slurm_jobs_of
     from icefrog_slurm.store.sql import SqlStore
 
+    if args.check:  # one line a check; creates, changes and starts nothing
+        from icefrog_slurm.commands.preflight import check
+
+        if args.once or args.dry_run:
+            raise InputError("--check starts nothing: leave out --once and --dry-run")
+        return check(args.config)
     settings = load_settings(args.config)
     if settings.metrics.port is not None and not args.dry_run:  # before anything starts
         require("prometheus_client", "metrics", "metrics.port")
     environ = dict(os.environ)
     setup_logging(settings, environ)
     policy = make_policy(args.policy)
+    first_start(settings, config=args.config)  # the database first, untouched; then folders
     # the secret of resubmitted jobs' tags: kept across restarts, so a restarted controller
     # recognises a resubmission it was killed in the middle of
-    Path(settings.state.dir).mkdir(mode=0o755, parents=True, exist_ok=True)
     signer = TagSigner.from_file(Path(settings.state.dir) / TAG_SECRET)
     cluster = make_cluster(settings.slurm.backend, signer=signer)  # a missing pyslurm stops here
     store = SqlStore.from_settings(settings)

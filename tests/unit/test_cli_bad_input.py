@@ -373,6 +373,14 @@ CASES = [
     case("db-downgrade-unknown-revision", "db downgrade --url sqlite:///{d}/f.db base", 2,
          "f00dfeed1234", {"f.db": UNKNOWN_REVISION_DB}),
     case("db-downgrade-unknown-target", "db downgrade --url sqlite:///{db} 0005x", 2, "revision 0005x"),
+    # --- controller --check: refused before anything is looked at --------------------------
+    case("check-with-once", "controller --check --once --config {d}/c.toml", 2, "--check",
+         {"c.toml": b""}),
+    case("check-config-unknown", "controller --check --config {d}/c.toml", 2, "unknown field",
+         {"c.toml": b"[controller]\nround = 1\n"}),
+    case("check-config-missing", "controller --check --config {d}/nope.toml", 2, "no such file"),
+    case("check-config-not-utf8", "controller --check --config {d}/c.toml", 2, "not UTF-8",
+         {"c.toml": b'[slurm]\npartition = "\xff"\n'}),
     # --- submit and launch: refused before anything reaches Slurm ------------------------
     case("submit-no-script", SUBMIT, 2, "training script"),
     case("submit-gpus-unicode", SUBMIT + " --gpus \u00b2 -- t.py", 2, "--gpus"),

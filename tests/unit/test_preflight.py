@@ -1,0 +1,218 @@
+"""``icefrog controller --check`` and the controller's first start on a fresh host.
+
+The check prints one line a check and exits 0 only when every check passed; it creates and
+changes nothing. The first start refuses a missing or unmigrated database before touching
+it (a SQLite file is never created by the daemon), then makes the state folder (0755), the
+inbox (1733) and the archive (0700), or refuses, in one line, folders others could abuse.
+Slurm is replaced here by a stand-in (the real capacity call is tested on the cluster); munge
+is the host's real munged.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+
+from icefrog_slurm.cli import main
+from icefrog_slurm.commands import preflight
+from icefrog_slurm.errors import IcefrogError, InputError
+from icefrog_slurm.settings import load_settings
+from icefrog_slurm.store import migrate
+
+
+@pytest.fixture(autouse=True)
+def _slurm_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(preflight, "check_slurm", lambda _settings: "stand-in: 4 GPUs")
+
+
+def _config(tmp_path: Path, extra: str = "") -> Path:
+    config = tmp_path / "icefrog.toml"
+    config.write_text(f'[state]\ndir = "{tmp_path}/state"\n{extra}')
+    return config
+
+
+def _check(config: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, str]]:
+    capsys.readouterr()  # what ran before
+    code = main(["controller", "--check", "--config", str(config)])
+    out = capsys.readouterr().out
+    lines = {
+        "tag" if line.startswith("tag") else line.split()[0]: line for line in out.splitlines()
+    }
+    return code, lines
+
+
+def _upgrade(config: Path) -> None:
+    assert main(["db", "upgrade", "--config", str(config)]) == 0
+
+
+needs_munge = pytest.mark.skipif(shutil.which("munge") is None, reason="munge not installed")
+
+
+def test_a_fresh_host_fails_on_the_database_only_and_nothing_is_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(tmp_path)
+    code, lines = _check(config, capsys)
+    assert code == 2
+    assert "FAIL: database sqlite:///" in lines["database"]
+    assert f"does not exist: run `icefrog db upgrade --config {config}`" in lines["database"]
+    assert "ok: " in lines["state.dir"] and "the first start makes it" in lines["state.dir"]
+    assert list(tmp_path.iterdir()) == [config]  # no folder, no database file
+
+
+@needs_munge
+def test_a_ready_host_passes_every_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(tmp_path)
+    _upgrade(config)
+    preflight.first_start(load_settings(config), config=str(config))
+    code, lines = _check(config, capsys)
+    assert code == 0, lines
+    assert set(lines) == {"settings", "database", "state.dir", "inbox.dir",
+                          "inbox.archive_dir", "tag", "munge", "slurm", "metrics"}  # fmt: skip
+    assert all(" ok: " in line for line in lines.values()), lines
+    assert "revision " + str(migrate.head_revision()) in lines["database"]
+    assert "mode 1733" in lines["inbox.dir"] and "mode 0700" in lines["inbox.archive_dir"]
+    assert "off" in lines["metrics"]
+
+
+@needs_munge
+def test_each_broken_part_is_one_fail_line_naming_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    config = _config(tmp_path, f"[metrics]\nport = {port}\n")
+    _upgrade(config)
+    state = tmp_path / "state"
+    os.chmod(state, 0o777)
+    (state / "inbox").mkdir()
+    os.chown(state / "inbox", 12345, 12345)
+    (state / "tag.key").write_bytes(os.urandom(32))
+    os.chmod(state / "tag.key", 0o644)
+    monkeypatch.setattr(preflight, "check_slurm", _slurm_down)
+    try:
+        code, lines = _check(config, capsys)
+    finally:
+        busy.close()
+    assert code == 2
+    assert f"run `chmod 0755 {state}`" in lines["state.dir"]
+    assert f"owned by uid 12345: run `chown {os.geteuid()} {state}/inbox`" in lines["inbox.dir"]
+    assert f"run `chmod 0600 {state}/tag.key`" in lines["tag"]
+    assert f"127.0.0.1:{port}: cannot listen" in lines["metrics"]
+    assert "FAIL: slurmctld is down" in lines["slurm"]
+    for key in ("state.dir", "inbox.dir", "tag", "metrics", "slurm"):
+        assert " FAIL: " in lines[key], lines[key]
+    assert " ok: " in lines["database"] and " ok: " in lines["munge"]
+    assert stat.S_IMODE((state / "tag.key").stat().st_mode) == 0o644  # nothing was fixed
+
+
+def _slurm_down(_settings: object) -> str:
+    raise preflight.Failed("slurmctld is down")
+
+
+def test_the_tag_secret_must_be_a_private_plain_file(tmp_path: Path) -> None:
+    key = tmp_path / "tag.key"
+    assert "absent" in preflight.check_tag_secret(key)
+    key.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(preflight.Failed, match="plain file"):
+        preflight.check_tag_secret(key)
+    key.unlink()
+    key.write_bytes(b"short")
+    os.chmod(key, 0o600)
+    with pytest.raises(preflight.Failed, match="fewer than 16"):
+        preflight.check_tag_secret(key)
+    key.write_bytes(os.urandom(32))
+    assert "mode 0600" in preflight.check_tag_secret(key)
+
+
+def test_a_database_the_daemon_cannot_use_fails_the_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    memory = _config(tmp_path, '[store]\nurl = "sqlite://"\n')
+    code, lines = _check(memory, capsys)
+    assert code == 2 and "cannot be locked" in lines["database"]
+    theirs = tmp_path / "theirs.db"
+    conn = sqlite3.connect(theirs)
+    conn.executescript("CREATE TABLE customers (id INTEGER);")
+    conn.close()
+    before = theirs.read_bytes()
+    code, lines = _check(_config(tmp_path, f'[store]\nurl = "sqlite:///{theirs}"\n'), capsys)
+    assert code == 2 and "customers" in lines["database"]
+    assert theirs.read_bytes() == before
+
+
+def test_the_archive_must_share_the_inbox_filesystem(tmp_path: Path) -> None:
+    other = Path("/dev/shm")
+    if not other.is_dir() or other.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no second filesystem to put the archive on")
+    archive = Path(os.path.realpath(other)) / f"icefrog-test-{os.getpid()}"
+    archive.mkdir(mode=0o700)
+    try:
+        config = _config(tmp_path, f'[inbox]\narchive_dir = "{archive}"\n')
+        _upgrade(config)
+        with pytest.raises(InputError, match="another filesystem than the inbox"):
+            preflight.first_start(load_settings(config), config=str(config))
+    finally:
+        archive.rmdir()
+
+
+# --- the first start ------------------------------------------------------------------------
+
+
+def test_the_first_start_refuses_a_missing_database_before_making_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real entry point on a fresh host: one line, exit 2, no database file made."""
+    config = _config(tmp_path)
+    assert main(["controller", "--once", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert err.endswith(f"does not exist: run `icefrog db upgrade --config {config}`")
+    assert not (tmp_path / "state").exists()
+
+
+def test_the_first_start_leaves_an_unmigrated_database_untouched(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    (tmp_path / "state").mkdir(mode=0o755)
+    empty = tmp_path / "state" / "icefrog.db"
+    empty.write_bytes(b"")
+    with pytest.raises(InputError, match=r"at revision none.*icefrog db upgrade"):
+        preflight.first_start(load_settings(config), config=str(config))
+    assert empty.read_bytes() == b""  # not even switched to WAL
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["icefrog.db"]
+
+
+def test_the_first_start_makes_the_folders_with_their_modes(tmp_path: Path) -> None:
+    """On Postgres nothing else makes the state folder: the first start does, whatever the
+    umask; here a migrated SQLite database elsewhere stands in for it."""
+    db = tmp_path / "db" / "icefrog.db"
+    config = _config(tmp_path, f'[store]\nurl = "sqlite:///{db}"\n')
+    _upgrade(config)
+    old = os.umask(0o077)
+    try:
+        preflight.first_start(load_settings(config), config=str(config))
+    finally:
+        os.umask(old)
+    modes = {name: stat.S_IMODE((tmp_path / "state" / name).stat().st_mode)
+             for name in ("", "inbox", "archive")}  # fmt: skip
+    assert modes == {"": 0o755, "inbox": 0o1733, "archive": 0o700}
+    preflight.first_start(load_settings(config), config=str(config))  # a restart: the same
+
+
+def test_the_first_start_refuses_a_state_folder_others_may_write(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    _upgrade(config)
+    os.chmod(tmp_path / "state", 0o777)
+    with pytest.raises(IcefrogError, match=r"state.dir: .* others may write in it: run `chmod"):
+        preflight.first_start(load_settings(config), config=str(config))
+    assert not (tmp_path / "state" / "inbox").exists()
