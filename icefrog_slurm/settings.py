@@ -144,6 +144,19 @@ class SlurmSettings:
 
 
 @dataclass(frozen=True)
+class SubmitSettings:
+    """What ``icefrog submit`` asks of Slurm besides GPUs, when the user does not say."""
+
+    mem_per_gpu_mb: int | None = field(default=None, metadata=_bounds(minimum=1))
+    """Host memory per GPU, megabytes (``sbatch --mem-per-gpu``); a shared job asks for one
+    GPU's worth (``--mem``). Unset: the site's ``DefMemPerGPU`` in slurm.conf applies."""
+
+    cpus_per_gpu: int | None = field(default=None, metadata=_bounds(minimum=1))
+    """Cores per GPU (``sbatch --cpus-per-gpu``); a shared job asks for one GPU's worth
+    (``--cpus-per-task``). Unset: the site's ``DefCpuPerGPU`` in slurm.conf applies."""
+
+
+@dataclass(frozen=True)
 class SharingSettings:
     """GPU sharing (spec section 8, eq 8)."""
 
@@ -274,6 +287,9 @@ class Settings:
 
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
     """The Slurm cluster."""
+
+    submit: SubmitSettings = field(default_factory=SubmitSettings)
+    """``icefrog submit``'s memory and cores per GPU."""
 
     sharing: SharingSettings = field(default_factory=SharingSettings)
     """GPU sharing."""

@@ -10,10 +10,12 @@ environment.
 
 Submission goes through the Slurm backend (``SlurmCliBackend.submit_held``: ``sbatch --hold
 --requeue``, the job name, output path, working directory, the comment ``icefrog:<key>``
-with a fresh key, and ``--gres=gpu:<min GPUs>`` on one node): the controller decides the
-real resources and releases it. Then the job's declaration is delivered as the ``register``
-report (seq 0) into the controller's inbox, signed with munge, so the controller knows the
-held job before it ever runs. The model's layers and the epoch size are unknown until the
+with a fresh key, ``--gres=gpu:<min GPUs>`` on one node, and the host memory and cores per
+GPU when the user or the ``[submit]`` settings give them; else slurm.conf's ``DefMemPerGPU``
+and ``DefCpuPerGPU`` apply): the controller decides the real resources and releases it.
+Then the job's declaration is delivered as the ``register`` report (seq 0) into the
+controller's inbox, signed with munge, so the controller knows the held job before it
+ever runs. The model's layers and the epoch size are unknown until the
 trainer starts and registers again with the measured ones; until then the job declares
 :data:`UNKNOWN_LAYERS` (one block of unit cost: nothing can be frozen) and one sample an
 epoch. If registering fails the job is cancelled.
@@ -81,7 +83,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--partition", default=None, type=_nonempty, help="Slurm partition (overrides)"
     )
+    parser.add_argument(
+        "--mem-per-gpu",
+        metavar="SIZE",
+        default=None,
+        type=mem_size,
+        help="host memory per GPU, megabytes or with K/M/G/T as sbatch "
+        "(default [submit] mem_per_gpu_mb, else slurm.conf's DefMemPerGPU)",
+    )
+    parser.add_argument(
+        "--cpus-per-gpu",
+        metavar="N",
+        default=None,
+        type=cpu_count,
+        help="cores per GPU (default [submit] cpus_per_gpu, else slurm.conf's DefCpuPerGPU)",
+    )
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- train.py ARGS...")
+
+
+MAX_MEM_PER_GPU_MB = 64 * 1024 * 1024
+"""64 TB: no node has more; a larger size is a typo, refused before Slurm sees it."""
+MAX_CPUS_PER_GPU = 4096
+_SIZE = re.compile(r"^([0-9]{1,12})([KMGT]?)$")
+_UNIT_KB = {"K": 1, "": 1024, "M": 1024, "G": 1024**2, "T": 1024**3}
+
+
+def mem_size(text: str) -> int:
+    """``--mem-per-gpu``: sbatch's size syntax (``900``, ``900M``, ``80G``: megabytes
+    unless a K/M/G/T suffix says otherwise) -> whole megabytes, at least 1."""
+    m = _SIZE.match(text.strip().upper()) if text.isascii() else None
+    if m is None:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r}: give a size like 900 (MB), 900M, 80G or 1T"
+        )
+    mb = -(-int(m.group(1)) * _UNIT_KB[m.group(2)] // 1024)
+    if not 1 <= mb <= MAX_MEM_PER_GPU_MB:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: must be 1M to 64T")
+    return mb
+
+
+def cpu_count(text: str) -> int:
+    """``--cpus-per-gpu``: a whole number of cores, 1 to 4096."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 5):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: give a whole number of cores")
+    if not 1 <= int(text) <= MAX_CPUS_PER_GPU:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 1 to {MAX_CPUS_PER_GPU}")
+    return int(text)
 
 
 def _nonempty(text: str) -> str:
@@ -184,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
         partition=args.partition or settings.slurm.partition,
         output=os.path.abspath(args.output) if args.output else str(workdir / "slurm-%j.out"),
         workdir=str(workdir),
+        mem_per_gpu_mb=_first(args.mem_per_gpu, settings.submit.mem_per_gpu_mb),
+        cpus_per_gpu=_first(args.cpus_per_gpu, settings.submit.cpus_per_gpu),
     )
     backend = SlurmCliBackend()
     job_id = backend.submit_held(request=request)
@@ -194,6 +243,10 @@ def run(args: argparse.Namespace) -> int:
         raise IcefrogError(f"job {job_id} cancelled: cannot register it: {exc}") from exc
     print(f"Submitted batch job {job_id}")
     return 0
+
+
+def _first(given: int | None, default: int | None) -> int | None:
+    return given if given is not None else default
 
 
 def register(

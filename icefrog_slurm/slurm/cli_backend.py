@@ -353,6 +353,8 @@ class SlurmCliBackend:
             std_out=_job_pattern(old.std_out, job_id),
             std_err=_job_pattern(old.std_err, job_id),
             time_limit_min=old.time_limit_min,
+            mem_per_gpu_mb=old.mem_per_gpu_mb,
+            cpus_per_gpu=old.cpus_per_gpu,
         )
         argv, env = self._as_owner(argv, uid=owner_uid, gid=old.group_id)
         new_id = self._submit(

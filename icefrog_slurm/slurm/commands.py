@@ -40,7 +40,27 @@ def sbatch_held(request: SubmitRequest) -> Argv:
         argv.append(f"--chdir={request.workdir}")
     if request.time_limit:
         argv.append(f"--time={request.time_limit}")
+    argv += host_share(request.gres, request.mem_per_gpu_mb, request.cpus_per_gpu)
     return tuple(argv)
+
+
+def host_share(gres: Gres, mem_per_gpu_mb: int | None, cpus_per_gpu: int | None) -> list[str]:
+    """The memory and cores a job asks for besides its GPUs (nothing: slurm.conf's defaults
+    apply). Per GPU for whole GPUs; a shared job (``shard``) holds one GPU's worth, asked
+    per node (``--mem``, ``--cpus-per-task``: the job has one task), as Slurm gives no
+    per-GPU defaults to a job without GPUs."""
+    out: list[str] = []
+    if gres.kind == "gpu":
+        if mem_per_gpu_mb is not None:
+            out.append(f"--mem-per-gpu={mem_per_gpu_mb}M")
+        if cpus_per_gpu is not None:
+            out.append(f"--cpus-per-gpu={cpus_per_gpu}")
+    else:
+        if mem_per_gpu_mb is not None:
+            out.append(f"--mem={mem_per_gpu_mb}M")
+        if cpus_per_gpu is not None:
+            out.append(f"--cpus-per-task={cpus_per_gpu}")
+    return out
 
 
 def as_user(argv: Argv, *, uid: int, gid: int) -> Argv:
@@ -138,8 +158,11 @@ def resubmit(
     std_out: str | None,
     std_err: str | None,
     time_limit_min: int | None,
+    mem_per_gpu_mb: int | None = None,
+    cpus_per_gpu: int | None = None,
 ) -> Argv:
-    """sbatch (held) of a job's own script read from stdin, with its name, paths and limits."""
+    """sbatch (held) of a job's own script read from stdin, with its name, paths, limits and
+    host memory and cores (:func:`host_share`)."""
     argv: list[str] = [
         "sbatch",
         "--parsable",
@@ -160,4 +183,5 @@ def resubmit(
         argv.append(f"--error={std_err}")
     if time_limit_min is not None:
         argv.append(f"--time={time_limit_min}")
+    argv += host_share(gres, mem_per_gpu_mb, cpus_per_gpu)
     return tuple(argv)

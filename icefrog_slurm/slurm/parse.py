@@ -161,7 +161,33 @@ def _job_from_json(r: Mapping[str, Any]) -> SlurmJobDetail:
         tag=parse_tag(comment),
         priority=_number(r.get("priority", 0)) or 0,
         multiline_text=_has_line_break(r),
+        **_host_share(r),
     )
+
+
+def _host_share(r: Mapping[str, Any]) -> dict[str, int | None]:
+    """The memory (MB) and cores a job asked for besides its GPUs, in the form icefrog asks
+    (``commands.host_share``): per GPU (``memory_per_tres``/``cpus_per_tres``:
+    ``gres:gpu:900`` or ``gres/gpu:900``) for a GPU job, per node and per task for a shard
+    job. Nothing asked (slurm.conf's defaults applied): None."""
+    gres = parse_gres_request(_text(r.get("tres_per_node")))
+    if gres is not None and gres.kind == "shard":
+        return {
+            "mem_per_gpu_mb": _number(r.get("memory_per_node")) or None,
+            "cpus_per_gpu": _number(r.get("cpus_per_task")) or None,
+        }
+    return {
+        "mem_per_gpu_mb": _per_gpu(r.get("memory_per_tres")),
+        "cpus_per_gpu": _per_gpu(r.get("cpus_per_tres")),
+    }
+
+
+def _per_gpu(value: Any) -> int | None:
+    for item in _text(value).split(","):
+        m = re.fullmatch(r"(?:gres[:/])?gpu(?::[^:,=]+)?[:=]([0-9]{1,18})", item.strip())
+        if m:
+            return int(m.group(1)) or None
+    return None
 
 
 def _number(value: Any) -> int | None:

@@ -77,6 +77,8 @@ class SlurmJobDetail:
     tag: IcefrogTag | None
     priority: int = 0
     multiline_text: bool = False  # a user field holds a line break (text outputs unsafe)
+    mem_per_gpu_mb: int | None = None  # asked for (per GPU, or a shard job's per node)
+    cpus_per_gpu: int | None = None  # asked for (per GPU, or a shard job's per task)
 
     def state_view(self) -> SlurmJobState:
         """The same job as a poll sees it."""
@@ -125,6 +127,8 @@ class SubmitRequest:
     output: str | None = None
     workdir: str | None = None
     time_limit: str | None = None
+    mem_per_gpu_mb: int | None = None  # None: slurm.conf's DefMemPerGPU
+    cpus_per_gpu: int | None = None  # None: slurm.conf's DefCpuPerGPU
 
 
 class ClusterPort(Protocol):
