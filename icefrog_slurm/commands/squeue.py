@@ -93,7 +93,8 @@ def _iterate(text: str | None) -> int | None:
     if text is None:
         return None
     value = text.strip()
-    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_ITERATE_S:
+    digits = value.isascii() and value.isdigit() and len(value) <= 6
+    if not digits or not 1 <= int(value) <= MAX_ITERATE_S:
         raise InputError(f"--iterate {text[:40]!r}: give whole seconds, 1 to {MAX_ITERATE_S}")
     return int(value)
 
