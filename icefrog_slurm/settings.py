@@ -268,11 +268,11 @@ class ReportsSettings:
     operator_group: str | None = None
     """A Unix group whose members see every job when ``private`` is on (unset: root only)."""
 
-    url: str = ""
+    url: str | None = None
     """The database URL the report commands read, for a role that may only read (e.g.
     ``postgresql+psycopg://icefrog_reader@dbhost/icefrog``, its password in the user's
     ``~/.pgpass``), set in a file every user can read: ``/etc/icefrog/reports.toml``
-    (docs/admin-guide.md, "Users reading reports"). Empty: ``store.url``."""
+    (docs/admin-guide.md, "Users reading reports"). Unset: ``store.url``."""
 
 
 @dataclass(frozen=True)
