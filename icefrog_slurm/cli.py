@@ -34,7 +34,7 @@ PATH_ERRNOS = frozenset(
 # name -> (module, one-line help). Add a subcommand by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("icefrog_slurm.commands.tune", "Layer Tuner what-if: best batch and freeze depth"),
-    "db": ("icefrog_slurm.commands.db", "State store database: icefrog db upgrade"),
+    "db": ("icefrog_slurm.commands.db", "State store schema: current, history, upgrade, downgrade"),
     "trace": ("icefrog_slurm.commands.trace", "Sample evaluation workloads from the Philly trace"),
     "controller": ("icefrog_slurm.commands.controller", "The scheduling daemon (one per cluster)"),
     "squeue": ("icefrog_slurm.commands.squeue", "Active jobs and their latest decision"),
