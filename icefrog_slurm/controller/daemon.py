@@ -205,6 +205,7 @@ class Controller:
             if not self.dry_run:
                 record(plan, tx)
         tick_s = time.perf_counter() - started
+        self._log_round(plan, snapshot, tick_s)  # what was decided, before it is enacted
         result = ReconcileResult() if self.dry_run else self.reconciler.enact(plan)
         reconcile_s = time.perf_counter() - started - tick_s
         counts: dict[str, int] = {}
@@ -220,7 +221,7 @@ class Controller:
             last_round_time=plan.time if plan.new_round else None if last is None else last.time,
             drain=drained if isinstance(drained, DrainCounts) else None,
         )
-        self._log(report, snapshot)
+        self._log_reconcile(result)
         self.last = report
         if self.on_tick is not None:
             self.on_tick(report)
@@ -233,8 +234,7 @@ class Controller:
         capacity = self.cluster.partition_capacity(partition=self.settings.slurm.partition)
         return build_snapshot(store=store_snapshot, states=states, capacity=capacity, now=now)
 
-    def _log(self, report: TickReport, snapshot: Snapshot) -> None:
-        plan, r = report.plan, report.reconcile
+    def _log_round(self, plan: Plan, snapshot: Snapshot, tick_s: float) -> None:
         if plan.new_round:
             running = sum(1 for j in plan.jobs if j.allocation.gpus > 0)
             log.info(
@@ -245,7 +245,7 @@ class Controller:
                 running,
                 plan.capacity_gpus,
                 len(plan.actions()),
-                report.tick_s,
+                tick_s,
             )
             moved = plan.actions() if log.isEnabledFor(logging.INFO) else ()
             for j in moved:  # one line a job the round moves: grep -w job=<id>
@@ -266,6 +266,8 @@ class Controller:
             slurm_ids = {j.id: j.job.slurm_job_id for j in snapshot.jobs}
             for job_id, state in plan.state_changes:
                 log.info("job=%d slurm_job=%s: now %s", job_id, slurm_ids.get(job_id), state)
+
+    def _log_reconcile(self, r: ReconcileResult) -> None:
         if r.commands or r.failed:
             log.info(
                 "reconcile: %d done, %d waiting, %d failed, %d Slurm commands",

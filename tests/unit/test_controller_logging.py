@@ -79,30 +79,34 @@ JOB_FIELDS = re.compile(r"^job=(\d+) slurm_job=(\d+): ")
 def test_the_controllers_lines_about_a_job_carry_job_and_slurm_job(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The production controller over the simulated cluster: each round's line per moved
-    job and each reconcile step's line start with ``job=<icefrog id> slurm_job=<Slurm id>``,
-    the very ids of the plan."""
+    """The production controller over the simulated cluster, two jobs from submission to
+    their end: the round's line for each job it starts, each reconcile step's line and each
+    state change's line start with ``job=<icefrog id> slurm_job=<Slurm id>``, the very ids
+    of the plan."""
     jobs = [TraceJob(f"j{i}", 0.0, "resnet18-cifar10", 1, 128) for i in range(2)]
     engine = Engine(jobs, StandInPolicy(), settings=Settings(), options=SimOptions(gpus=4))
     pairs: set[tuple[str, str]] = set()
     engine.controller.on_tick = lambda r: pairs.update(
         (str(j.job_id), j.slurm_job_id) for j in r.plan.jobs
     )
-    engine._arrivals()
-    try:
-        with caplog.at_level(logging.INFO, logger="icefrog_slurm.controller"):
-            engine.controller.tick_once()
-    finally:
-        engine.close()
-    by_logger: dict[str, list[str]] = {}
-    for rec in caplog.records:
-        by_logger.setdefault(rec.name, []).append(rec.getMessage())
-    rounds = [m for m in by_logger["icefrog_slurm.controller.daemon"] if JOB_FIELDS.match(m)]
-    steps = by_logger["icefrog_slurm.controller.reconcile"]
-    assert len(rounds) == 2 and all("round 1: start to 1 GPU(s)" in m for m in rounds)
-    assert len(steps) == 2 and all("start done" in m for m in steps)
-    found = {m.group(1, 2) for m in map(JOB_FIELDS.match, rounds + steps) if m is not None}
-    assert found == pairs and len(pairs) == 2  # every line matched, with the plan's ids
+    with caplog.at_level(logging.INFO, logger="icefrog_slurm.controller"):
+        result = engine.run()  # closes the engine
+    assert all(j.finish is not None for j in result.jobs)
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("icefrog_slurm.")]
+    about_jobs = [m for m in lines if JOB_FIELDS.match(m)]
+    said: dict[tuple[str, str], list[str]] = {}
+    for m in about_jobs:
+        match = JOB_FIELDS.match(m)
+        assert match is not None
+        said.setdefault(match.group(1, 2), []).append(m[match.end() :])
+    assert set(said) == pairs and len(pairs) == 2  # the plan's ids, both jobs
+    for story in said.values():
+        assert re.fullmatch(r"round 1: start to 1 GPU\(s\), batch \d+, 0 frozen", story[0])
+        assert re.fullmatch(r"start done \(released as gpu:1 on sim\d+\)", story[1]), story
+        assert "now running" in story[2:], story  # read off Slurm at a later tick
+    # the lines about no one job: the rounds and the reconcile passes
+    others = [m for m in lines if m not in about_jobs]
+    assert others and all(m.startswith(("round ", "reconcile: ")) for m in others), others
 
 
 def _report(sid: str, kind: str, seq: int, payload: dict[str, Any]) -> str:
