@@ -62,21 +62,32 @@ class NodeLayout:
     cuda_visible_devices: str | None  # None: leave the variable as it is
 
 
+_RANGES = re.compile(r"\[(\d+)(?:-\d+)?(?:,\d+(?:-\d+)?)*\]")
+
+
 def first_host(nodelist: str) -> str:
-    """The first host of a Slurm hostlist: ``node[03-05,9],gpu1`` -> ``node03``."""
+    """The first host of a Slurm hostlist, as ``scontrol show hostnames`` lists it first:
+    ``node[03-05,9],gpu1`` -> ``node03``, ``n[001-002]x`` -> ``n001x``,
+    ``rack[1-2]-node[01-02]`` -> ``rack1-node01``: each bracket group of the first item
+    gives its first number (zero padding kept). Nothing is expanded."""
     text = nodelist.strip()
     if not text:
         raise InputError("SLURM_NODELIST: empty")
-    match = re.match(r"^([^,\[]+)(?:\[([^\]]+)\])?", text)
-    if match is None:
-        raise InputError(f"SLURM_NODELIST: cannot read {nodelist!r}")
-    prefix, ranges = match.groups()
-    if ranges is None:
-        return prefix
-    first = ranges.split(",")[0].split("-")[0]
-    if not first.isdigit():
-        raise InputError(f"SLURM_NODELIST: cannot read the range in {nodelist!r}")
-    return prefix + first
+    first = _first_item(text)
+    host = _RANGES.sub(lambda m: m.group(1), first)
+    if not host or not re.fullmatch(r"[A-Za-z0-9._-]+", host) or len(first) > 1024:
+        raise InputError(f"SLURM_NODELIST: cannot read {nodelist[:80]!r}")
+    return host
+
+
+def _first_item(text: str) -> str:
+    """The text before the first comma outside brackets."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            return text[:i]
+    return text
 
 
 def _device_list(text: str, name: str) -> list[str]:

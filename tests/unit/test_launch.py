@@ -88,6 +88,12 @@ def test_first_host() -> None:
     assert first_host("node[03-05,9],gpu1") == "node03"
     assert first_host("gpu1,gpu2") == "gpu1"
     assert first_host("node[1-4]") == "node1"
+    assert first_host("n[001-002]x") == "n001x"  # the suffix after the range is kept
+    assert first_host("rack[1-2]-node[01-02],x") == "rack1-node01"
+    assert first_host("n[1-999999999999]") == "n1"  # only the first item, never expanded whole
+    for bad in ("@group", "n[1-2", "n[a-b]", "a b", "n[]"):
+        with pytest.raises(InputError, match="SLURM_NODELIST"):
+            first_host(bad)
     with pytest.raises(InputError):
         first_host("")
 
