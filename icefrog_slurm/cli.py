@@ -35,6 +35,10 @@ PATH_ERRNOS = frozenset(
 COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("icefrog_slurm.commands.tune", "Layer Tuner what-if: best batch and freeze depth"),
     "db": ("icefrog_slurm.commands.db", "State store schema: current, history, upgrade, downgrade"),
+    "admin": (
+        "icefrog_slurm.commands.admin",
+        "icefrog admin install-files DEST: the systemd unit, example configs, guides",
+    ),
     "trace": ("icefrog_slurm.commands.trace", "Sample evaluation workloads from the Philly trace"),
     "controller": ("icefrog_slurm.commands.controller", "The scheduling daemon (one per cluster)"),
     "squeue": ("icefrog_slurm.commands.squeue", "Active jobs and their latest decision"),

@@ -437,6 +437,13 @@ CASES = [
     case("submit-config-folder", "submit --config {d}/c -- t.py", 2, "is a folder", {"c": None}),
     case("launch-gpus-zero", "launch --dry-run --gpus 0 -- t.py", 2, "--gpus"),
     case("launch-gpus-huge", "launch --dry-run --gpus 99999999999 -- t.py", 2, "--gpus", proc=True),
+    # --- admin install-files: nothing written where DEST is not a folder -------------------
+    case("admin-no-action", "admin", 2, "required: ACTION"),
+    case("admin-dest-empty", ["admin", "install-files", ""], 2, "DEST: must not be empty"),
+    case("admin-dest-file", "admin install-files {d}/f", 2, "f: exists and is not a folder",
+         {"f": b"x"}),
+    case("admin-dest-under-file", "admin install-files {d}/f/x", 2, "a part of it is not a folder",
+         {"f": b"x"}),
 ]
 # fmt: on
 
