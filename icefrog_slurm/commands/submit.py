@@ -35,6 +35,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from icefrog_slurm import declaration, security
+from icefrog_slurm.commands import downnotice
 from icefrog_slurm.commands.db import DEFAULT_CONFIG
 from icefrog_slurm.domain.cluster import Gres, IcefrogTag
 from icefrog_slurm.errors import IcefrogError, InputError
@@ -242,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
         backend.cancel(job_id=job_id)
         raise IcefrogError(f"job {job_id} cancelled: cannot register it: {exc}") from exc
     print(f"Submitted batch job {job_id}")
+    downnotice.warn_for_submit(config=args.config)  # a held job waits for the controller
     return 0
 
 
