@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     environ = dict(os.environ)
     setup_logging(settings, environ)
     policy = make_policy(args.policy)
-    first_start(settings, config=args.config)  # the database first, untouched; then folders
+    first_start(settings, config=args.config, metrics=not args.dry_run)  # before anything
     # the secret of resubmitted jobs' tags: kept across restarts, so a restarted controller
     # recognises a resubmission it was killed in the middle of
     signer = TagSigner.from_file(Path(settings.state.dir) / TAG_SECRET)

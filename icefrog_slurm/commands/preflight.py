@@ -25,8 +25,9 @@ controller started so does nothing useful, so the check fails them too.
 
 :func:`first_start` is the daemon's own gate, run before anything else touches the host:
 the database is checked first (read only, so a missing or unmigrated one is refused with
-"run `icefrog db upgrade`" and never created), then the folders are made or refused
-(``state_folders.make``).
+"run `icefrog db upgrade`" and never created), then the metrics port when the endpoint is
+to be served (a port in use is one line, not a traceback later), then the folders are made
+or refused (``state_folders.make``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from icefrog_slurm.commands import state_folders
-from icefrog_slurm.errors import IcefrogError
+from icefrog_slurm.errors import IcefrogError, InputError
 from icefrog_slurm.jsonio import printable
 from icefrog_slurm.settings import Settings, load_settings
 from icefrog_slurm.slurm.identity import TAG_SECRET
@@ -52,10 +53,16 @@ class Failed(IcefrogError):
     """A check failed; the message says why and what to run."""
 
 
-def first_start(settings: Settings, *, config: str) -> None:
-    """Refuse a database the daemon cannot use, before touching it; then make (or refuse)
-    the state folder, the inbox and the archive."""
+def first_start(settings: Settings, *, config: str, metrics: bool = False) -> None:
+    """Refuse a database the daemon cannot use, before touching it; with ``metrics`` (the
+    endpoint is to be served), a metrics port that cannot be listened on; then make (or
+    refuse) the state folder, the inbox and the archive."""
     check_database(settings, config=config)
+    if metrics:
+        try:
+            check_metrics(settings)
+        except Failed as exc:
+            raise InputError(f"metrics.port: {exc}") from None
     state_folders.make(settings)
 
 
@@ -93,7 +100,6 @@ def check_database(settings: Settings, *, config: str) -> str:
     only. InputError (IcefrogError when its server cannot be reached) otherwise."""
     from sqlalchemy.engine import make_url
 
-    from icefrog_slurm.errors import InputError
     from icefrog_slurm.store import migrate
     from icefrog_slurm.store.leader import lock_path
 

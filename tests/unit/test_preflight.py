@@ -216,3 +216,21 @@ def test_the_first_start_refuses_a_state_folder_others_may_write(tmp_path: Path)
     with pytest.raises(IcefrogError, match=r"state.dir: .* others may write in it: run `chmod"):
         preflight.first_start(load_settings(config), config=str(config))
     assert not (tmp_path / "state" / "inbox").exists()
+
+
+def test_a_metrics_port_in_use_stops_the_start_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked before the folders are made: a busy port is one line, not a traceback from
+    the endpoint later; a dry run serves no endpoint and does not care."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = _config(tmp_path, f"[metrics]\nport = {port}\n")
+        _upgrade(config)
+        settings = load_settings(config)
+        with pytest.raises(InputError, match=rf"metrics.port: 127.0.0.1:{port}: cannot listen"):
+            preflight.first_start(settings, config=str(config), metrics=True)
+        assert not (tmp_path / "state" / "inbox").exists()
+        preflight.first_start(settings, config=str(config), metrics=False)
