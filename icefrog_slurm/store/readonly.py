@@ -32,6 +32,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.extras import require
 from icefrog_slurm.jsonio import printable
 
 SQLITE_TIMEOUT_S = 30.0
@@ -55,14 +56,16 @@ def make_readonly_engine(url: str) -> Engine:
         parsed = make_url(url)
         if parsed.get_backend_name() == "sqlite":
             return _sqlite_readonly(parsed)
+        if parsed.get_driver_name() == "psycopg":
+            require("psycopg", "postgres", f"a {parsed.drivername}:// database URL")
         extra = {k: v for k, v in _PG_READONLY.items() if k not in parsed.query}
         return create_engine(parsed, pool_pre_ping=True, connect_args=extra)
     except (ArgumentError, NoSuchModuleError, ValueError) as exc:
         raise InputError(f"database URL {printable(url, 200)!r}: {exc}") from None
     except ModuleNotFoundError as exc:  # a driver that is not installed
         raise InputError(
-            f"database URL {printable(url, 200)!r}: needs the module {exc.name}, which is not "
-            "installed (postgresql+psycopg:// needs icefrog-slurm[postgres])"
+            f"a {parsed.drivername}:// database URL needs the module {exc.name}, which "
+            "icefrog-slurm does not install: use postgresql+psycopg:// (the postgres extra)"
         ) from None
 
 

@@ -58,10 +58,13 @@ def _hint(extra: str) -> str:
     return f"needs the {extra} extra: pip install 'icefrog-slurm[{extra}]'"
 
 
-def test_a_postgres_url_without_psycopg(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["db upgrade --url", "sacct --db", "squeue --db"])
+def test_a_postgres_url_without_psycopg(tmp_path: Path, command: str) -> None:
+    """The controller's store (db upgrade, as the controller) and a report's read-only one."""
     url = "postgresql+psycopg://icefrog:secret@127.0.0.1:1/icefrog"
-    code, line = _icefrog("psycopg", ["db", "upgrade", "--url", url], tmp_path)
-    expected = f"icefrog db: error: a postgresql+psycopg:// database URL {_hint('postgres')}"
+    code, line = _icefrog("psycopg", [*command.split(), url], tmp_path)
+    name = command.split()[0]
+    expected = f"icefrog {name}: error: a postgresql+psycopg:// database URL {_hint('postgres')}"
     assert (code, line) == (2, expected)
     assert "secret" not in line  # the URL's password is not repeated
 
@@ -69,11 +72,12 @@ def test_a_postgres_url_without_psycopg(tmp_path: Path) -> None:
 def test_a_driver_no_extra_installs(tmp_path: Path) -> None:
     """A driver no extra installs: say which URL works, exit 2."""
     url = "postgresql+pg8000://u:secret@127.0.0.1:1/x"
-    code, line = _icefrog("pg8000", ["db", "upgrade", "--url", url], tmp_path)
-    assert code == 2, line
-    assert line.startswith("icefrog db: error: a postgresql+pg8000:// database URL needs the")
-    assert "module pg8000" in line and "use postgresql+psycopg://" in line, line
-    assert "secret" not in line
+    for argv in (["db", "upgrade", "--url", url], ["sacct", "--db", url]):
+        code, line = _icefrog("pg8000", argv, tmp_path)
+        assert code == 2, line
+        assert line.startswith(f"icefrog {argv[0]}: error: a postgresql+pg8000:// database URL")
+        assert "module pg8000" in line and "use postgresql+psycopg://" in line, line
+        assert "secret" not in line
 
 
 def _settings(tmp_path: Path, extra: str) -> Path:
