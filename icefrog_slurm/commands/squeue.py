@@ -6,8 +6,9 @@ Slurm job id of a job's chain), ``-t STATE[,STATE]`` (default: pending and runni
 ``-o/--format`` (comma list of field names, ``%N`` widths as in sacct), ``-O/--Format``
 (squeue's ``name[:[.][size][suffix]]``), ``-S/--sort [+|-]FIELD[,...]``, ``-i/--iterate
 SECONDS`` (print again every SECONDS until interrupted), ``--json`` (Slurm's envelope),
-``--helpformat``. Without ``-o``/``-O`` the format comes from ``SQUEUE_FORMAT2`` (``-O``
-syntax), else ``SQUEUE_FORMAT`` (``-o`` syntax), else the default. Fields:
+``--helpformat``. ``-o`` also takes squeue's letters (``%.18i %.8u %R``: the letters of
+``report/squeue.LETTERS``). Without ``-o``/``-O`` the format comes from ``SQUEUE_FORMAT2``
+(``-O`` syntax), else ``SQUEUE_FORMAT`` (``-o`` syntax), else the default. Fields:
 ``report/squeue.py``.
 """
 
@@ -18,7 +19,7 @@ import os
 import sys
 import time
 
-from icefrog_slurm.commands import downnotice, storeargs
+from icefrog_slurm.commands import storeargs
 from icefrog_slurm.commands.reportview import env_value, report_view
 from icefrog_slurm.commands.storeargs import (
     add_store_arguments,
@@ -43,6 +44,7 @@ from icefrog_slurm.report.table import (
     Column,
     field_index,
     parse_format,
+    parse_letter_format,
     parse_long_format,
     parse_sort,
     render_table,
@@ -81,12 +83,21 @@ def _columns(args: argparse.Namespace) -> list[Column[squeue.QueueRow]]:
     if args.Format is not None:
         return parse_long_format(args.Format, fields, option="--Format")
     if args.format is not None:
-        return parse_format(args.format, fields, option="--format")
+        return _short_format(args.format, "--format")
     if (text := env_value("SQUEUE_FORMAT2")) is not None:
         return parse_long_format(text, fields, option="SQUEUE_FORMAT2")
     if (text := env_value("SQUEUE_FORMAT")) is not None:
-        return parse_format(text, fields, option="SQUEUE_FORMAT")
+        return _short_format(text, "SQUEUE_FORMAT")
     return parse_format(squeue.DEFAULT_FORMAT, fields, option="--format")
+
+
+def _short_format(text: str, option: str) -> list[Column[squeue.QueueRow]]:
+    """``-o``: squeue's letters when it starts with ``%`` (``%.18i %.8u %R``), else icefrog
+    field names (``JobID,User%8``)."""
+    fields = field_index(squeue.FIELDS)
+    if text.lstrip().startswith("%"):
+        return parse_letter_format(text, squeue.LETTERS, fields, option=option)
+    return parse_format(text, fields, option=option)
 
 
 def _iterate(text: str | None) -> int | None:
@@ -131,7 +142,6 @@ def run(args: argparse.Namespace) -> int:
     while True:
         store = open_store(args)
         try:
-            downnotice.warn_if_down(store, now=t)
             rows = [
                 squeue.QueueRow(queued=q, now=t, partition=view.partition)
                 for q in read_queue(store, flt, now=t)

@@ -36,4 +36,4 @@ def envelope(jobs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def seconds(value: float | None) -> int | None:
     """A time or a duration as whole seconds (None stays None): Slurm prints integers."""
-    return None if value is None else int(round(value))
+    return None if value is None else round(value)

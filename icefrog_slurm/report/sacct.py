@@ -2,7 +2,8 @@
 
 Times print like sacct (``YYYY-MM-DDTHH:MM:SS``, ``Unknown`` when absent) and durations
 as ``[D-]HH:MM:SS``; JSON carries the numbers (whole seconds since the epoch, whole
-seconds, as Slurm prints them) inside Slurm's envelope (``report/envelope.py``). How each figure is computed: ``report/jobs.py``.
+seconds, as Slurm prints them) inside Slurm's envelope (``report/envelope.py``). How each
+figure is computed: ``report/jobs.py``.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from typing import Any
 
 from icefrog_slurm.domain.records import SlurmAction
 from icefrog_slurm.report import jobs
-from icefrog_slurm.report.queries import ShownJob
 from icefrog_slurm.report.envelope import seconds
+from icefrog_slurm.report.queries import ShownJob
 from icefrog_slurm.report.sacct import acct_json, acct_row, number
 from icefrog_slurm.report.squeue import node_list
 from icefrog_slurm.report.table import Column, Field, render_table

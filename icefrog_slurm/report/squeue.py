@@ -15,9 +15,9 @@ from typing import Any
 
 from icefrog_slurm.domain.records import Allocation
 from icefrog_slurm.report import jobs
+from icefrog_slurm.report.envelope import seconds
 from icefrog_slurm.report.queries import QueuedJob
 from icefrog_slurm.report.table import Field
-from icefrog_slurm.report.envelope import seconds
 from icefrog_slurm.report.timefmt import format_duration
 from icefrog_slurm.slurm.parse import ParseError, compress_hostlist
 
@@ -130,3 +130,20 @@ def queue_json(row: QueueRow) -> dict[str, Any]:
         "ice_share": None if a is None else a.share,
         "reason": row.reason or None,
     }
+
+
+# squeue's -o letters with an icefrog field of the same meaning (``man squeue``).
+LETTERS: dict[str, str] = {
+    "i": "JobID",
+    "A": "JobID",
+    "j": "Name",
+    "u": "User",
+    "P": "Partition",
+    "t": "ST",
+    "T": "State",
+    "M": "Time",
+    "D": "Nodes",
+    "N": "NodeList",
+    "R": "NodeList(Reason)",
+    "r": "Reason",
+}

@@ -14,6 +14,9 @@ left-justifies. A value wider than its column is cut and ends in ``+``, as in sa
   unless told not to.
 - :func:`parse_long_format`: squeue's ``-O/--Format`` (``name[:[.][size][suffix]]``: left
   justified unless ``.``, a suffix printed after the value).
+- :func:`parse_letter_format`: squeue's ``-o "%.18i %.9P %j"`` (``%[.][SIZE]LETTER``:
+  left-justified unless ``.``; text between items is not printed, columns are one space
+  apart as everywhere).
 - :func:`parse_sort` / :func:`sort_rows`: squeue's ``--sort`` (``[+|-]FIELD`` comma list;
   numbers compare as numbers).
 """
@@ -31,6 +34,7 @@ from icefrog_slurm.limits import MAX_FORMAT_WIDTH
 R = TypeVar("R")
 _ITEM = re.compile(r"^([A-Za-z][A-Za-z0-9_()\-]*)(?:%(-?)(\d+))?$")
 _LONG_ITEM = re.compile(r"^([A-Za-z][A-Za-z0-9_()\-]*)(?::(\.?)(\d*)(.*))?$")
+_LETTER_ITEM = re.compile(r"%(\.?)(\d*)(.)", re.S)
 _NUMBER = re.compile(r"^-?\d+(?:\.\d+)?$")
 MAX_SUFFIX = 64
 
@@ -121,6 +125,31 @@ def parse_long_format(text: str, fields: Mapping[str, Field[R]], *, option: str)
         )
     if not columns:
         raise InputError(f"{option}: no fields given")
+    return columns
+
+
+def parse_letter_format(
+    text: str, letters: Mapping[str, str], fields: Mapping[str, Field[R]], *, option: str
+) -> list[Column[R]]:
+    """squeue's ``%[.][SIZE]LETTER`` items to columns (``letters``: letter -> field name)."""
+    columns: list[Column[R]] = []
+    for match in _LETTER_ITEM.finditer(text):
+        dot, width, letter = match.groups()
+        if letter not in letters:
+            known = " ".join(f"%{k}" for k in letters)
+            raise InputError(
+                f"{option}: {match.group(0)[:20]!r} is not a field here; known: {known}"
+            )
+        found = fields[letters[letter].lower()]
+        columns.append(
+            Column(
+                field=found,
+                width=_width(width, match.group(0), option) if width else found.width,
+                left=not dot,
+            )
+        )
+    if not columns:
+        raise InputError(f"{option}: no %FIELD items given")
     return columns
 
 

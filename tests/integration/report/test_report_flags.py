@@ -237,3 +237,25 @@ def test_a_site_file_turns_privacy_on_whatever_the_user_gives(
     monkeypatch.setattr(reportview, "SITE_FILES", (site,))
     monkeypatch.setattr("os.getuid", lambda: ALICE)
     assert ids(run(capsys, "squeue", *db, "-h", "-t", "all", "-o", "JobID")[1]) == "1,3,5"
+
+
+def test_squeue_o_takes_squeues_letters(
+    db: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, out, err = run(capsys, "squeue", *db, "-j", "3", "-o", "%.5i %.9P %8u %R")
+    assert (code, err) == (0, "")
+    assert out == "JOBID PARTITION USER     NODELIST(REASON)\n    3       gpu alice    n3\n"
+    monkeypatch.setenv("SQUEUE_FORMAT", "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R")  # squeue's
+    code, out, err = run(capsys, "squeue", *db, "-h", "-j", "3")
+    assert (code, err) == (0, "") and out.split() == [
+        "3",
+        "gpu",
+        "ncf",
+        "alice",
+        "R",
+        "01:18:20",
+        "1",
+        "n3",
+    ]
+    code, out, err = run(capsys, "squeue", *db, "-o", "%i %Z")
+    assert (code, out) == (2, "") and "--format: '%Z' is not a field here" in err
