@@ -18,7 +18,11 @@ MAPPED = {
     "icefrog_slurm.docs": "docs",
 }
 
+DATA_FOLDERS = ["icefrog_slurm.db.versions", "icefrog_slurm.sim.data.layers"]
+"""Folders of files without ``__init__.py`` (migrations, layer tables): named, so that
+setuptools ships them without warning that it might not."""
+
 setup(
-    packages=[*find_packages(include=["icefrog_slurm*", "launcher*"]), *MAPPED],
+    packages=[*find_packages(include=["icefrog_slurm*", "launcher*"]), *MAPPED, *DATA_FOLDERS],
     package_dir=MAPPED,
 )
