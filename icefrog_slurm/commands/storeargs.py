@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -115,12 +116,16 @@ def _present(path: str) -> bool:
 
 def _load(path: str, *, why: str) -> Settings:
     """The settings file ``path``; a file the user may not read is one line saying what to
-    set instead (any other fault: ``load_settings``'s line naming it)."""
+    set instead, a FIFO or device (opening it could wait for ever) is refused; any other
+    fault is ``load_settings``'s line naming it."""
+    shown = printable(path, 200)
     try:
+        mode = os.stat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise InputError(f"{shown} ({why}): not a plain file")
         with open(path, "rb"):
             pass
     except PermissionError:
-        shown = printable(path, 200)
         raise InputError(f"{shown} ({why}): not readable by you: {_WHAT_TO_SET}") from None
     except OSError:
         pass  # missing, a folder...: load_settings names the fault

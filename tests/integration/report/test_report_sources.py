@@ -85,6 +85,15 @@ def test_a_bad_environment_is_one_clear_error(
         storeargs.report_source(db=None, config=None, environ=env)
 
 
+def test_a_fifo_for_a_settings_file_is_refused_without_waiting(site: Path) -> None:
+    fifo = site / "fifo.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match=r"fifo\.toml \(ICEFROG_REPORTS_CONFIG\): not a plain"):
+        storeargs.report_source(db=None, config=None, environ={"ICEFROG_REPORTS_CONFIG": str(fifo)})
+    with pytest.raises(InputError, match="not a plain file"):
+        storeargs.report_source(db=None, config=str(fifo), environ={})
+
+
 def test_a_bad_reports_file_names_the_key(site: Path) -> None:
     (site / "reports.toml").write_text('[reports]\nurl = 5\nnope = "x"\n')
     with pytest.raises(InputError, match=r"reports\.toml: .*nope"):
