@@ -85,7 +85,7 @@ def inspect(folder: Folder, *, inbox: Path | None = None) -> tuple[bool, str]:
             inbox_dev = st.st_dev
         if inbox_dev != st.st_dev:
             return False, f"{shown} is on another filesystem than the inbox: set {folder.key}"
-    if mode != folder.mode:
+    if mode != folder.mode and folder.set_at_start:
         return True, f"mode {mode:04o}, set to {folder.mode:04o} at start"
     return True, f"mode {mode:04o}, uid {uid}"
 

@@ -234,3 +234,18 @@ def test_a_metrics_port_in_use_stops_the_start_in_one_line(
             preflight.first_start(settings, config=str(config), metrics=True)
         assert not (tmp_path / "state" / "inbox").exists()
         preflight.first_start(settings, config=str(config), metrics=False)
+
+
+def test_modes_the_start_sets_are_said_so_and_others_are_left(tmp_path: Path) -> None:
+    from icefrog_slurm.commands.state_folders import folders, inspect
+
+    config = _config(tmp_path)
+    _upgrade(config)
+    state, inbox, _archive = folders(load_settings(config))
+    os.chmod(tmp_path / "state", 0o711)  # others pass, cannot list: fine, and left so
+    (tmp_path / "state" / "inbox").mkdir(mode=0o755)
+    os.chmod(tmp_path / "state" / "inbox", 0o777)
+    assert inspect(state) == (True, f"mode 0711, uid {os.geteuid()}")
+    assert inspect(inbox) == (True, "mode 0777, set to 1733 at start")
+    preflight.first_start(load_settings(config), config=str(config))
+    assert stat.S_IMODE((tmp_path / "state").stat().st_mode) == 0o711
