@@ -12,9 +12,10 @@ would:
   cannot do ("attempt to write a readonly database") and root should not; the file is then
   opened ``immutable=1`` as well: no lock and no ``-shm``, only the database file, which
   a writer that starts meanwhile changes only at a checkpoint (after about 1000 pages of
-  its log), so a report read then sees the state before it. The choice is made at each
-  connection; a connection refused read-only because the ``-wal`` went away between the
-  look and the open is retried once immutable.
+  its log, or when it closes), so a report read then almost always sees the state before
+  it (a checkpoint in the middle of the read could make it fail: run the report again).
+  The choice is made at each connection; a connection refused read-only because the
+  ``-wal`` went away between the look and the open is retried once immutable.
 - Postgres: the session runs with ``default_transaction_read_only=on`` (unless the URL sets
   ``options``), libpq's keepalives and a connect timeout, so even a role that may write
   writes nothing through a report, and an unreachable server fails within seconds.
