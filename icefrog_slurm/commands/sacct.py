@@ -83,9 +83,9 @@ MAX_DELIMITER = 16
 def _delimiter(text: str | None) -> str:
     if text is None:
         return "|"
-    if not text or len(text) > MAX_DELIMITER or not text.isprintable():
+    if not text or len(text) > MAX_DELIMITER or not text.replace("\t", "").isprintable():
         raise InputError(
-            f"--delimiter {text[:40]!r}: give 1 to {MAX_DELIMITER} printable characters"
+            f"--delimiter {text[:40]!r}: give 1 to {MAX_DELIMITER} printable characters or tabs"
         )
     return text
 

@@ -123,6 +123,10 @@ def test_sacct_name_partition_allocations_delimiter(
         capsys, "sacct", *db, "-j", "1", "-p", "--delimiter", ";;", "-o", "JobID,User,State"
     )
     assert out == "JobID;;User;;State;;\n1;;alice;;COMPLETED;;\n"
+    _, out, _ = run(
+        capsys, "sacct", *db, "-j", "1", "-P", "-n", "--delimiter", "\t", "-o", "JobID,User"
+    )
+    assert out == "1\talice\n"  # a tab, as in `--delimiter=$'\t'`
 
 
 def test_sacct_accounts_is_refused(db: list[str], capsys: pytest.CaptureFixture[str]) -> None:
