@@ -10,7 +10,8 @@ data, never to be altered, and one at a revision this icefrog does not know),
 :func:`inspect_database` (``current``: reads only, and never creates a SQLite file that is
 not there) and :func:`history`. :func:`require_head` is the daemon's gate: a database that
 is absent or not at the newest revision is refused, naming what to run, before anything
-touches it. ``current_revision`` and ``head_revision`` let :class:`SqlStore` refuse a
+touches it; ``icefrog db upgrade`` and ``downgrade`` first call :func:`refuse_while_led`.
+``current_revision`` and ``head_revision`` let :class:`SqlStore` refuse a
 database that is not migrated. A database that cannot be read is an InputError naming it (a
 file that is not a database, a folder); one that cannot be reached is an IcefrogError (the
 server may be down: try again later).
@@ -18,6 +19,7 @@ server may be down: try again later).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -139,6 +141,54 @@ def downgrade(url: str, revision: str) -> None:
     if state.revision is None:
         raise InputError(f"database {state.shown} has no icefrog schema: nothing to downgrade")
     _run(command.downgrade, config, revision, state)
+
+
+def refuse_while_led(url: str) -> None:
+    """InputError while a controller leads on this database (it holds the leader lock):
+    migrating under it would change the schema its code reads. Looks only: the SQLite lock
+    file is not created, a Postgres advisory lock taken to look is let go at once."""
+    from sqlalchemy import text
+
+    from icefrog_slurm.store.leader import ADVISORY_KEY, lock_path
+    from icefrog_slurm.store.sql import make_engine
+
+    engine = make_engine(url)  # InputError for a malformed URL
+    parsed, shown = engine.url, _shown(engine)
+    try:
+        if parsed.get_backend_name() == "postgresql":
+            key = {"k": ADVISORY_KEY}
+            with connected(engine) as conn:
+                free = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), key).scalar()
+                if free:
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), key)
+            led = not free
+        elif parsed.get_backend_name() == "sqlite":
+            memory = parsed.database in (None, "", ":memory:") or parsed.query.get("uri")
+            led = not memory and _file_locked(str(lock_path(parsed)))
+        else:
+            led = False
+    finally:
+        engine.dispose()
+    if led:
+        raise InputError(
+            f"database {shown}: a controller is running on it (it holds the leader lock): "
+            "stop it first (systemctl stop icefrog-controller)"
+        )
+
+
+def _file_locked(path: str) -> bool:
+    """Whether another process holds an flock on ``path`` (absent: nobody)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # no lock file: no controller led here since it was made
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # lets go of the shared lock too
+    return False
 
 
 @dataclass(frozen=True)

@@ -164,6 +164,28 @@ def test_a_bad_revision_is_one_line(empty_db_url: str, capsys: pytest.CaptureFix
     assert "revision 0003," in _db(capsys, "current", "--url", empty_db_url)[1]
 
 
+def test_no_migration_under_a_running_controller(
+    empty_db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """While a controller holds the leader lock, upgrade and downgrade refuse (one line, exit
+    2) and change nothing; once it lets go they run."""
+    assert _db(capsys, "upgrade", "--url", empty_db_url)[0] == 0
+    store = SqlStore(empty_db_url)
+    lease = store.try_lead()
+    assert lease is not None
+    try:
+        for argv in (["upgrade"], ["downgrade", "-1"]):
+            code, _, err = _db(capsys, argv[0], "--url", empty_db_url, *argv[1:])
+            assert code == 2 and "a controller is running on it" in err, err
+        _assert_migrated(empty_db_url)
+        with lease.hold():  # still the leader: looking took nothing from it
+            pass
+    finally:
+        lease.release()
+        store.close()
+    assert _db(capsys, "downgrade", "--url", empty_db_url, "-1")[0] == 0
+
+
 def test_nothing_to_downgrade(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{tmp_path / 'x.db'}"
     code, _, err = _db(capsys, "downgrade", "--url", url, "base")
