@@ -136,6 +136,28 @@ def test_alice_reads_while_the_controller_writes(
         writer.close()
 
 
+def test_alice_reads_after_the_controller_was_killed(
+    munge_users: dict[str, int], root_store: Path
+) -> None:
+    """A writer that died without closing (SIGKILL, or systemd's SIGTERM to a daemon that
+    does not catch it) leaves its -wal (holding its last commit) and -shm behind: alice's
+    report reads through them, and changes neither."""
+    folder = root_store.parent
+    pid = os.fork()
+    if pid == 0:  # the "controller": commit, then die without closing
+        conn = sqlite3.connect(root_store)
+        conn.execute("UPDATE jobs SET name = 'last-words' WHERE id = 5")
+        conn.commit()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert {"icefrog.db-wal", "icefrog.db-shm"} <= set(os.listdir(folder))
+    before = _listing(folder)
+    argv = ["squeue", "--db", f"sqlite:///{root_store}", "-h", "-j", "5", "-o", "Name"]
+    code, out, err = as_user(ALICE, lambda: run_cli(argv))
+    assert (code, out.strip()) == (0, "last-words"), err
+    assert _listing(folder) == before
+
+
 def test_an_unreadable_controller_settings_file_is_one_line_saying_what_to_set(
     munge_users: dict[str, int], shared_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
