@@ -5,17 +5,20 @@ from __future__ import annotations
 import re
 import socket
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from prometheus_client import generate_latest
 
 from icefrog_slurm import __version__
-from icefrog_slurm.controller.daemon import TickReport
+from icefrog_slurm.controller.daemon import Controller, TickReport
 from icefrog_slurm.controller.metrics import DURATION_BUCKETS, REPORT_OUTCOMES, ControllerMetrics
 from icefrog_slurm.controller.reconcile import ReconcileResult
 from icefrog_slurm.domain.cluster import Gres
 from icefrog_slurm.domain.plan import JobPlan, Plan, SlurmRequest
 from icefrog_slurm.domain.records import Allocation
+from icefrog_slurm.errors import LostLead
 from icefrog_slurm.policies.standin import StandInPolicy
 from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.sim.engine import Engine, SimOptions
@@ -203,3 +206,51 @@ def test_the_example_alert_rules_use_only_series_the_controller_exports() -> Non
     outcomes = set(re.findall(r'outcome="([a-z]+)"', expressions))
     assert outcomes and outcomes <= set(REPORT_OUTCOMES)
     assert "up{" in expressions  # the controller down: Prometheus's own series
+
+
+class _LostLease:
+    """A lead that is found lost at the first tick (another controller took over)."""
+
+    epoch = 7
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        raise LostLead("the lease's epoch is 8 now")
+        yield  # pragma: no cover
+
+    def release(self) -> None:
+        pass
+
+
+class _Store:
+    def try_lead(self) -> _LostLease:
+        return _LostLease()
+
+
+class _Clock:
+    def now(self) -> float:
+        return 0.0
+
+    def sleep(self, seconds: float) -> None:
+        pass
+
+
+def test_the_leader_gauge_drops_when_the_lead_is_lost() -> None:
+    metrics = ControllerMetrics()
+    seen: list[float] = []
+
+    def lead(leading: bool) -> None:
+        metrics.lead(leading)
+        seen.append(_value(_text(metrics), "icefrog_leader"))
+
+    controller = Controller(
+        settings=Settings(),
+        policy=StandInPolicy(),
+        cluster=None,  # type: ignore[arg-type]  # never asked: no tick gets that far
+        store=_Store(),  # type: ignore[arg-type]
+        clock=_Clock(),
+        files=None,  # type: ignore[arg-type]
+        on_lead=lead,
+    )
+    assert controller.run(max_ticks=2) == 2  # led twice, lost it twice
+    assert seen == [1.0, 0.0, 1.0, 0.0]
