@@ -3,13 +3,13 @@
 Options follow squeue: ``-u USER[,USER]``, ``--me``, ``-j ID[,ID]`` (icefrog id or any
 Slurm job id of a job's chain), ``-t STATE[,STATE]`` (default: pending and running;
 ``all``), ``-n NAME[,NAME]``, ``-p PARTITION[,PARTITION]``, ``-h`` (no header),
-``-o/--format`` (comma list of field names, ``%N`` widths as in sacct), ``-O/--Format``
-(squeue's ``name[:[.][size][suffix]]``), ``-S/--sort [+|-]FIELD[,...]``, ``-i/--iterate
-SECONDS`` (print again every SECONDS until interrupted), ``--json`` (Slurm's envelope),
-``--helpformat``. ``-o`` also takes squeue's letters (``%.18i %.8u %R``: the letters of
-``report/squeue.LETTERS``). Without ``-o``/``-O`` the format comes from ``SQUEUE_FORMAT2``
-(``-O`` syntax), else ``SQUEUE_FORMAT`` (``-o`` syntax), else the default. Fields:
-``report/squeue.py``.
+``-o/--format`` (comma list of field names, ``%N`` widths as in sacct; or squeue's letters,
+``%.18i %.8u %R``: ``report/squeue.LETTERS``), ``-O/--Format`` (squeue's
+``name[:[.][size][suffix]]``), ``-S/--sort [+|-]FIELD[,...]``, ``-i/--iterate SECONDS``
+(print again every SECONDS until interrupted, a time stamp above each header), ``--json``
+(Slurm's envelope), ``--helpformat``. Without ``-o``/``-O`` the format comes from
+``SQUEUE_FORMAT2`` (``-O`` syntax), else ``SQUEUE_FORMAT`` (``-o`` syntax), else the
+default. Fields: ``report/squeue.py``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import argparse
 import os
 import sys
 import time
+from datetime import datetime
 
 from icefrog_slurm.commands import storeargs
 from icefrog_slurm.commands.reportview import env_value, report_view
@@ -153,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print_json(envelope([squeue.queue_json(r) for r in rows]))
         else:
+            if every is not None and not args.noheader:  # squeue -i: a time stamp each time
+                print_lines([datetime.fromtimestamp(t).strftime("%a %b %d %H:%M:%S %Y")])
             print_lines(render_table(columns, rows, header=not args.noheader, squeue_style=True))
         if every is None:
             return 0

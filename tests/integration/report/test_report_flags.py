@@ -81,6 +81,10 @@ def test_squeue_iterate_prints_again_until_interrupted(
     code, out, _ = run(capsys, "squeue", *db, "-h", "-i", "5", "-o", "JobID")
     assert code == 130 and sleeps == [5, 5]
     assert out == "       2\n       3\n       5\n\n" * 2
+    sleeps.clear()
+    code, out, _ = run(capsys, "squeue", *db, "-i", "5", "-o", "JobID")
+    # with the header, a time stamp above it, as squeue prints (now is fixed by conftest)
+    assert out == "Fri Nov 20 11:20:00 2026\n   JOBID\n       2\n       3\n       5\n\n" * 2
 
 
 def test_squeue_format_variables_and_the_flag_wins(
