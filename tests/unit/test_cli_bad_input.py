@@ -393,7 +393,8 @@ CASES = [
          {"f.db": FOREIGN_DB}),
     case("db-downgrade-unknown-revision", "db downgrade --url sqlite:///{d}/f.db base", 2,
          "f00dfeed1234", {"f.db": UNKNOWN_REVISION_DB}),
-    case("db-downgrade-unknown-target", "db downgrade --url sqlite:///{db} 0005x", 2, "revision 0005x"),
+    case("db-downgrade-unknown-target", "db downgrade --url sqlite:///{db} 0005x", 2,
+         "revision 0005x"),
     # --- controller --check: refused before anything is looked at --------------------------
     case("check-with-once", "controller --check --once --config {d}/c.toml", 2, "--check",
          {"c.toml": b""}),
