@@ -87,7 +87,7 @@ def check(config: str) -> int:
     for name, run in checks:
         try:
             detail = run()
-        except IcefrogError as exc:
+        except (IcefrogError, OSError) as exc:  # an OSError: a path no check foresaw
             _print(name, False, str(exc))
             passed = False
         else:
