@@ -229,8 +229,7 @@ class Reconciler:
                 return "done"
             tx.start_intent(intent_id=intent.id, now=self.clock.now())
         try:
-            sid = job.slurm_job_id
-            detail = self._converge(intent, job.id, sid, target, result)
+            detail = self._converge(intent, job.id, job.slurm_job_id, target, result)
         except _Waiting:
             return "waiting"
         except SlurmRejected as exc:
@@ -243,6 +242,7 @@ class Reconciler:
             return "failed"
         with self.store.transaction() as tx:
             self._finish(tx, intent, "done", detail)
+            sid = tx.job(job.id).slurm_job_id  # a resubmission made it another Slurm job
         log.info("job=%d slurm_job=%s: %s done (%s)", job.id, sid, intent.action, detail)
         return "done"
 
@@ -467,10 +467,13 @@ class Reconciler:
 
     def _link(self, intent: Intent, job_id: int, new: str, reason: str) -> None:
         with self.store.transaction() as tx:
-            if tx.job(job_id).slurm_job_id != new:
+            old = tx.job(job_id).slurm_job_id
+            if old != new:
                 tx.link_slurm_job(
                     job_id=job_id, slurm_job_id=new, reason=reason, now=self.clock.now()
                 )
+        if old != new:
+            log.info("job=%d slurm_job=%s: %s, was Slurm job %s", job_id, new, reason, old)
         self.after_step("link:logged")
 
     def _signalled_at(self, intent: Intent) -> float | None:

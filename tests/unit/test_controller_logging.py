@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from icefrog_slurm.commands.controller import THIRD_PARTY_LOGGERS, setup_logging
+from icefrog_slurm.domain.plan import PolicyResult
+from icefrog_slurm.domain.snapshot import Snapshot
 from icefrog_slurm.policies.standin import StandInPolicy
 from icefrog_slurm.protocol import Envelope, body_digest
 from icefrog_slurm.security import DecodedCredential
@@ -163,3 +165,33 @@ def test_the_inboxs_lines_about_a_report_carry_job_and_slurm_job(
         ["3-x.json\\x0aINFO", "job=999"],  # escaped: one line, led by the true fields
     ]
     assert all("\n" not in line for line in lines)
+
+
+class _SharedFromRound2(StandInPolicy):
+    """The stand-in, but from the second round on every job it places is shared."""
+
+    def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
+        result = super().decide(snapshot, settings=settings)
+        if snapshot.last_round is None:
+            return result
+        shared = {i: replace(a, shared=a.gpus > 0) for i, a in result.allocations.items()}
+        return PolicyResult(allocations=shared, reasons=result.reasons)
+
+
+def test_a_resubmitted_job_is_followed_to_its_new_slurm_job(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A running job moved from a whole GPU to a shared one is resubmitted as a new Slurm
+    job: the line of the link names both, and the lines after it carry the new id."""
+    jobs = [TraceJob("j0", 0.0, "resnet18-cifar10", 1, 128)]
+    engine = Engine(jobs, _SharedFromRound2(), settings=Settings(), options=SimOptions(gpus=4))
+    with caplog.at_level(logging.INFO, logger="icefrog_slurm.controller"):
+        engine.run()
+    story = [m for m in (r.getMessage() for r in caplog.records) if m.startswith("job=1 ")]
+    [link] = [m for m in story if "resubmitted" in m]
+    match = re.fullmatch(r"job=1 slurm_job=(\d+): resubmitted, was Slurm job (\d+)", link)
+    assert match is not None and match.group(1) != match.group(2), link
+    new, old = match.group(1, 2)
+    before, after = story[: story.index(link)], story[story.index(link) + 1 :]
+    assert before and all(m.startswith(f"job=1 slurm_job={old}: ") for m in before), before
+    assert any(m.startswith(f"job=1 slurm_job={new}: change done") for m in after), after
