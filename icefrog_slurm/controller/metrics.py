@@ -5,7 +5,7 @@ Owns the controller's metrics, named and typed as Prometheus recommends (base un
 :meth:`ControllerMetrics.observe` after every tick and :meth:`ControllerMetrics.lead` when
 the controller takes or loses the lead. Served by prometheus-client's own HTTP server from a
 private registry, on ``metrics.address`` (127.0.0.1 unless the admin names another: the
-figures are the cluster's and its users' business). docs/admin-guide.md lists the series;
+figures are the cluster's and its users' business). docs/reference.md lists the series;
 ``slurm_conf/icefrog-alerts.rules.yml`` alerts on them.
 """
 
@@ -21,22 +21,8 @@ from icefrog_slurm.controller.daemon import TickReport
 from icefrog_slurm.domain.plan import Plan
 from icefrog_slurm.domain.records import JOB_STATES
 
-DURATION_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    120.0,
-    300.0,
-)
+DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+                    300.0)  # fmt: skip
 """Seconds: from a tick between rounds (milliseconds) to a MIP solve at its time limit."""
 REPORT_OUTCOMES = ("accepted", "rejected", "duplicate", "deferred")
 """What an inbox drain does with a report (``DrainCounts``); ``deferred``: left for a later
