@@ -19,6 +19,7 @@ import re
 import shutil
 import sqlite3
 import subprocess
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,29 @@ def test_the_guides_install_steps_run(installed: tuple[Path, Path, str]) -> None
     python = str(venv / "bin" / "python")
     done = _run([python, "-c", "import psycopg, prometheus_client"], cwd=root, env=_env(root))
     assert done.returncode == 0, done.stderr
+
+
+def test_the_wheel_builds_clean_and_carries_the_files(installed: tuple[Path, Path, str]) -> None:
+    """An isolated build (the pinned setuptools, fetched) warns of nothing (a licence table
+    once made setuptools announce the end of such builds) and the wheel holds the licence,
+    the examples (not the dev cluster) and the guides."""
+    root, src, _ = installed
+    pip = str(root / "opt-icefrog" / "bin" / "pip")
+    argv = [pip, "wheel", "-v", "--no-deps", ".", "-w", str(root / "wheel")]
+    done = _run(argv, cwd=src, env=_env(root))
+    assert done.returncode == 0, done.stderr
+    log = done.stdout + done.stderr
+    assert not re.search(r"[Ww]arning: (?!.*byte-compiling is disabled)", log), log
+    [wheel] = (root / "wheel").glob("icefrog_slurm-*.whl")
+    with zipfile.ZipFile(wheel) as whl:
+        names = set(whl.namelist())
+        [metadata] = [n for n in names if n.endswith(".dist-info/METADATA")]
+        assert "License-Expression: Apache-2.0" in whl.read(metadata).decode()
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    for name in ("examples/icefrog-controller.service", "examples/icefrog.toml.example",
+                 "examples/slurm.conf.a800.example", "docs/admin-guide.md"):  # fmt: skip
+        assert f"icefrog_slurm/{name}" in names, name
+    assert not [n for n in names if "/dev/" in n or n.endswith("cluster.sh")]
 
 
 def test_the_installed_icefrog_migrates_a_store(installed: tuple[Path, Path, str]) -> None:
