@@ -5,18 +5,22 @@ examples (the repository's ``slurm_conf/``, installed as the package
 ``icefrog_slurm.examples``) and the guides (``docs/``, as ``icefrog_slurm.docs``); this
 command copies them out of wherever pip put them: the guides into ``DEST`` and the rest
 into ``DEST/examples``. An existing file is kept unless ``--force``; each file written or
-kept is printed. A file is written under a temporary name in its folder and renamed over
-the target, so a link planted at a target's name is replaced, never followed; a link or a
-non-folder where a folder must be is refused.
+kept is printed. Each folder is opened once without following a link and everything after
+works on that descriptor; a file is written under a new random name in its folder and
+renamed over the target, so a link planted at a target's name is replaced, never followed;
+a link or a non-folder where a folder must be is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 import os
+import secrets
 import stat
-import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,19 +65,22 @@ def run(args: argparse.Namespace) -> int:
     if not args.dest:
         raise InputError("DEST: must not be empty")
     dest = Path(args.dest)
-    for group in SHIPPED:
-        source = shipped_folder(group)
-        names = sorted({p.name for pattern in group.patterns for p in source.glob(pattern)})
-        if not names:
-            raise IcefrogError(f"no {group.package} files in {source}: a broken installation")
-        folder = _folder(dest / group.under if group.under != "." else dest)
-        for name in names:
-            target = folder / name
-            if _exists(target) and not args.force:
-                print(f"kept {printable(str(target), 500)} (it exists; --force replaces it)")
-                continue
-            _write(target, (source / name).read_bytes())
-            print(f"wrote {printable(str(target), 500)}")
+    _make_folders(dest)
+    with _opened(dest, at=None) as dest_fd:
+        for group in SHIPPED:
+            source = shipped_folder(group)
+            names = sorted({p.name for pattern in group.patterns for p in source.glob(pattern)})
+            if not names:
+                raise IcefrogError(f"no {group.package} files in {source}: a broken installation")
+            shown = dest if group.under == "." else dest / group.under
+            with _opened(shown, at=dest_fd, name=group.under) as fd:
+                for name in names:
+                    target = printable(str(shown / name), 500)
+                    if _exists(name, fd, target) and not args.force:
+                        print(f"kept {target} (it exists; --force replaces it)")
+                        continue
+                    _write(name, fd, (source / name).read_bytes())
+                    print(f"wrote {target}")
     return 0
 
 
@@ -90,38 +97,65 @@ def shipped_folder(group: Shipped) -> Path:
     raise IcefrogError(f"the package {group.package} is missing: a broken installation")
 
 
-def _folder(path: Path) -> Path:
-    """``path`` made a folder (with its parents), refusing a link or a file there."""
+def _make_folders(dest: Path) -> None:
+    """``dest`` made a folder with its parents (mode 0755), or an InputError saying why not."""
     try:
-        path.mkdir(mode=0o755, parents=True, exist_ok=True)
+        dest.mkdir(mode=0o755, parents=True, exist_ok=True)
     except FileExistsError:
-        raise InputError(f"{printable(str(path), 500)}: exists and is not a folder") from None
+        raise InputError(f"{printable(str(dest), 500)}: exists and is not a folder") from None
     except NotADirectoryError:
-        raise InputError(f"{printable(str(path), 500)}: a part of it is not a folder") from None
-    mode = os.lstat(path).st_mode
-    if stat.S_ISLNK(mode) or not stat.S_ISDIR(mode):
-        raise InputError(f"{printable(str(path), 500)}: a link or not a folder; give a folder")
-    return path
+        raise InputError(f"{printable(str(dest), 500)}: a part of it is not a folder") from None
 
 
-def _exists(path: Path) -> bool:
+@contextmanager
+def _opened(shown: Path, *, at: int | None, name: str = ".") -> Iterator[int]:
+    """The folder ``name`` (in the folder ``at``, made when missing; or ``shown`` itself
+    when ``at`` is None) opened without following a link: every later step works on this
+    descriptor, so a folder swapped for a link meanwhile is never written through."""
+    if at is not None and name != ".":
+        with suppress(FileExistsError):
+            os.mkdir(name, 0o755, dir_fd=at)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        mode = os.lstat(path).st_mode  # a dangling link counts: replaced only with --force
+        fd = os.open(str(shown) if at is None else name, flags, dir_fd=at)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTDIR, errno.ELOOP):  # a file, or a link (O_NOFOLLOW)
+            raise InputError(
+                f"{printable(str(shown), 500)}: a link or not a folder; give a folder"
+            ) from None
+        raise
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _exists(name: str, fd: int, shown: str) -> bool:
+    try:
+        mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
     except FileNotFoundError:
-        return False
+        return False  # a dangling link is there: it counts, replaced only with --force
     if stat.S_ISDIR(mode):
-        raise InputError(f"{printable(str(path), 500)}: is a folder, not a file")
+        raise InputError(f"{shown}: is a folder, not a file")
     return True
 
 
-def _write(target: Path, data: bytes) -> None:
-    """``data`` into ``target`` (mode 0644): a new temporary file beside it, renamed over it."""
-    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+def _write(name: str, fd: int, data: bytes) -> None:
+    """``data`` into ``name`` of the folder ``fd`` (mode 0644): a new file under a random
+    name beside it (created exclusively, no link followed), then renamed over it."""
+    temp = f".{name}.{secrets.token_hex(8)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    out = os.open(temp, flags, 0o644, dir_fd=fd)
     try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            os.fchmod(out.fileno(), 0o644)
-        os.replace(temp, target)
+        try:
+            os.fchmod(out, 0o644)  # whatever the umask
+            view = memoryview(data)
+            while view:
+                view = view[os.write(out, view) :]
+        finally:
+            os.close(out)
+        os.replace(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
     except BaseException:
-        Path(temp).unlink(missing_ok=True)
+        with suppress(FileNotFoundError):
+            os.unlink(temp, dir_fd=fd)
         raise

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from icefrog_slurm.cli import main
+from icefrog_slurm.commands import admin
 from icefrog_slurm.commands.admin import SHIPPED, shipped_folder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,3 +114,33 @@ def test_the_checkout_is_found_when_not_installed() -> None:
     for group in SHIPPED:
         folder = shipped_folder(group)
         assert any(folder.glob(group.patterns[0])), folder
+
+
+def test_a_linked_dest_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "dest").symlink_to(elsewhere)
+    assert main(["admin", "install-files", str(tmp_path / "dest")]) == 2
+    assert "dest: a link or not a folder" in capsys.readouterr().err
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_folder_swapped_for_a_link_meanwhile_is_not_written_through(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone who can write DEST swaps DEST/examples for a link after it was opened: the
+    rest of the files still land in the folder that was opened, none behind the link."""
+    dest, elsewhere = tmp_path / "dest", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    write = admin._write
+
+    def swap_then_write(name: str, fd: int, data: bytes) -> None:
+        if name == EXAMPLES[0] and not (dest / "moved").exists():
+            (dest / "examples").rename(dest / "moved")
+            (dest / "examples").symlink_to(elsewhere)
+        write(name, fd, data)
+
+    monkeypatch.setattr(admin, "_write", swap_then_write)
+    _install(dest, capsys)
+    assert list(elsewhere.iterdir()) == []
+    assert sorted(p.name for p in (dest / "moved").iterdir()) == EXAMPLES
