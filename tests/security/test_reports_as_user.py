@@ -21,7 +21,10 @@ import os
 import re
 import shutil
 import sqlite3
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -32,7 +35,7 @@ from sqlalchemy.exc import DBAPIError
 import icefrog_slurm.commands.sacct
 import icefrog_slurm.commands.squeue  # noqa: F401 (loaded before a child drops to alice)
 from icefrog_slurm.cli import main
-from icefrog_slurm.commands import storeargs
+from icefrog_slurm.commands import downnotice, storeargs
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.report.populate import populate
 from tests.security.inbox_support import as_user
@@ -156,6 +159,55 @@ def test_alice_reads_after_the_controller_was_killed(
     code, out, err = as_user(ALICE, lambda: run_cli(argv))
     assert (code, out.strip()) == (0, "last-words"), err
     assert _listing(folder) == before
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_alice_reads_the_real_controllers_store_while_it_runs_and_after_it_stopped(
+    munge_users: dict[str, int], shared_dir: Path
+) -> None:
+    """The real daemon (2 s rounds, on the local cluster) keeps a SQLite store in a root
+    folder: alice's squeue reads it while it runs, without a notice; once it is stopped
+    (SIGTERM, as systemd stops it) her squeue says it has not run since its last round,
+    still exits 0, and leaves the folder as it was."""
+    state = shared_dir / "state"
+    config = shared_dir / "icefrog.toml"
+    config.write_text(
+        f'[state]\ndir = "{state}"\n[controller]\nround_period_s = 2.0\n[inbox]\npoll_s = 0.5\n'
+    )
+    config.chmod(0o644)
+    assert run_cli(["db", "upgrade", "--config", str(config)])[0] == 0
+    (state / "icefrog.db").chmod(0o644)
+    log = (shared_dir / "controller.log").open("wb")
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "icefrog_slurm", "controller", "--config", str(config)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        store = SqlStore(f"sqlite:///{state / 'icefrog.db'}", readonly=True)
+        try:
+            while len(downnotice.round_times(store)) < 3:
+                assert daemon.poll() is None and time.monotonic() < deadline, (
+                    shared_dir / "controller.log"
+                ).read_text()
+                time.sleep(0.5)
+        finally:
+            store.close()
+        code, out, err = as_alice(["squeue", "--config", str(config)])
+        assert (code, err) == (0, "") and out.split()[0] == "JOBID", err
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=60)
+        log.close()
+    before = _listing(state)
+    time.sleep(8)  # more than 3 round periods
+    code, out, err = as_user(ALICE, functools.partial(run_cli, ["squeue", "--config", str(config)]))
+    assert code == 0 and out.split()[0] == "JOBID", err
+    assert "the icefrog controller has not run since" in err and len(err.splitlines()) == 1
+    assert _listing(state) == before
 
 
 def test_an_unreadable_controller_settings_file_is_one_line_saying_what_to_set(
