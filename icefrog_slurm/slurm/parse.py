@@ -166,10 +166,11 @@ def _job_from_json(r: Mapping[str, Any]) -> SlurmJobDetail:
 
 
 def _host_share(r: Mapping[str, Any]) -> dict[str, int | None]:
-    """The memory (MB) and cores a job asked for besides its GPUs, in the form icefrog asks
-    (``commands.host_share``): per GPU (``memory_per_tres``/``cpus_per_tres``:
-    ``gres:gpu:900`` or ``gres/gpu:900``) for a GPU job, per node and per task for a shard
-    job. Nothing asked (slurm.conf's defaults applied): None."""
+    """The memory (MB) and cores a job has besides its GPUs, in the form icefrog asks for
+    them (``commands.host_share``): per GPU (``memory_per_tres``/``cpus_per_tres``:
+    ``gres:gpu:900``, ``gres/gpu:900``, or ``gpu:450`` where Slurm 22.05 filled in
+    ``DefMemPerGPU``/``DefCpuPerGPU``) for a GPU job, per node and per task for a shard job
+    that asked for them (a shard job on ``DefMemPerCPU`` shows ``memory_per_cpu``: None)."""
     gres = parse_gres_request(_text(r.get("tres_per_node")))
     if gres is not None and gres.kind == "shard":
         return {

@@ -75,8 +75,11 @@ def _record(**fields: Any) -> dict[str, Any]:
         ({"tres_per_node": "gres/gpu:2", "memory_per_tres": "gres/gpu:900",
           "cpus_per_tres": "gres/gpu:2",
           "memory_per_node": {"set": True, "infinite": False, "number": 1800}}, 900, 2),
-        # a GPU job on slurm.conf's defaults: nothing to keep (the defaults apply again)
-        ({"tres_per_node": "gres:gpu:1", "memory_per_tres": "", "cpus_per_tres": "",
+        # 22.05 shows the DefMemPerGPU/DefCpuPerGPU it filled in without "gres:"
+        ({"tres_per_node": "gres:gpu:1", "memory_per_tres": "gpu:450", "cpus_per_tres": "gpu:1",
+          "memory_per_cpu": 400}, 450, 1),
+        # a GPU job with no per-GPU figures: nothing to keep (a per-node figure is no per-GPU one)
+        ({"tres_per_node": "gres:gpu:2", "memory_per_tres": "", "cpus_per_tres": "",
           "memory_per_node": 900}, None, None),
         # a shard job icefrog gave one GPU's worth: per node, per task
         ({"tres_per_node": "gres:shard:1", "memory_per_node": 900, "cpus_per_task": 2}, 900, 2),
