@@ -222,3 +222,30 @@ def test_submit_says_when_the_controller_is_down_and_still_succeeds(
     monkeypatch.setenv("ICEFROG_DB", f"sqlite:///{tmp_path / 'absent.db'}")  # no store
     assert run(capsys, *argv) == (0, "Submitted batch job 4242\n", "")
     assert os.listdir(tmp_path).count("absent.db") == 0
+
+
+@pytest.mark.slurm
+def test_submit_on_the_real_cluster_says_the_controller_is_down(
+    populated: Path,
+    job_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The real ``sbatch --hold`` and a real signed ``register`` into an inbox; the store's
+    last round is from 2026-11-20: the job is submitted held, and the notice says why it
+    will stay so."""
+    from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
+
+    inbox = job_dir / "inbox"
+    inbox.mkdir(mode=0o1733)
+    monkeypatch.setenv("ICEFROG_DB", f"sqlite:///{populated}")
+    argv = ["submit", "--inbox", str(inbox), "--workdir", str(job_dir / "w"), "--partition"]
+    code, out, err = run(capsys, *argv, "gpu", "--job-name", "down-notice", "--", "t.py")
+    assert code == 0 and out.startswith("Submitted batch job "), err
+    job_id = out.split()[-1]
+    try:
+        assert err == NOTICE
+        state = SlurmCliBackend().poll(job_ids=[job_id])[job_id]
+        assert (state.state, state.held) == ("PENDING", True)
+    finally:
+        SlurmCliBackend().cancel(job_id=job_id)
