@@ -20,7 +20,7 @@ import sys
 import time
 from datetime import datetime
 
-from icefrog_slurm.commands import storeargs
+from icefrog_slurm.commands import downnotice, storeargs
 from icefrog_slurm.commands.reportview import env_value, report_view
 from icefrog_slurm.commands.storeargs import (
     add_store_arguments,
@@ -143,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     while True:
         store = open_store(args)
         try:
+            downnotice.warn_if_down(store, now=t)
             rows = [
                 squeue.QueueRow(queued=q, now=t, partition=view.partition)
                 for q in read_queue(store, flt, now=t)
