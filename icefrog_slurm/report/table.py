@@ -13,10 +13,11 @@ left-justifies. A value wider than its column is cut and ends in ``+``, as in sa
   ``-p/--parsable``: a trailing ``|``; ``--delimiter`` another separator), header first
   unless told not to.
 - :func:`parse_long_format`: squeue's ``-O/--Format`` (``name[:[.][size][suffix]]``: left
-  justified unless ``.``, a suffix printed after the value).
+  justified unless ``.``, 20 columns without a size, a suffix printed after the value, no
+  other separator), as squeue prints it.
 - :func:`parse_letter_format`: squeue's ``-o "%.18i %.9P %j"`` (``%[.][SIZE]LETTER``:
-  left-justified unless ``.``; text between items is not printed, columns are one space
-  apart as everywhere).
+  left-justified unless ``.``, the value's own width without a size, the text between
+  items printed as it stands, no other separator), as squeue prints it.
 - :func:`parse_sort` / :func:`sort_rows`: squeue's ``--sort`` (``[+|-]FIELD`` comma list;
   numbers compare as numbers).
 """
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from icefrog_slurm.errors import InputError
@@ -37,6 +38,8 @@ _LONG_ITEM = re.compile(r"^([A-Za-z][A-Za-z0-9_()\-]*)(?::(\.?)(\d*)(.*))?$")
 _LETTER_ITEM = re.compile(r"%(\.?)(\d*)(.)", re.S)
 _NUMBER = re.compile(r"^-?\d+(?:\.\d+)?$")
 MAX_SUFFIX = 64
+LONG_WIDTH = 20
+"""squeue -O's width of a field given without a size."""
 
 
 @dataclass(frozen=True)
@@ -53,16 +56,20 @@ class Field(Generic[R]):
 @dataclass(frozen=True)
 class Column(Generic[R]):
     field: Field[R]
-    width: int
+    width: int  # 0: the value's own width (squeue's ``%j`` without a size)
     left: bool
-    suffix: str = ""  # squeue -O's text after the value
+    suffix: str = ""  # text after the value (squeue's -O suffix, -o's literal text)
+    prefix: str = ""  # text before the value (squeue's -o literal text)
+    joined: bool = False  # squeue's -o letters and -O: no separator, cut without a mark
 
     def fit(self, value: str, *, mark: bool = True) -> str:
-        """The value cut to the width (last kept character ``+`` when ``mark``), padded."""
-        if len(value) > self.width:
-            value = value[: self.width - 1] + "+" if mark else value[: self.width]
+        """The value cut to the width (last kept character ``+`` when ``mark``, as sacct;
+        squeue's styles cut plainly), padded."""
+        if self.width and len(value) > self.width:
+            cut_mark = mark and not self.joined
+            value = value[: self.width - 1] + "+" if cut_mark else value[: self.width]
         padded = value.ljust(self.width) if self.left else value.rjust(self.width)
-        return padded + self.suffix
+        return self.prefix + padded + self.suffix
 
 
 def field_index(fields: Iterable[Field[R]]) -> dict[str, Field[R]]:
@@ -118,9 +125,10 @@ def parse_long_format(text: str, fields: Mapping[str, Field[R]], *, option: str)
         columns.append(
             Column(
                 field=found,
-                width=_width(width, item, option) if width else found.width,
+                width=_width(width, item, option) if width else LONG_WIDTH,
                 left=not dot,
                 suffix=suffix,
+                joined=True,
             )
         )
     if not columns:
@@ -133,6 +141,7 @@ def parse_letter_format(
 ) -> list[Column[R]]:
     """squeue's ``%[.][SIZE]LETTER`` items to columns (``letters``: letter -> field name)."""
     columns: list[Column[R]] = []
+    end = 0
     for match in _LETTER_ITEM.finditer(text):
         dot, width, letter = match.groups()
         if letter not in letters:
@@ -140,17 +149,28 @@ def parse_letter_format(
             raise InputError(
                 f"{option}: {match.group(0)[:20]!r} is not a field here; known: {known}"
             )
-        found = fields[letters[letter].lower()]
         columns.append(
             Column(
-                field=found,
-                width=_width(width, match.group(0), option) if width else found.width,
+                field=fields[letters[letter].lower()],
+                width=_width(width, match.group(0), option) if width else 0,
                 left=not dot,
+                prefix=_literal(text[end : match.start()], option),
+                joined=True,
             )
         )
+        end = match.end()
     if not columns:
         raise InputError(f"{option}: no %FIELD items given")
+    columns[-1] = replace(columns[-1], suffix=_literal(text[end:], option))
     return columns
+
+
+def _literal(text: str, option: str) -> str:
+    if len(text) > MAX_SUFFIX or not text.isprintable():
+        raise InputError(
+            f"{option}: the text between fields must be printable, at most {MAX_SUFFIX} characters"
+        )
+    return text
 
 
 def parse_sort(
@@ -207,13 +227,15 @@ def render_table(
     squeue_style: bool = False,
 ) -> list[str]:
     """sacct's table; ``squeue_style``: upper-case titles and no dash line, as squeue."""
+    joined = bool(columns) and columns[0].joined  # squeue's own styles: as squeue prints
+    join = "".join if joined else _join
     lines: list[str] = []
     if header:
         titles = (c.field.name.upper() if squeue_style else c.field.name for c in columns)
-        lines.append(_join(c.fit(t, mark=False) for c, t in zip(columns, titles, strict=True)))
+        lines.append(join(c.fit(t, mark=False) for c, t in zip(columns, titles, strict=True)))
         if not squeue_style:
-            lines.append(_join("-" * c.width for c in columns))
-    lines.extend(_join(c.fit(c.field.text(row)) for c in columns) for row in rows)
+            lines.append(join("-" * c.width for c in columns))
+    lines.extend(join(c.fit(c.field.text(row)) for c in columns) for row in rows)
     return lines
 
 

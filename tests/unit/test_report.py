@@ -25,6 +25,7 @@ from icefrog_slurm.report.table import (
     Field,
     field_index,
     parse_format,
+    parse_letter_format,
     parse_long_format,
     parse_sort,
     render_table,
@@ -230,14 +231,33 @@ FIELDS3 = field_index(
 def test_long_format_items() -> None:
     cols = parse_long_format("a,B:.6,a:2|", FIELDS3, option="-O")
     assert [(c.field.name, c.width, c.left, c.suffix) for c in cols] == [
-        ("A", 3, True, ""),
+        ("A", 20, True, ""),  # squeue -O: 20 columns without a size
         ("B", 6, False, ""),
         ("A", 2, True, "|"),
     ]
-    assert render_table(cols, [(1, "xy")], header=True, squeue_style=True) == [
-        "A        B A |",
-        "1       xy 1 |",
+    # no separator, values cut without a mark, trailing spaces kept: as squeue prints -O
+    assert render_table(cols, [(1, "xy"), ("abc", "toolong")], header=True, squeue_style=True) == [
+        "A" + " " * 24 + "BA |",
+        "1" + " " * 23 + "xy1 |",
+        "abc" + " " * 17 + "toolonab|",
     ]
+
+
+def test_letter_format_items() -> None:
+    letters = {"a": "A", "b": "B"}
+    cols = parse_letter_format("[%.4a|%b]", letters, FIELDS3, option="-o")
+    assert [(c.prefix, c.width, c.left, c.suffix) for c in cols] == [
+        ("[", 4, False, ""),
+        ("|", 0, True, "]"),  # no size: the value's own width
+    ]
+    assert render_table(cols, [(12345, "xy")], header=True, squeue_style=True) == [
+        "[   A|B]",
+        "[1234|xy]",  # cut to 4 without a mark, as squeue
+    ]
+    with pytest.raises(InputError, match="'%z' is not a field here"):
+        parse_letter_format("%a %z", letters, FIELDS3, option="-o")
+    with pytest.raises(InputError, match="printable"):
+        parse_letter_format("%a\x1b[2J%b", letters, FIELDS3, option="-o")
 
 
 @pytest.mark.parametrize(

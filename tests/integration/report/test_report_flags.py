@@ -51,12 +51,12 @@ def test_squeue_long_format_like_squeue_O(
     db: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out, err = run(capsys, "squeue", *db, "-j", "3", "-O", "JobID:5,User:.8,NodeList:10|")
-    # -O: left-justified unless '.', the rest of an item printed after the value, titles
-    # in capitals as squeue prints them
+    # -O: left-justified unless '.', the rest of an item printed after the value, no other
+    # separator, titles in capitals: as squeue prints them
     assert (code, err) == (0, "")
-    assert out == "JOBID     USER NODELIST  |\n3        alice n3        |\n"
+    assert out == "JOBID    USERNODELIST  |\n3       alicen3        |\n"
     code, out, _ = run(capsys, "squeue", *db, "-h", "-t", "all", "-O", "JobID,Name")
-    assert out.splitlines()[0] == "1        cnn"  # default widths (8, 10), left
+    assert out.splitlines()[0] == "1" + " " * 19 + "cnn" + " " * 17  # 20 columns each
 
 
 def test_squeue_sort(db: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -93,8 +93,8 @@ def test_squeue_format_variables_and_the_flag_wins(
     base = ["squeue", *db, "-j", "3"]
     monkeypatch.setenv("SQUEUE_FORMAT", "JobID%3,User")
     assert run(capsys, *base)[1] == "JOB      USER\n  3     alice\n"
-    monkeypatch.setenv("SQUEUE_FORMAT2", "JobID:4,User:6")
-    assert run(capsys, *base)[1] == "JOBI USER\n3    alice\n"  # the -O variable first
+    monkeypatch.setenv("SQUEUE_FORMAT2", "JobID:6,Name:5")
+    assert run(capsys, *base)[1] == "JOBID NAME \n3     ncf  \n"  # the -O variable first
     assert run(capsys, *base, "-o", "Name")[1] == "      NAME\n       ncf\n"
     monkeypatch.setenv("SQUEUE_FORMAT2", "JobID,Bogus")
     code, out, err = run(capsys, *base)
