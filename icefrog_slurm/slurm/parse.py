@@ -173,9 +173,12 @@ def _host_share(r: Mapping[str, Any]) -> dict[str, int | None]:
     that asked for them (a shard job on ``DefMemPerCPU`` shows ``memory_per_cpu``: None)."""
     gres = parse_gres_request(_text(r.get("tres_per_node")))
     if gres is not None and gres.kind == "shard":
+        # one task: 22.05 leaves cpus_per_task unset and shows -c 2 as 2 cores a node; one
+        # core is the default, not something asked for
+        cores = _number(r.get("cpus_per_task")) or _number(r.get("minimum_cpus_per_node"))
         return {
             "mem_per_gpu_mb": _number(r.get("memory_per_node")) or None,
-            "cpus_per_gpu": _number(r.get("cpus_per_task")) or None,
+            "cpus_per_gpu": cores if cores and cores > 1 else None,
         }
     return {
         "mem_per_gpu_mb": _per_gpu(r.get("memory_per_tres")),

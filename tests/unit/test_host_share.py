@@ -83,6 +83,11 @@ def _record(**fields: Any) -> dict[str, Any]:
           "memory_per_node": 900}, None, None),
         # a shard job icefrog gave one GPU's worth: per node, per task
         ({"tres_per_node": "gres:shard:1", "memory_per_node": 900, "cpus_per_task": 2}, 900, 2),
+        # 22.05: cpus_per_task unset, -c 2 shown as 2 cores a node; 1 core is the default
+        ({"tres_per_node": "gres:shard:1", "memory_per_node": 900, "cpus_per_task": None,
+          "minimum_cpus_per_node": 2}, 900, 2),
+        ({"tres_per_node": "gres:shard:1", "memory_per_cpu": 400, "minimum_cpus_per_node": 1},
+         None, None),
         # a shard job on DefMemPerCPU
         ({"tres_per_node": "gres:shard:1", "memory_per_cpu": 450, "memory_per_node": None},
          None, None),
