@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import fcntl
 import os
-import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
-from urllib.parse import quote
 
 from alembic import command
 from alembic.config import Config
@@ -244,8 +242,9 @@ def _reading_engine(url: str) -> Engine | None:
     path = os.path.abspath(str(parsed.database))
     if not os.path.lexists(path):
         return None
-    uri = f"file:{quote(path)}?mode=ro"
-    return create_engine("sqlite://", creator=lambda: sqlite3.connect(uri, uri=True, timeout=30))
+    from icefrog_slurm.store.readonly import connect_readonly  # mode=ro, no -shm made
+
+    return create_engine("sqlite://", creator=lambda: connect_readonly(path))
 
 
 def head_revision() -> str | None:

@@ -215,6 +215,18 @@ def test_looking_leaves_a_foreign_sqlite_file_byte_for_byte(
     assert path.read_bytes() == before
 
 
+def test_looking_leaves_no_files_beside_a_closed_sqlite_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`current` and the upgrade's own last look open the file read-only; with no -wal
+    there (the store was closed) they make none, nor a -shm."""
+    db = tmp_path / "icefrog.db"
+    assert _db(capsys, "upgrade", "--url", f"sqlite:///{db}")[0] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["icefrog.db"]
+    assert _db(capsys, "current", "--url", f"sqlite:///{db}")[0] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["icefrog.db"]
+
+
 def test_upgrade_makes_the_folders_of_a_sqlite_file_0755(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
