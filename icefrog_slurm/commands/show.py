@@ -18,7 +18,7 @@ from icefrog_slurm.commands.storeargs import (
     print_json,
     print_lines,
 )
-from icefrog_slurm.errors import IcefrogError, InputError
+from icefrog_slurm.errors import InputError
 from icefrog_slurm.report.queries import read_job
 from icefrog_slurm.report.select import parse_id
 from icefrog_slurm.report.show import show_json, show_lines
@@ -45,12 +45,9 @@ def run(args: argparse.Namespace) -> int:
     view = report_view(args, now=t)
     store = open_store(args)
     try:
-        detail = read_job(store, ident, slurm_id=args.slurm)
+        detail = read_job(store, ident, slurm_id=args.slurm, owner_uid=view.owner_uid)
     finally:
         store.close()
-    if view.owner_uid is not None and detail.facts.job.owner_uid != view.owner_uid:
-        kind = "Slurm job id" if args.slurm else "icefrog job id or Slurm job id"
-        raise IcefrogError(f"no icefrog job with {kind} {ident}")
     if args.json:
         print_json(show_json(detail, now=t, actions=args.actions))
     else:

@@ -55,16 +55,20 @@ def read_accounting(store: SqlStore, flt: JobFilter, *, now: float) -> list[JobF
     ]
 
 
-def read_job(store: SqlStore, ident: str, *, slurm_id: bool) -> ShownJob:
+def read_job(
+    store: SqlStore, ident: str, *, slurm_id: bool, owner_uid: int | None = None
+) -> ShownJob:
     """One job by icefrog id, or by any Slurm job id of its chain.
 
     Without ``slurm_id`` the icefrog id is tried first; when ``ident`` is also the Slurm
-    job id of a different job the answer is ambiguous and an InputError says so.
+    job id of a different job the answer is ambiguous and an InputError says so. With
+    ``owner_uid`` (``[reports] private``) another owner's job is as if it did not exist.
     """
     with store.reading() as session:
         tx = ReportTx(session)
-        by_slurm = tx.job_by_slurm_id(ident)
+        by_slurm = _owned(tx.job_by_slurm_id(ident), owner_uid)
         by_own = None if slurm_id or not ident.isdigit() else _job_or_none(tx, int(ident))
+        by_own = _owned(by_own, owner_uid)
         job = by_slurm if slurm_id else (by_own or by_slurm)
         if job is None:
             kind = "Slurm job id" if slurm_id else "icefrog job id or Slurm job id"
@@ -79,6 +83,10 @@ def read_job(store: SqlStore, ident: str, *, slurm_id: bool) -> ShownJob:
         actions = tx.actions(job_id=job.id)
     facts = JobFacts(job=job, history=tuple(history), metrics=tuple(metrics))
     return ShownJob(facts=facts, actions=tuple(actions))
+
+
+def _owned(job: JobRecord | None, owner_uid: int | None) -> JobRecord | None:
+    return job if job is None or owner_uid is None or job.owner_uid == owner_uid else None
 
 
 def _job_or_none(tx: ReportTx, job_id: int) -> JobRecord | None:

@@ -267,3 +267,22 @@ def test_squeue_o_takes_squeues_letters(
     ]
     code, out, err = run(capsys, "squeue", *db, "-o", "%i %Z")
     assert (code, out) == (2, "") and "--format: '%Z' is not a field here" in err
+
+
+def test_private_show_job_never_names_anothers_job(
+    private_db: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Icefrog job 3 (alice's) whose id is also a Slurm id of carol's job 4: alice gets her
+    job, not a refusal that would tell her of carol's."""
+    url = Path(private_db[1]).read_text().split('"')[1]
+    store = SqlStore(url)
+    try:
+        with store.transaction() as tx:
+            tx.link_slurm_job(job_id=4, slurm_job_id="3", reason="resubmitted", now=0.0)
+    finally:
+        store.close()
+    monkeypatch.setattr("os.getuid", lambda: ALICE)
+    code, out, err = run(capsys, "show", "job", "3", *private_db)
+    assert (code, err) == (0, "") and out.startswith("JobId=3 JobName=ncf")
+    code, out, err = run(capsys, "show", "job", "3", "--slurm", *private_db)
+    assert (code, out) == (1, "") and "icefrog job 4" not in err
