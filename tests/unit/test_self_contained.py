@@ -29,7 +29,8 @@ _ANYWHERE = [
     ("a work-machine path", re.compile(r"(?<![\w.])/work/")),
     ("a folder beside the checkout", re.compile(r"\.\./shared\b")),
     ("a home folder", re.compile(r"(?<![\w.])(/home/[A-Za-z_]|/root/|/Users/[A-Za-z_])")),
-    ("a home folder", re.compile(r"(?<![\w$])~/")),
+    # ~/ except a user's own dotfile a tool reads there (libpq's ~/.pgpass)
+    ("a home folder", re.compile(r"(?<![\w$])~/(?!\.[\w.-]+\b(?!/))")),
 ]
 # In docs: a file or folder under /tmp handed to the reader ("like /tmp" is fine).
 _DOCS_ONLY = [("a temporary path in a doc", re.compile(r"(?<![\w.])/tmp/\S"))]
@@ -74,14 +75,22 @@ def test_the_scan_sees_the_repository() -> None:
 
 @pytest.mark.parametrize(
     "line",
-    ["see /work/shared/x", "`../shared/spec/`", "cd ~/src", "/home/alice/x", "in /tmp/x.csv"],
+    [
+        "see /work/shared/x",
+        "`../shared/spec/`",
+        "cd ~/src",
+        "~/.config/x",
+        "/home/alice/x",
+        "in /tmp/x.csv",
+    ],
 )
 def test_the_patterns_catch_what_they_mean(line: str) -> None:
     assert any(p.search(line) for _, p in [*_ANYWHERE, *_DOCS_ONLY]), line
 
 
 @pytest.mark.parametrize(
-    "line", ["like /tmp", "tmp_path / 'x'", "$HOME/.config", "var/work/x", "a/home/b"]
+    "line",
+    ["like /tmp", "tmp_path / 'x'", "$HOME/.config", "var/work/x", "a/home/b", "in `~/.pgpass`"],
 )
 def test_the_patterns_leave_what_is_fine(line: str) -> None:
     assert not any(p.search(line) for _, p in [*_ANYWHERE, *_DOCS_ONLY]), line
