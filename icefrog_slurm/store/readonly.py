@@ -14,8 +14,9 @@ would:
   a writer that starts meanwhile changes only at a checkpoint (after about 1000 pages of
   its log, or when it closes), so a report read then almost always sees the state before
   it (a checkpoint in the middle of the read could make it fail: run the report again).
-  The choice is made at each connection; a connection refused read-only because the
-  ``-wal`` went away between the look and the open is retried once immutable.
+  The choice is made at each connection (one a transaction: no pool); a connection
+  refused read-only because the ``-wal`` went away between the look and the open is
+  retried once immutable.
 - Postgres: the session runs with ``default_transaction_read_only=on`` (unless the URL sets
   ``options``), libpq's keepalives and a connect timeout, so even a role that may write
   writes nothing through a report, and an unreachable server fails within seconds.
@@ -31,6 +32,7 @@ from urllib.parse import quote
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.pool import NullPool
 
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.extras import require
@@ -78,7 +80,10 @@ def _sqlite_readonly(parsed: URL) -> Engine:
             "(sqlite:////path/to/icefrog.db), with no query options"
         )
     path = os.path.abspath(str(parsed.database))
-    engine = create_engine(parsed, creator=lambda: connect_readonly(path))
+    # no pool: each transaction opens its own connection, so the WAL-or-immutable choice is
+    # made again each time (a pooled immutable connection would never see the controller's
+    # later commits, e.g. under squeue -i)
+    engine = create_engine(parsed, creator=lambda: connect_readonly(path), poolclass=NullPool)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:  # pysqlite opens no transaction for reads by itself

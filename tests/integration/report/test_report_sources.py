@@ -145,6 +145,33 @@ def test_a_report_store_refuses_to_write(populated: Path) -> None:
         store.close()
 
 
+def test_a_long_lived_report_store_sees_commits_made_after_the_controller_started(
+    populated: Path,
+) -> None:
+    """Opened while no controller had the database (no -wal: read immutable), a report
+    store (squeue -i keeps one) still sees what a controller commits later in WAL mode:
+    the read-only/immutable choice is made per transaction, not once per engine."""
+    reader = SqlStore(f"sqlite:///{populated}", readonly=True)
+    writer = None
+    try:
+        assert not Path(f"{populated}-wal").exists()
+        with reader.reading() as session:
+            before = session.execute(text("SELECT count(*) FROM jobs")).scalar_one()
+        writer = SqlStore(f"sqlite:///{populated}")  # WAL mode, kept open like a daemon
+        with writer.reading() as session:
+            session.execute(text("UPDATE jobs SET name = 'renamed' WHERE id = 1"))
+            session.commit()
+        assert Path(f"{populated}-wal").exists()
+        with reader.reading() as session:
+            name = session.execute(text("SELECT name FROM jobs WHERE id = 1")).scalar_one()
+            after = session.execute(text("SELECT count(*) FROM jobs")).scalar_one()
+        assert (name, after) == ("renamed", before)
+    finally:
+        reader.close()
+        if writer is not None:
+            writer.close()
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 def test_a_report_session_on_postgres_is_read_only(db_url: str) -> None:
