@@ -10,6 +10,7 @@ The lines marked ``# icefrog`` are what the trainer adds to an ordinary loop.
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 from sklearn.datasets import load_digits
@@ -61,6 +62,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument(
+        "--step-delay", type=float, default=0.0,
+        help="seconds to sleep after each step: a slower job, as a bigger model would be",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.manual_seed(0)  # the same initial weights on every rank
     train, val = digits()
@@ -72,6 +77,7 @@ def main() -> None:
             optimizer.zero_grad()
             F.cross_entropy(trainer.model(x), y).backward()  # icefrog: trainer.model
             optimizer.step()
+            time.sleep(args.step_delay)
         trainer.report_metric(accuracy(model, val))  # icefrog
 
 

@@ -51,7 +51,16 @@ def test_icefrog_policy_shrinks_a_job_that_resumes_to_its_target(job_dir: Path) 
     with rig(job_dir, IcefrogPolicy()) as r:
         try:
             wide = job_dir / "wide"
-            sids.append(r.submit_digits(wide, "e2e-shrink", "cnn", target="0.97"))
+            # slowed so that the two arrivals and the new round land while it trains (the
+            # digits CNN alone reaches its target in a few seconds on an idle machine); no
+            # layer frozen: the test is about the shrink, and a frozen CNN may stop short
+            sids.append(
+                r.submit(
+                    wide, "--gpus", "1-2", "--batch", "16", "--target", "val_acc>=0.97",
+                    "--max-epochs", "40", "--max-frozen", "0", "--job-name", "e2e-shrink",
+                    "--", str(DIGITS), "--model", "cnn", "--step-delay", "0.05",
+                )
+            )  # fmt: skip
 
             def by_name(name: str) -> JobRecord | None:
                 with r.store.transaction() as tx:
