@@ -1,5 +1,6 @@
 """Fixtures of the report tests: the store's SQLite and Postgres databases come from
-tests/support/databases.py; the local time zone pinned to UTC and the report clock fixed."""
+tests/support/databases.py; ``db``: one of them filled by populate.py, as the report
+commands' ``--db`` arguments; the local time zone pinned to UTC and the report clock fixed."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from icefrog_slurm.commands import storeargs
-from tests.integration.report.populate import NOW
+from icefrog_slurm.store.sql import SqlStore
+from tests.integration.report.populate import NOW, populate
 
 
 @pytest.fixture(autouse=True)
@@ -22,3 +24,14 @@ def _utc_and_fixed_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     monkeypatch.undo()
     time.tzset()
+
+
+@pytest.fixture
+def db(db_url: str) -> list[str]:
+    """The store at ``db_url`` filled by populate.py; the reports' ``--db`` arguments."""
+    store = SqlStore(db_url)
+    try:
+        populate(store)
+    finally:
+        store.close()
+    return ["--db", db_url]

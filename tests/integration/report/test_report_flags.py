@@ -13,20 +13,9 @@ import pytest
 
 from icefrog_slurm.commands import reportview
 from icefrog_slurm.store.sql import SqlStore
-from tests.integration.report.populate import populate
 from tests.integration.report.test_reports import run
 
 ALICE, BOB = 1001, 1002
-
-
-@pytest.fixture
-def db(db_url: str) -> list[str]:
-    store = SqlStore(db_url)
-    try:
-        populate(store)
-    finally:
-        store.close()
-    return ["--db", db_url]
 
 
 def ids(out: str) -> str:

@@ -17,8 +17,6 @@ import pytest
 
 from icefrog_slurm.report import timefmt
 from icefrog_slurm.slurm.parse import compress_hostlist, expand_hostlist
-from icefrog_slurm.store.sql import SqlStore
-from tests.integration.report.populate import populate
 from tests.integration.report.test_reports import run
 
 pytestmark = pytest.mark.slurm
@@ -34,16 +32,6 @@ def slurm(*argv: str, env: dict[str, str] | None = None) -> str:
         env={**os.environ, **(env or {})},
     )
     return done.stdout
-
-
-@pytest.fixture
-def db(db_url: str) -> list[str]:
-    store = SqlStore(db_url)
-    try:
-        populate(store)
-    finally:
-        store.close()
-    return ["--db", db_url]
 
 
 @pytest.fixture

@@ -9,17 +9,6 @@ import pytest
 
 from icefrog_slurm.cli import main
 from icefrog_slurm.store.sql import SqlStore
-from tests.integration.report.populate import populate
-
-
-@pytest.fixture
-def db(db_url: str) -> list[str]:
-    store = SqlStore(db_url)
-    try:
-        populate(store)
-    finally:
-        store.close()
-    return ["--db", db_url]
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
