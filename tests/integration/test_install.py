@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.checkout import source_copy
+
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "admin-guide.md"
 BLOCK = re.compile(r"<!-- install:begin -->\n```sh\n(.*?)```\n<!-- install:end -->", re.S)
@@ -31,20 +33,6 @@ MOVED = ("/opt/icefrog", "/usr/local/bin", "/usr/share/doc/icefrog-slurm")
 UNIT_DOCS = "file:///usr/share/doc/icefrog-slurm/"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-def _source_copy(dest: Path) -> Path:
-    """The working tree's files (tracked and untracked, not ignored) copied to ``dest``:
-    what a checkout holds, without this one's build outputs."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
-        cwd=REPO, check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    for name in filter(None, listed.split("\0")):
-        if (REPO / name).is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, dest / name)
-    return dest
 
 
 def _env(bin_dir: Path) -> dict[str, str]:
@@ -70,7 +58,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str
     if shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") is None:
         pytest.skip("no python3 on the system PATH")
     root = tmp_path_factory.mktemp("install")
-    src = _source_copy(root / "src")
+    src = source_copy(root / "src")
     found = BLOCK.search(GUIDE.read_text())
     assert found, "docs/admin-guide.md: no shell block between the install markers"
     script = found.group(1)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import sqlite3
 import stat
 import subprocess
@@ -25,6 +24,7 @@ from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.store import migrate
 from icefrog_slurm.store.models import Base
 from icefrog_slurm.store.sql import SqlStore, make_engine
+from tests.support.checkout import source_copy
 
 
 def test_upgrade_on_empty_db_matches_the_models(empty_db_url: str) -> None:
@@ -261,19 +261,6 @@ def _assert_migrated(url: str) -> None:
         engine.dispose()
 
 
-def _source_copy(dest: Path) -> Path:
-    """The working tree's files (tracked and untracked, not ignored) copied to ``dest``."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
-        cwd=REPO, check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    for name in filter(None, listed.split("\0")):
-        if (REPO / name).is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, dest / name)
-    return dest
-
-
 # Run by the child: where icefrog_slurm and db/ came from, then `icefrog db upgrade`.
 _UPGRADE = (
     "import sys, icefrog_slurm; from icefrog_slurm.cli import main; "
@@ -289,7 +276,7 @@ def test_a_wheel_install_can_migrate(tmp_path: Path) -> None:
     Philly trace. Build the wheel, install it into a bare folder, and run `icefrog db
     upgrade` and `icefrog trace sample` from there (not from this checkout)."""
     pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
-    src = _source_copy(tmp_path / "src")  # a checkout's build/ may hold stale files
+    src = source_copy(tmp_path / "src")  # a checkout's build/ may hold stale files
     subprocess.run(
         [*pip, "wheel", "--no-deps", "--no-build-isolation", str(src), "-w", str(tmp_path / "w")],
         check=True,
