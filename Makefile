@@ -29,7 +29,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check .
 
 typecheck: $(VENV)/.installed
-	$(VENV)/bin/mypy icefrog_slurm launcher
+	$(VENV)/bin/mypy icefrog_slurm launcher/icefrog_launcher
 
 importlint: $(VENV)/.installed
 	$(VENV)/bin/lint-imports

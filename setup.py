@@ -1,5 +1,7 @@
 """What pyproject.toml cannot say: three folders outside ``icefrog_slurm/`` install as its
-packages, beside those found under ``icefrog_slurm/`` and ``launcher/``:
+packages, beside those found under ``icefrog_slurm/`` and the job side's
+``launcher/icefrog_launcher/`` (imported as ``icefrog_launcher``: a name of the project's own,
+which a user's ``launcher.py`` cannot shadow):
 
 - ``db/`` (alembic's environment and migrations) as ``icefrog_slurm.db``;
 - ``slurm_conf/`` (the systemd unit, the example settings, slurm.conf and gres.conf; not its
@@ -23,6 +25,11 @@ DATA_FOLDERS = ["icefrog_slurm.db.versions", "icefrog_slurm.sim.data.layers"]
 setuptools ships them without warning that it might not."""
 
 setup(
-    packages=[*find_packages(include=["icefrog_slurm*", "launcher*"]), *MAPPED, *DATA_FOLDERS],
-    package_dir=MAPPED,
+    packages=[
+        *find_packages(include=["icefrog_slurm*"]),
+        *find_packages("launcher", include=["icefrog_launcher*"]),
+        *MAPPED,
+        *DATA_FOLDERS,
+    ],
+    package_dir={**MAPPED, "icefrog_launcher": "launcher/icefrog_launcher"},
 )

@@ -28,8 +28,8 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from benchmarks.models import resnet
-from launcher.config import JobConfig
-from launcher.trainer import Trainer
+from icefrog_launcher.config import JobConfig
+from icefrog_launcher.trainer import Trainer
 
 
 def make_trainer(args: argparse.Namespace, workdir: str) -> Trainer:

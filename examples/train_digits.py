@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
-from launcher import Trainer
+from icefrog_launcher import Trainer
 
 
 def digits(seed: int = 0) -> tuple[TensorDataset, TensorDataset]:

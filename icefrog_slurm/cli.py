@@ -44,7 +44,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "squeue": ("icefrog_slurm.commands.squeue", "Active jobs and their latest decision"),
     "sacct": ("icefrog_slurm.commands.sacct", "Accounting of running and finished jobs"),
     "show": ("icefrog_slurm.commands.show", "icefrog show job ID: a job's trajectory"),
-    "launch": ("launcher.cli", "Run a training script under torchrun in a Slurm allocation"),
+    "launch": (
+        "icefrog_launcher.cli",
+        "Run a training script under torchrun in a Slurm allocation",
+    ),
     "submit": (
         "icefrog_slurm.commands.submit",
         "Write a training job's batch script, submit it held",

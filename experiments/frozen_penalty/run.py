@@ -8,8 +8,8 @@ plain SGD. For each seed:
    iterations (evaluated every ``--eval-every`` iterations);
 2. from the checkpoint at epoch ``--freeze-epoch`` (N_f iterations) train two branches with
    the first 25% and 50% of the layers frozen (no gradient, no backward work), measuring the
-   per-layer gradient variance with the trainer's own estimator (launcher.stats) and psi with
-   eq 3 (icefrog_slurm.core.penalty) at every epoch end;
+   per-layer gradient variance with the trainer's own estimator (icefrog_launcher.stats) and
+   psi with eq 3 (icefrog_slurm.core.penalty) at every epoch end;
 3. unfrozen budget = N_full; psi-compensated budget = the iteration where N_f plus the
    frozen iterations, each counted psi times (effective progress, spec section 4), reaches
    N_full: the remaining N_full - N_f iterations divided by psi (eq 3), with psi as measured
@@ -36,7 +36,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.nn import functional as F
 
-from launcher.stats import GradStatsCollector
+from icefrog_launcher.stats import GradStatsCollector
 
 REPO = Path(__file__).resolve().parents[2]
 

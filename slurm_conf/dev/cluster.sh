@@ -97,7 +97,11 @@ ProctrackType=proctrack/linuxproc
 $task_line
 MpiDefault=none
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+SelectTypeParameters=CR_Core_Memory
+# as in the production examples: cores and memory are scheduled, with defaults for a job
+# that asks for neither (a GPU job: per GPU; a shard or CPU-only job: per core)
+DefCpuPerGPU=1
+DefMemPerCPU=400
 GresTypes=gpu,shard
 ReturnToService=2
 AccountingStorageType=accounting_storage/none
@@ -106,8 +110,8 @@ KillWait=5
 MinJobAge=600
 MessageTimeout=5
 SchedulerParameters=sched_min_interval=200000
-NodeName=node[1-4] NodeHostname=localhost Port=[$NODE_PORT0-$((NODE_PORT0 + 3))] CPUs=8 RealMemory=8000 Gres=gpu:a800:4,shard:8 State=UNKNOWN
-PartitionName=gpu Nodes=node[1-4] Default=YES MaxTime=INFINITE State=UP
+NodeName=node[1-4] NodeHostname=localhost Port=[$NODE_PORT0-$((NODE_PORT0 + 3))] CPUs=8 RealMemory=4000 Features=a800,ib Gres=gpu:a800:4,shard:8 State=UNKNOWN
+PartitionName=gpu Nodes=node[1-4] Default=YES MaxTime=INFINITE State=UP DefMemPerGPU=450
 EOF
     chmod 0644 "$tmp"
     if cmp -s "$tmp" "$CONF"; then rm -f "$tmp"; else mv "$tmp" "$CONF"; CONF_CHANGED=1; fi

@@ -23,9 +23,9 @@ from icefrog_slurm.controller.ports import FsJobFiles
 
 pytest.importorskip("torch")
 
+from icefrog_launcher.launch import REQUEUE_EXIT_CODE
 from icefrog_slurm.core.parallelism import Kind, Parallelism
 from icefrog_slurm.protocol import parse_envelope, parse_payload
-from launcher.launch import REQUEUE_EXIT_CODE
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -159,7 +159,7 @@ def test_launch_signal_checkpoints_mid_epoch_and_resumes(tmp_path: Path) -> None
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == REQUEUE_EXIT_CODE, err[-3000:]
     assert "requeue requested (signal 15)" in err
-    from launcher import checkpoint
+    from icefrog_launcher import checkpoint
 
     found = checkpoint.load_latest(tmp_path / "checkpoints")
     assert found is not None

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
+from icefrog_launcher import Trainer
 from icefrog_slurm.protocol import Decision
 from icefrog_slurm.security import write_atomic
-from launcher import Trainer
 
 _spec = importlib.util.spec_from_file_location(
     "train_digits", Path(__file__).resolve().parents[2] / "examples" / "train_digits.py"

@@ -157,7 +157,7 @@ def test_on_real_slurm_a_squatter_and_an_untagged_job_get_nowhere(
 def test_the_trainers_reporter_survives_a_claimed_folder(site: Site, what: str) -> None:
     """The trainer's own Reporter, run as Bob, used to die at start when Alice held the
     name (as a file) or to write into her folder's shadow; it reports through a token folder."""
-    from launcher.reports import Reporter
+    from icefrog_launcher.reports import Reporter
 
     job = "202"
     site.slurm.jobs[job] = (site.uids[BOB], True)

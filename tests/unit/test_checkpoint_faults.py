@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from launcher import checkpoint  # noqa: E402
+from icefrog_launcher import checkpoint  # noqa: E402
 
 
 def _state(size: int) -> dict[str, Any]:

@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.data import TensorDataset  # noqa: E402
 
-from launcher.data import ElasticDataLoader, epoch_order  # noqa: E402
-from launcher.position import DataPosition  # noqa: E402
+from icefrog_launcher.data import ElasticDataLoader, epoch_order  # noqa: E402
+from icefrog_launcher.position import DataPosition  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

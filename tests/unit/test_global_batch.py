@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from icefrog_launcher.config import JobConfig
 from icefrog_slurm import declaration
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.domain.records import JobRecord, JobView, Progress
@@ -27,7 +28,6 @@ from icefrog_slurm.protocol import (
 from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.sim.engine import Engine, SimOptions
 from icefrog_slurm.sim.workload import TraceJob
-from launcher.config import JobConfig
 
 SETTINGS = settings_from_mapping({})
 L = 4

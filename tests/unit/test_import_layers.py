@@ -65,3 +65,22 @@ def test_the_block_works() -> None:
     done = _run("import icefrog_slurm.store.sql\n")
     assert done.returncode != 0
     assert "blocked for this test: sqlalchemy" in done.stderr
+
+
+def test_a_users_own_launcher_module_does_not_shadow_the_job_side(tmp_path: Path) -> None:
+    """A training script's folder comes first on sys.path: a user's ``launcher.py`` (or
+    ``config.py``...) there must not replace the job side's modules."""
+    for name in ("launcher", "config", "trainer", "data"):
+        (tmp_path / f"{name}.py").write_text("raise ImportError('the user\\'s own module')\n")
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import icefrog_launcher.trainer, icefrog_launcher.cli\n"
+        "from icefrog_launcher import Trainer\n"
+        "print(Trainer.__module__)\n"
+    )
+    pytest.importorskip("torch")
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "icefrog_launcher.trainer"

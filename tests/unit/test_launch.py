@@ -12,11 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from icefrog_slurm.cli import main
-from icefrog_slurm.errors import InputError
-from icefrog_slurm.runfiles import CHECKPOINT_MARKER
-from launcher.config import JobConfig, Target, parse_range, parse_target
-from launcher.launch import (
+from icefrog_launcher.config import JobConfig, Target, parse_range, parse_target
+from icefrog_launcher.launch import (
     REQUEUE_EXIT_CODE,
     build_command,
     child_env,
@@ -26,7 +23,10 @@ from launcher.launch import (
     run_training,
     stop_signal,
 )
-from launcher.relay import main as relay_main
+from icefrog_launcher.relay import main as relay_main
+from icefrog_slurm.cli import main
+from icefrog_slurm.errors import InputError
+from icefrog_slurm.runfiles import CHECKPOINT_MARKER
 
 
 def test_parse_target() -> None:

@@ -8,11 +8,11 @@ import os
 
 import pytest
 
+from icefrog_launcher.config import JobConfig
 from icefrog_slurm.cli import main
 from icefrog_slurm.core.parallelism import DDP, Kind, Parallelism, parse_parallelism
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.protocol import JobSpec, parse_payload
-from launcher.config import JobConfig
 
 
 def _spec(**changes: object) -> JobSpec:

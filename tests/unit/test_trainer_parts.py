@@ -15,6 +15,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from icefrog_launcher import checkpoint  # noqa: E402
+from icefrog_launcher.decision import read_decision  # noqa: E402
+from icefrog_launcher.profiler import (  # noqa: E402
+    StepTimer,
+    cpu_utilization,
+    find_layers,
+    layer_flops,
+    param_bytes,
+    utilization,
+)
+from icefrog_launcher.reports import Reporter  # noqa: E402
+from icefrog_launcher.stats import GradStatsCollector  # noqa: E402
 from icefrog_slurm.errors import InputError  # noqa: E402
 from icefrog_slurm.protocol import (  # noqa: E402
     Decision,
@@ -23,18 +35,6 @@ from icefrog_slurm.protocol import (  # noqa: E402
     parse_envelope,
     parse_payload,
 )
-from launcher import checkpoint  # noqa: E402
-from launcher.decision import read_decision  # noqa: E402
-from launcher.profiler import (  # noqa: E402
-    StepTimer,
-    cpu_utilization,
-    find_layers,
-    layer_flops,
-    param_bytes,
-    utilization,
-)
-from launcher.reports import Reporter  # noqa: E402
-from launcher.stats import GradStatsCollector  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -116,8 +116,8 @@ def test_reports_wait_for_munged_and_keep_their_order(
 ) -> None:
     """munged away: a report is kept, not written unsigned; back: the kept ones are signed and
     written first, in order; the last report waits for munged (here: it comes back)."""
+    from icefrog_launcher import reports
     from icefrog_slurm import security
-    from launcher import reports
 
     up = [False]
 

@@ -25,7 +25,7 @@ boundary and exits. Across nodes the launcher sends ``srun`` USR1 instead: srun 
 USR1 to the step and keeps it, whereas TERM makes srun kill the step ("forcing job
 termination": the tasks are SIGKILLed after KillWait and never checkpoint). slurmstepd
 delivers the forwarded USR1 to every process of the step, torchrun's agent included, so
-each node's task is :mod:`launcher.relay`: it starts torchrun with USR1 ignored (the
+each node's task is :mod:`icefrog_launcher.relay`: it starts torchrun with USR1 ignored (the
 trainers install their own handler) and turns the USR1 it gets itself into TERM for
 torchrun, for a Slurm that signals only the task's own process.
 """
@@ -166,7 +166,7 @@ def build_command(
     relay: Sequence[str] = (),
 ) -> list[str]:
     """The command line: torchrun on one node, ``srun`` one torchrun per node otherwise,
-    each behind ``relay`` (e.g. ``python -m launcher.relay``; see :func:`stop_signal`).
+    each behind ``relay`` (e.g. ``python -m icefrog_launcher.relay``; see :func:`stop_signal`).
 
     One node uses ``--standalone`` (a private rendezvous, no port clash between jobs
     sharing a node); several nodes rendezvous with c10d on the first node, on ``port``

@@ -1,4 +1,4 @@
-"""``python -m launcher.relay torchrun ARGS...``: the task ``srun`` runs on each node of a
+"""``python -m icefrog_launcher.relay torchrun ARGS...``: the task ``srun`` runs on each node of a
 multi-node job, for the launcher's stop request (USR1, which srun forwards to the step).
 
 slurmstepd delivers that USR1 to every process of the step. torchrun's agent dies on
@@ -16,12 +16,12 @@ from __future__ import annotations
 import signal
 import sys
 
-from launcher.launch import environ, supervise
+from icefrog_launcher.launch import environ, supervise
 
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: python -m launcher.relay COMMAND [ARGS...]", file=sys.stderr)
+        print("usage: python -m icefrog_launcher.relay COMMAND [ARGS...]", file=sys.stderr)
         return 2
     code, _ = supervise(argv, environ(), signal.SIGTERM, child_ignores=(signal.SIGUSR1,))
     return code

@@ -50,18 +50,13 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from icefrog_slurm.core.layers import LayerTable
-from icefrog_slurm.core.samples import ProfileSample
-from icefrog_slurm.protocol import Decision, FinishedReport, GradStats, MetricReport, ProgressReport
-from icefrog_slurm.runfiles import CHECKPOINT_MARKER
-from icefrog_slurm.security import write_atomic
-from launcher import checkpoint
-from launcher.config import JobConfig
-from launcher.data import ElasticDataLoader, SizedDataset
-from launcher.decision import read_decision
-from launcher.launch import REQUEUE_EXIT_CODE
-from launcher.position import DataPosition
-from launcher.profiler import (
+from icefrog_launcher import checkpoint
+from icefrog_launcher.config import JobConfig
+from icefrog_launcher.data import ElasticDataLoader, SizedDataset
+from icefrog_launcher.decision import read_decision
+from icefrog_launcher.launch import REQUEUE_EXIT_CODE
+from icefrog_launcher.position import DataPosition
+from icefrog_launcher.profiler import (
     StepTimer,
     find_layers,
     layer_flops,
@@ -69,8 +64,13 @@ from launcher.profiler import (
     peak_memory_bytes,
     utilization,
 )
-from launcher.reports import Reporter
-from launcher.stats import GradStatsCollector
+from icefrog_launcher.reports import Reporter
+from icefrog_launcher.stats import GradStatsCollector
+from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.core.samples import ProfileSample
+from icefrog_slurm.protocol import Decision, FinishedReport, GradStats, MetricReport, ProgressReport
+from icefrog_slurm.runfiles import CHECKPOINT_MARKER
+from icefrog_slurm.security import write_atomic
 
 if TYPE_CHECKING:  # torch.distributed re-exports it without marking it public
     from torch._C._distributed_c10d import GradBucket
@@ -183,7 +183,7 @@ class Trainer:
         for signum in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(signum, self._on_signal)
 
-    # -- the data position (launcher.position) ----------------------------------------
+    # -- the data position (icefrog_launcher.position) ----------------------------------------
     @property
     def epoch(self) -> int:
         """The epoch being trained: epochs finished so far."""

@@ -12,10 +12,8 @@ import shlex
 import socket
 import sys
 
-from icefrog_slurm import declaration
-from icefrog_slurm.extras import require, require_program
-from launcher.config import JobConfig
-from launcher.launch import (
+from icefrog_launcher.config import JobConfig
+from icefrog_launcher.launch import (
     DEFAULT_PORT,
     REQUEUE_EXIT_CODE,
     build_command,
@@ -27,6 +25,8 @@ from launcher.launch import (
     run_training,
     stop_signal,
 )
+from icefrog_slurm import declaration
+from icefrog_slurm.extras import require, require_program
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     config.validate()
     layout = layout_from_env(env, args.procs_per_node)
     layout = rendezvous_host(layout, resolves, socket.gethostname())
-    relay = [sys.executable, "-m", "launcher.relay"]
+    relay = [sys.executable, "-m", "icefrog_launcher.relay"]
     command = build_command(layout, script, torchrun=args.torchrun, port=args.port, relay=relay)
     extra = config.to_env()
     if args.dry_run:

@@ -6,8 +6,9 @@ The epoch's order is a permutation seeded by (seed, epoch), the same on every ra
 takes the next ``world x batch`` indices; rank r gets the r-th of ``world`` near-equal
 slices. A remainder smaller than ``world`` is skipped.
 
-The loader knows the trainer only through the shared :class:`~launcher.position.DataPosition`
-(which it reads and moves forward) and the three callables it is given.
+The loader knows the trainer only through the shared
+:class:`~icefrog_launcher.position.DataPosition` (which it reads and moves forward) and the
+three callables it is given.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import TensorDataset, default_collate
 
-from launcher.position import DataPosition
+from icefrog_launcher.position import DataPosition
 
 
 class SizedDataset(Protocol):

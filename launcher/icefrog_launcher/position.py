@@ -2,7 +2,7 @@
 
 The trainer owns one :class:`DataPosition`: it sets the per-GPU batch from the controller's
 decision, starts the next epoch, and checkpoints and restores the position. The loader
-(launcher.data) reads it and moves it forward as it hands out batches. Pure: no torch.
+(icefrog_launcher.data) reads it and moves it forward as it hands out batches. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 class DataPosition:
     """Where the data of the job stands. Every replica takes its share of one global
     sequence of samples, so the position survives a restart with another process count
-    or per-GPU batch (launcher.data)."""
+    or per-GPU batch (icefrog_launcher.data)."""
 
     epoch: int = 0
     """Epochs finished: the one being read (its order is seeded by it)."""
