@@ -1,6 +1,7 @@
 """What a user declares for a training job, shared by ``icefrog launch`` (job side) and
 ``icefrog submit`` (scheduler side): the GPU-count and per-GPU batch ranges, the largest
-frozen fraction of layers, the validation target, the epoch limit, the parallelism with
+frozen fraction of layers, the validation target, the work budget (``--max-epochs``, in
+full-model-equivalent epochs) with an optional cap on physical epochs, the parallelism with
 its allocation unit and an optional fixed global batch.
 
 Owns their parsers (``1-8``, ``val_acc>=0.94``, raising :class:`InputError` that names the
@@ -116,9 +117,10 @@ class Declaration:
     batch: tuple[int, int] = (32, 32)  # per-GPU batch range
     max_frozen: float = 0.9
     target: Target | None = None
-    max_epochs: int = 100
+    max_epochs: int = 100  # the work budget: full-model-equivalent epochs (spec section 4)
     parallelism: Parallelism = DDP  # --parallelism and --gpu-unit (spec section 7)
     global_batch: int = 0  # --global-batch: samples an optimizer step; 0 = free
+    max_physical_epochs: int = 0  # cap on epochs actually trained, >= max_epochs; 0 = none
 
     @property
     def accepts_shared(self) -> bool:
@@ -131,6 +133,13 @@ class Declaration:
         if not 1 <= self.max_epochs <= INT32_MAX:
             raise InputError(
                 f"--max-epochs: must be within [1, {INT32_MAX}], got {self.max_epochs}"
+            )
+        cap = self.max_physical_epochs
+        if cap and not self.max_epochs <= cap <= INT32_MAX:
+            raise InputError(
+                f"--max-physical-epochs: must be within [--max-epochs {self.max_epochs}, "
+                f"{INT32_MAX}] (0: no cap), got {cap}: a lower cap would end the job before "
+                "its budget of full-model-equivalent epochs could be spent"
             )
         if not 0 <= self.global_batch <= MAX_GLOBAL_BATCH:
             raise InputError(
@@ -156,6 +165,8 @@ class Declaration:
         ]
         if self.global_batch:
             options.append(f"--global-batch={self.global_batch}")
+        if self.max_physical_epochs:
+            options.append(f"--max-physical-epochs={self.max_physical_epochs}")
         if self.target is not None:
             options.append(f"--target={self.target}")
         return options
@@ -168,7 +179,7 @@ class Declaration:
         layer_param_bytes: Sequence[float] = (),
     ) -> JobSpec:
         """The ``register`` report's payload. A job without a target declares
-        ``none >= float max`` (never reached: it runs until ``max_epochs``); only a DDP job
+        ``none >= float max`` (never reached: it runs until its budget is spent); only a DDP job
         in units of one GPU that accepts one GPU may share one."""
         target = self.target
         return JobSpec(
@@ -198,7 +209,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-frozen", type=float, default=0.9, help="largest frozen fraction of layers"
     )
     parser.add_argument("--target", default="", help="validation target, e.g. 'val_acc>=0.94'")
-    parser.add_argument("--max-epochs", type=int, default=100, help="epochs before giving up")
+    parser.add_argument(
+        "--max-epochs",
+        type=int,
+        default=100,
+        help="the work budget, in full-model-equivalent epochs: a job training with layers "
+        "frozen (frozen penalty psi < 1) trains 1/psi physical samples for each (default 100)",
+    )
+    parser.add_argument(
+        "--max-physical-epochs",
+        type=int,
+        default=0,
+        help="optional cap on the epochs actually trained, at least --max-epochs "
+        "(default 0: no cap)",
+    )
     parser.add_argument(
         "--parallelism",
         default="ddp",
@@ -227,6 +251,7 @@ def from_args(args: argparse.Namespace) -> Declaration:
         max_epochs=args.max_epochs,
         parallelism=parse_job_parallelism(args.parallelism, args.gpu_unit, gpus),
         global_batch=args.global_batch,
+        max_physical_epochs=args.max_physical_epochs,
     )
     declaration.validate()
     return declaration

@@ -22,7 +22,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from icefrog_slurm.core.parallelism import DDP, Parallelism
 from icefrog_slurm.core.samples import ProfileSample
@@ -147,9 +147,18 @@ class ProgressReport:
     checkpoint_path: str = ""
 
 
+FinishReason = Literal["target_reached", "max_epochs", "max_physical_epochs", "failed"]
+"""Why a job ended: its target was reached; its work budget (``--max-epochs``,
+full-model-equivalent epochs) was spent; its cap on physical epochs
+(``--max-physical-epochs``) was reached; it failed. A store row written before the cap
+existed says ``max_epochs`` for a job that ran out of (then physical) epochs."""
+
+FINISH_REASONS: tuple[FinishReason, ...] = get_args(FinishReason)
+
+
 @dataclass(frozen=True)
 class FinishedReport:
-    reason: Literal["target_reached", "max_epochs", "failed"]
+    reason: FinishReason
     epoch: int
     final_metric: float
 
@@ -309,8 +318,8 @@ def parse_payload(kind: str, payload: Mapping[str, Any]) -> Any:
         )
     _only(payload, ("reason", "epoch", "final_metric"), where)
     reason = payload.get("reason")
-    if reason not in ("target_reached", "max_epochs", "failed"):
-        raise InputError(f"{where}.reason: must be target_reached, max_epochs or failed")
+    if reason not in FINISH_REASONS:
+        raise InputError(f"{where}.reason: must be one of {', '.join(FINISH_REASONS)}")
     return FinishedReport(
         reason=reason,
         epoch=_int32(payload.get("epoch"), f"{where}.epoch"),

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         max_frozen=declared.max_frozen,
         target=declared.target,
         max_epochs=declared.max_epochs,
+        max_physical_epochs=declared.max_physical_epochs,
         parallelism=declared.parallelism,
         global_batch=declared.global_batch,
         workdir=os.path.abspath(args.workdir),

@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from icefrog_launcher.budget import WorkBudget
 from icefrog_slurm.core.parallelism import DDP, Parallelism
 from icefrog_slurm.declaration import Declaration, Target, parse_range, parse_target
 from icefrog_slurm.errors import InputError
@@ -30,7 +31,8 @@ class JobConfig:
     batch: tuple[int, int] = (32, 32)  # per-GPU batch range
     max_frozen: float = 0.9  # fraction of the layers that may be frozen (spec section 12)
     target: Target | None = None
-    max_epochs: int = 100
+    max_epochs: int = 100  # the work budget, full-model-equivalent epochs (icefrog_launcher.budget)
+    max_physical_epochs: int = 0  # cap on epochs actually trained; 0 = none
     workdir: str = "."  # checkpoints live in <workdir>/checkpoints (shared filesystem)
     inbox: str = ""  # reports go to <inbox>/<slurm_job_id>/; "" = do not report
     decision: str = ""  # path of decision.json; "" = <workdir>/decision.json
@@ -48,6 +50,10 @@ class JobConfig:
     def checkpoint_dir(self) -> str:
         return f"{self.workdir.rstrip('/')}/checkpoints"
 
+    def budget(self, samples_per_epoch: int) -> WorkBudget:
+        """The work budget of an epoch of ``samples_per_epoch`` samples."""
+        return WorkBudget(self.max_epochs, samples_per_epoch, self.max_physical_epochs)
+
     def to_env(self) -> dict[str, str]:
         """The variables ``icefrog launch`` exports for the trainer processes."""
         env = {
@@ -55,6 +61,7 @@ class JobConfig:
             "BATCH": f"{self.batch[0]}-{self.batch[1]}",
             "MAX_FROZEN": repr(self.max_frozen),
             "MAX_EPOCHS": str(self.max_epochs),
+            "MAX_PHYSICAL_EPOCHS": str(self.max_physical_epochs),
             "WORKDIR": self.workdir,
             "INBOX": self.inbox,
             "DECISION": self.decision,
@@ -77,6 +84,7 @@ class JobConfig:
         try:
             max_frozen = float(get("MAX_FROZEN", "0.9"))
             max_epochs = int(get("MAX_EPOCHS", "100"))
+            max_physical_epochs = int(get("MAX_PHYSICAL_EPOCHS", "0"))
             seed = int(get("SEED", "0"))
             global_batch = int(get("GLOBAL_BATCH", "0"))
         except ValueError as exc:
@@ -88,6 +96,7 @@ class JobConfig:
             max_frozen=max_frozen,
             target=parse_target(target_text) if target_text else None,
             max_epochs=max_epochs,
+            max_physical_epochs=max_physical_epochs,
             workdir=get("WORKDIR", "."),
             inbox=get("INBOX", ""),
             decision=get("DECISION", ""),
@@ -110,6 +119,7 @@ class JobConfig:
             max_epochs=self.max_epochs,
             parallelism=self.parallelism,
             global_batch=self.global_batch,
+            max_physical_epochs=self.max_physical_epochs,
         )
 
     @property

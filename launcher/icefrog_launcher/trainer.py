@@ -13,7 +13,7 @@ gradients ``None``, and because the input needs no gradient autograd records not
 them: backward really stops at the boundary); DDP over the trainable parameters only,
 rebuilt when ``l`` changes; the statistics and profile hooks; checkpoints at every epoch end
 and on a stop signal; the reports to the controller; and the end of the job (target metric
-reached, or max epochs) with the reason.
+reached, or the work budget spent: icefrog_launcher.budget) with the reason.
 
 A job declared with ``--global-batch B`` trains, like any job, with the per-GPU batch
 ``m`` of the controller's decision, which for such a job is m = ceil(B / a) clipped to the
@@ -51,6 +51,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from icefrog_launcher import checkpoint
+from icefrog_launcher.budget import Limit
 from icefrog_launcher.config import JobConfig
 from icefrog_launcher.data import ElasticDataLoader, SizedDataset
 from icefrog_launcher.decision import read_decision
@@ -75,8 +76,9 @@ from icefrog_slurm.security import write_atomic
 if TYPE_CHECKING:  # torch.distributed re-exports it without marking it public
     from torch._C._distributed_c10d import GradBucket
 
-Finish = Literal["target_reached", "max_epochs"]
-"""Why a job ends (FinishedReport.reason)."""
+Finish = Literal["target_reached"] | Limit
+"""Why a job ends (FinishedReport.reason): its target, or the limit that ended it
+(icefrog_launcher.budget)."""
 
 
 class ElasticModel:
@@ -337,19 +339,35 @@ class Trainer:
 
     # -- epochs ----------------------------------------------------------------------
     def epochs(self) -> Iterator[int]:
-        """Yield epoch numbers until the target is reached or max epochs run out."""
+        """Yield epoch numbers until the target is reached or the work budget is spent
+        (or the cap on physical epochs reached: icefrog_launcher.budget)."""
         if self.finished:
             return
         self._register()
         self.apply_decision(first=True)
-        while self.epoch < self.config.max_epochs:
+        while (limit := self._limit()) is None:
             self._measuring = self.stats.measuring(self.step, self.world)
             self._timing = self.step % self.profile_every == 0
             yield self.epoch
             if self._end_epoch():
                 return
             self.apply_decision(first=False)
-        self._finish("max_epochs")
+        self._finish(limit)
+
+    def _limit(self) -> Limit | None:
+        """The limit that ends the job now, checked at epoch ends only: the last epoch may
+        overshoot the budget by less than one epoch's effective samples. Rank 0's progress
+        decides (psi comes from each rank's own statistics), so every rank stops together."""
+        box: list[Limit | None] = [
+            self.config.budget(self.loader.size).ended_by(
+                epochs=self.epoch,
+                samples_done=self.samples_done,
+                effective_done=self.effective_done,
+            )
+        ]
+        if self.world > 1:
+            dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     def report_metric(self, value: float, name: str | None = None) -> None:
         """Report the validation metric of this epoch. Call it on every rank: rank 0's
@@ -372,8 +390,8 @@ class Trainer:
         target = self.config.target
         if target is not None and self.metric is not None and target.reached(self.metric):
             self.finished = "target_reached"
-        elif self.epoch >= self.config.max_epochs:
-            self.finished = "max_epochs"
+        elif (limit := self._limit()) is not None:
+            self.finished = limit
         path = self._save()
         self.reporter.send(
             "progress",
@@ -390,9 +408,14 @@ class Trainer:
         self.reporter.send("finished", FinishedReport(reason, self.epoch, metric))
         if self.rank == 0:
             target = self.config.target
+            done = self.config.budget(self.loader.size).effective_epochs(
+                epochs=self.epoch,
+                samples_done=self.samples_done,
+                effective_done=self.effective_done,
+            )
             print(
-                f"icefrog trainer: finished: {reason} after {self.epoch} epochs "
-                f"(metric {metric:g}, target {target or 'none'})",
+                f"icefrog trainer: finished: {reason} after {self.epoch} epochs, "
+                f"{done:.2f} full-model-equivalent (metric {metric:g}, target {target or 'none'})",
                 file=sys.stderr,
             )
 

@@ -65,6 +65,7 @@ def _reports(workdir: Path, kind: str) -> list[Any]:
 def test_freeze_then_unfreeze(tmp_path: Path) -> None:
     sdp = '{"kind": "sdp", "stages": 1, "unit": 1}'  # the declaration travels (not used here)
     env = _env(tmp_path, PROBE_MODE="freeze", ICEFROG_MAX_EPOCHS="3", ICEFROG_PARALLELISM=sdp)
+    env["ICEFROG_MAX_PHYSICAL_EPOCHS"] = "3"  # else epoch 1 (psi < 1) adds a 4th
     env["ICEFROG_GLOBAL_BATCH"] = "256"  # declared; 2 x 32 a step: no accumulation, said once
     done = _torchrun(2, env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -97,7 +98,7 @@ def test_freeze_then_unfreeze(tmp_path: Path) -> None:
     profiles = [p[0] for p in _reports(tmp_path, "profile")]
     assert [p.frozen for p in profiles] == [0, 3, 0] and all(p.t_iter_s > 0 for p in profiles)
     finished = _reports(tmp_path, "finished")
-    assert [f.reason for f in finished] == ["max_epochs"]
+    assert [f.reason for f in finished] == ["max_physical_epochs"]  # the cap, both ranks
     (spec,) = _reports(tmp_path, "register")
     assert spec.parallelism == Parallelism(Kind.SDP) and not spec.accepts_shared
     assert spec.global_batch == 256
