@@ -6,6 +6,14 @@ The epoch's order is a permutation seeded by (seed, epoch), the same on every ra
 takes the next ``world x batch`` indices; rank r gets the r-th of ``world`` near-equal
 slices. A remainder smaller than ``world`` is skipped.
 
+The samples are read by a ``torch.utils.data.DataLoader`` whose batch sampler is
+:class:`ElasticBatchSampler`: the user's DataLoader arguments (``num_workers``,
+``pin_memory``, ``collate_fn``, ``persistent_workers``, ``prefetch_factor``,
+``worker_init_fn``, ``generator``...) carry over; the batch size, order and each rank's share
+are the sampler's. The DataLoader reads ahead, so the position counts only the batches the
+training loop has taken: it moves when a batch is handed out, never when a worker fetches
+one, and a checkpoint at a step boundary resumes at exactly the next sample.
+
 The loader knows the trainer only through the shared
 :class:`~icefrog_launcher.position.DataPosition` (which it reads and moves forward) and the
 three callables it is given.
@@ -13,11 +21,12 @@ three callables it is given.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
-from torch.utils.data import TensorDataset, default_collate
+from torch.utils.data import DataLoader, IterableDataset, Sampler, TensorDataset, default_collate
 
 from icefrog_launcher.position import DataPosition
 
@@ -31,11 +40,89 @@ class SizedDataset(Protocol):
     def __getitem__(self, index: int, /) -> Any: ...
 
 
+MANAGED = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
+"""DataLoader arguments the elastic loader sets itself: the per-GPU batch is the
+controller's decision, the order and each rank's share are the elastic sampler's."""
+
+LOADER_ARGS = frozenset(inspect.signature(DataLoader.__init__).parameters) - {
+    "self",
+    "dataset",
+    *MANAGED,
+}
+"""DataLoader arguments a user may pass (``loader_args``), as this torch names them."""
+
+
 def epoch_order(size: int, seed: int, epoch: int, shuffle: bool) -> torch.Tensor:
     if not shuffle:
         return torch.arange(size)
     generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     return torch.randperm(size, generator=generator)
+
+
+def step_counts(left: int, step: int, world: int) -> list[int]:
+    """Global samples of each step over ``left`` samples, ``step`` a step: full steps, then
+    the remainder when every one of ``world`` ranks gets a sample of it."""
+    full, rest = divmod(max(left, 0), step)
+    return [step] * full + ([rest] if rest >= world else [])
+
+
+def local_count(count: int, rank: int, world: int) -> int:
+    """Rank ``rank``'s share of a step of ``count`` samples (``tensor_split``'s sizes)."""
+    return count // world + (rank < count % world)
+
+
+def check_loader_args(loader_args: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's DataLoader arguments, or TypeError/ValueError naming the wrong one."""
+    args = dict(loader_args)
+    for name in args:
+        if name in MANAGED:
+            raise ValueError(
+                f"loader_args: {name!r} is the elastic loader's own (the per-GPU batch comes "
+                "from the controller's decision, the order from the seed and epoch)"
+            )
+        if name not in LOADER_ARGS:
+            raise TypeError(
+                f"loader_args: {name!r} is not a torch.utils.data.DataLoader argument "
+                f"(allowed: {', '.join(sorted(LOADER_ARGS))})"
+            )
+    if args.get("in_order", True) is not True:
+        raise ValueError("loader_args: in_order=False would hand out batches out of step order")
+    return args
+
+
+class ElasticBatchSampler(Sampler[list[int]]):
+    """This rank's indices of each remaining step of the epoch, from the data position as
+    it stands when iteration starts (epoch, samples consumed, per-GPU batch). It reads the
+    position again at every ``iter``, so a DataLoader with persistent workers follows a
+    batch changed between epochs; within an iteration the batch stays fixed."""
+
+    def __init__(
+        self, size: int, position: DataPosition, *, rank: int, world: int, seed: int, shuffle: bool
+    ) -> None:
+        self.size, self.position = size, position
+        self.rank, self.world, self.seed, self.shuffle = rank, world, seed, shuffle
+
+    def counts(self) -> list[int]:
+        """Global samples of each remaining step."""
+        at = self.position
+        return step_counts(self.size - at.samples, at.batch * self.world, self.world)
+
+    def steps(self) -> list[torch.Tensor]:
+        """Global indices of each remaining step."""
+        at = self.position
+        order = epoch_order(self.size, self.seed, at.epoch, self.shuffle)
+        start, steps = at.samples, []
+        for count in self.counts():
+            steps.append(order[start : start + count])
+            start += count
+        return steps
+
+    def __iter__(self) -> Iterator[list[int]]:
+        mine = [step.tensor_split(self.world)[self.rank].tolist() for step in self.steps()]
+        return iter(mine)
+
+    def __len__(self) -> int:
+        return len(self.counts())
 
 
 def _no_op() -> None:
@@ -51,11 +138,16 @@ def _as_is(batch: Any) -> Any:
 
 
 class ElasticDataLoader:
-    """Iterates the current epoch from ``position`` with its current per-GPU batch.
+    """Iterates the current epoch from ``position`` with its per-GPU batch as it is when
+    iteration starts.
 
     ``before_step`` runs before each step (the trainer may checkpoint and exit there);
-    ``on_step(global_count, local_count)`` after a step's indices are taken and the
-    position moved past them; ``to_device`` moves the batch this rank yields."""
+    ``on_step(global_count, local_count)`` after a step's batch is taken and the position
+    moved past it; ``to_device`` moves the batch this rank yields. ``loader_args`` are
+    ``torch.utils.data.DataLoader``'s own (``num_workers``, ``pin_memory``, ``collate_fn``,
+    ``persistent_workers``...; not those in :data:`MANAGED`). A ``TensorDataset`` read
+    without workers, pinning or a collate_fn is indexed in one go instead (faster: one
+    gather a tensor instead of one ``__getitem__`` a sample and a stack)."""
 
     def __init__(
         self,
@@ -69,7 +161,15 @@ class ElasticDataLoader:
         before_step: Callable[[], None] = _no_op,
         on_step: Callable[[int, int], None] = _no_count,
         to_device: Callable[[Any], Any] = _as_is,
+        loader_args: Mapping[str, Any] | None = None,
     ) -> None:
+        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+            raise TypeError(
+                "the elastic loader needs a map-style dataset (__len__ and __getitem__): "
+                f"{type(dataset).__name__} is iterable-only, so a restart could not resume it "
+                "at a sample"
+            )
+        args = check_loader_args(loader_args or {})
         self.dataset = dataset
         self.position = position
         self.rank, self.world, self.seed = rank, world, seed
@@ -78,29 +178,52 @@ class ElasticDataLoader:
         self._before_step = before_step
         self._on_step = on_step
         self._to_device = to_device
+        self.sampler = ElasticBatchSampler(
+            self.size, position, rank=rank, world=world, seed=seed, shuffle=shuffle
+        )
+        self.dataloader: DataLoader[Any] = DataLoader(
+            dataset,  # type: ignore[arg-type]  # any map-style dataset, as DataLoader takes
+            batch_sampler=self.sampler,
+            **args,
+        )
+        self._collate: Callable[[list[Any]], Any] = args.get("collate_fn") or default_collate
+        self._direct = (
+            isinstance(dataset, TensorDataset)
+            and not args.get("num_workers")
+            and not args.get("pin_memory")
+            and args.get("collate_fn") is None
+        )
 
     def __len__(self) -> int:
-        at = self.position
-        left = max(self.size - at.samples, 0)
-        return -(-left // (at.batch * self.world))
+        """Steps left in the epoch from the position."""
+        return len(self.sampler)
 
-    def fetch(self, indices: torch.Tensor) -> Any:
-        if isinstance(self.dataset, TensorDataset):
+    def fetch(self, indices: torch.Tensor | Sequence[int]) -> Any:
+        """One batch of these samples, read in this process and collated as the
+        DataLoader's workers would."""
+        if self._direct:
+            assert isinstance(self.dataset, TensorDataset)
             return tuple(tensor[indices] for tensor in self.dataset.tensors)
-        return default_collate([self.dataset[int(i)] for i in indices])
+        wanted = [int(i) for i in indices]
+        getitems = getattr(self.dataset, "__getitems__", None)
+        samples = getitems(wanted) if getitems else [self.dataset[i] for i in wanted]
+        return self._collate(samples)
+
+    def _batches(self) -> Iterator[Any]:
+        if self._direct:
+            return (self.fetch(indices) for indices in self.sampler)
+        return iter(self.dataloader)
 
     def __iter__(self) -> Iterator[Any]:
         at = self.position
-        order = epoch_order(self.size, self.seed, at.epoch, self.shuffle)
-        while True:
+        batches: Iterator[Any] | None = None
+        for count in self.sampler.counts():
             self._before_step()  # may checkpoint and exit (requeue) on a stop signal
-            start, step = at.samples, at.batch * self.world
-            if self.size - start < self.world:
-                at.samples = self.size
-                return
-            indices = order[start : start + step]
-            mine = indices.tensor_split(self.world)[self.rank]
-            batch = self.fetch(mine)
-            at.samples += len(indices)
-            self._on_step(len(indices), len(mine))
+            if batches is None:  # workers start once the first step is sure to run
+                batches = self._batches()
+            batch = next(batches)
+            at.samples += count  # consumed: handed to the loop (not read ahead)
+            self._on_step(count, local_count(count, self.rank, self.world))
             yield self._to_device(batch)
+        self._before_step()
+        at.samples = self.size  # a remainder smaller than world is skipped

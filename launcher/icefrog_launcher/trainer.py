@@ -103,7 +103,10 @@ class ElasticModel:
 
 class Trainer:
     """See the module docstring. ``env`` defaults to os.environ (torchrun's and the
-    launcher's variables); ``config`` overrides the launcher's variables."""
+    launcher's variables); ``config`` overrides the launcher's variables. ``loader_args``
+    are ``torch.utils.data.DataLoader``'s own for ``trainer.loader`` (``num_workers``,
+    ``pin_memory``, ``collate_fn``...; not the batch size, order or sampler, which are the
+    elastic loader's: icefrog_launcher.data)."""
 
     def __init__(
         self,
@@ -117,6 +120,7 @@ class Trainer:
         env: Mapping[str, str] | None = None,
         stats_every: int = 8,
         profile_every: int = 4,
+        loader_args: Mapping[str, Any] | None = None,
     ) -> None:
         env = dict(os.environ) if env is None else dict(env)
         self.config = config or JobConfig.from_env(env)
@@ -148,6 +152,7 @@ class Trainer:
             before_step=self.step_boundary,
             on_step=self.consumed,
             to_device=self.to_device,
+            loader_args=loader_args,
         )
         self.timer = StepTimer(self.device)
         self.stats = GradStatsCollector(len(self.layers), stats_every)
