@@ -2,8 +2,8 @@
 
 :func:`read_bytes` reads at most a given size, :func:`read_text` decodes it as UTF-8 and
 :func:`load_json_file` parses it with the bounded reader ``jsonio.loads``; every fault of the
-file (missing, a folder, unreadable, too large, not UTF-8, not JSON) is an InputError naming
-it.
+file (missing, a folder, a FIFO or device, unreadable, too large, not UTF-8, not JSON) is an
+InputError naming it.
 :func:`path_arg` is the argparse type of a path option: an empty one is an error (``Path('')``
 would silently mean the current folder).
 """
@@ -11,6 +11,8 @@ would silently mean the current folder).
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,19 +46,30 @@ def read_text(path: str | Path, *, limit: int, kind: str) -> str:
 
 def read_bytes(path: str | Path, *, limit: int, kind: str) -> bytes:
     """The bytes of ``path`` (at most ``limit``); ``kind`` names what the file should be in
-    the message of a folder."""
+    the message of a folder. Only a plain (regular) file is read: the file is opened without
+    blocking (``O_NONBLOCK``: opening a FIFO with no writer would wait for ever) and checked
+    on its descriptor, so a FIFO, device or socket swapped in meanwhile is refused too."""
     name = printable(str(path), 200)
     if not name:
         raise InputError(f"{kind}: the path is empty")
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(limit + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise InputError(f"{name}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{name}: is a folder, not a {kind}") from None
     except OSError as exc:
         raise InputError(f"{name}: cannot read: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise InputError(f"{name}: is a folder, not a {kind}")
+        if not stat.S_ISREG(mode):
+            raise InputError(f"{name}: not a plain file (a FIFO, device or socket): give a {kind}")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            raw = fh.read(limit + 1)
+    except OSError as exc:
+        raise InputError(f"{name}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     if len(raw) > limit:
         raise InputError(f"{name}: larger than {limit} bytes")
     return raw
