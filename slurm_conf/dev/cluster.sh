@@ -2,8 +2,9 @@
 # A real local Slurm cluster on this host: munge, slurmctld and four slurmd (node1..node4,
 # `slurmd -N`), each with 4 fake A800 GPUs (character devices) and 8 GRES shards, partition gpu.
 #
-# Usage: cluster.sh install|up|down|status|conf
-#   install  the Debian packages slurmctld slurmd slurm-client munge, when missing
+# Usage: cluster.sh install|up|down|status|conf|env [--slurm host|24.11|26.05]
+#   install  the host's Slurm: the Debian packages slurmctld slurmd slurm-client munge, when
+#            missing; 24.11 or 26.05: the Debian root holding it (slurm-root.sh build)
 #   up       install what is missing, write the config, start what is not running, wait
 #            until the nodes are idle (resuming them if needed). Safe to run twice. Fails
 #            (exit 1) when the slurmctld port is answered by another folder's cluster.
@@ -12,38 +13,98 @@
 #            (munge is a host service other tools share: it is left running)
 #   status   print a summary; exit 1 when the cluster is not up
 #   conf     print the path of the generated slurm.conf (for `export SLURM_CONF=...`)
+#   env      print the shell lines that make this cluster's Slurm the one a shell uses:
+#            `eval "$(cluster.sh env --slurm 24.11)"` (PATH: that version's client
+#            commands first; SLURM_CONF)
 #
-# Every file lives under one folder: $ICEFROG_CLUSTER_DIR, default <repo>/var/cluster.
-# Works on Slurm 22.05 (Debian 12) and 24.11 (Debian 13); the version comes from
-# `slurmctld -V` (`sinfo -V` needs a configuration source before the cluster exists).
+# --slurm (default: $ICEFROG_SLURM, else host) chooses the Slurm:
+#   host   the host's own packages (22.05 on Debian 12, 24.11 on Debian 13); folder
+#          <repo>/var/cluster, slurmctld port 16817, slurmd ports 17001-17004
+#   24.11  Debian 13's Slurm from a Debian root (slurm-root.sh: built by debootstrap into
+#          <repo>/var/slurm-roots/slurm-24.11 the first time, then kept); the daemons run
+#          chrooted into it, the client commands come from <folder>/bin (see `env`);
+#          folder <repo>/var/cluster-24.11, ports 16827 and 17011-17014
+#   26.05  the same from Debian 14 (forky): var/cluster-26.05, ports 16837 and 17021-17024
+# so the three can run at once. $ICEFROG_CLUSTER_DIR, $ICEFROG_CLUSTER_CTLD_PORT,
+# $ICEFROG_CLUSTER_NODE_PORT (first slurmd port) and $ICEFROG_SLURM_ROOTS (the folder of the
+# Debian roots) override these. The host's munged serves every version.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-DIR=${ICEFROG_CLUSTER_DIR:-$REPO/var/cluster}
+SLURM_ROOT_SH=$REPO/slurm_conf/dev/slurm-root.sh
+COMMAND=${1:-}
+SLURM=${ICEFROG_SLURM:-host}
+shift || true
+while (($#)); do
+    case "$1" in
+        --slurm) SLURM=${2:-}; shift 2 || shift ;;
+        --slurm=*) SLURM=${1#--slurm=}; shift ;;
+        *) echo "cluster.sh: unknown argument '$1'" >&2; exit 2 ;;
+    esac
+done
+case "$SLURM" in
+    host) default_dir=$REPO/var/cluster; default_ports=(16817 17001) ;;
+    24.11) default_dir=$REPO/var/cluster-24.11; default_ports=(16827 17011) ;;
+    26.05) default_dir=$REPO/var/cluster-26.05; default_ports=(16837 17021) ;;
+    *) echo "cluster.sh: --slurm must be host, 24.11 or 26.05, not '$SLURM'" >&2; exit 2 ;;
+esac
+DIR=${ICEFROG_CLUSTER_DIR:-$default_dir}
 CONF=$DIR/etc/slurm.conf
 export SLURM_CONF=$CONF
 NODES=(node1 node2 node3 node4)
-CTLD_PORT=${ICEFROG_CLUSTER_CTLD_PORT:-16817}
-NODE_PORT0=${ICEFROG_CLUSTER_NODE_PORT:-17001}
+CTLD_PORT=${ICEFROG_CLUSTER_CTLD_PORT:-${default_ports[0]}}
+NODE_PORT0=${ICEFROG_CLUSTER_NODE_PORT:-${default_ports[1]}}
+if [[ $SLURM != host ]]; then
+    ROOT=${ICEFROG_SLURM_ROOTS:-$REPO/var/slurm-roots}/slurm-$SLURM
+    export PATH=$DIR/bin:$PATH  # this version's clients for everything below
+fi
 
 log() { echo "cluster.sh: $*" >&2; }
 
 install() {
+    if [[ $SLURM != host ]]; then
+        command -v munged >/dev/null || install_packages munge
+        "$SLURM_ROOT_SH" build "$SLURM" "$ROOT"
+        return
+    fi
     local missing=()
     command -v slurmctld >/dev/null || missing+=(slurmctld)
     command -v slurmd >/dev/null || missing+=(slurmd)
     command -v sbatch >/dev/null || missing+=(slurm-client)
     command -v munged >/dev/null || missing+=(munge)
-    if ((${#missing[@]})); then
-        log "installing ${missing[*]}"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-    fi
+    if ((${#missing[@]})); then install_packages "${missing[@]}"; fi
 }
 
-# "22.05" or "24.11": major.minor of the installed Slurm.
+install_packages() {
+    log "installing $*"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# "22.05", "24.11", ...: major.minor of the chosen Slurm.
 slurm_version() {
+    if [[ $SLURM != host ]]; then "$SLURM_ROOT_SH" version "$ROOT"; return; fi
     slurmctld -V | sed -n 's/^slurm[^ ]* \([0-9]*\.[0-9]*\).*/\1/p'
+}
+
+# Start a daemon of the chosen Slurm (it forks into the background). A version from a
+# Debian root runs chrooted into it, with the folders jobs use shared at the same paths:
+# the repository (its .venv), the cluster folder, the Python the .venv was made from.
+# ICEFROG_CLUSTER_DIR in its environment marks it and what it starts as this folder's.
+daemon() {
+    if [[ $SLURM == host ]]; then "$@"; return; fi
+    local shares=(--share "$REPO") d
+    for d in "$DIR" "$ROOT" "$(venv_python_prefix)"; do
+        [[ -n $d && $d != /usr* && $d/ != "$REPO"/* ]] && shares+=(--share "$d")
+    done
+    ICEFROG_CLUSTER_DIR=$DIR "$SLURM_ROOT_SH" run "$ROOT" "${shares[@]}" -- "$@"
+}
+
+# The installation the repository's .venv was made from (its pyvenv.cfg `home`, less /bin).
+venv_python_prefix() {
+    local home
+    home=$(sed -n 's/^home *= *//p' "$REPO/.venv/pyvenv.cfg" 2>/dev/null || true)
+    [[ -n $home ]] && dirname "$home"
 }
 
 munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
@@ -79,7 +140,8 @@ write_conf() {
         if [[ ! -c $dev ]]; then rm -f "$dev"; mknod "$dev" c 1 3; chmod 0666 "$dev"; fi
     done
     tmp=$(mktemp "$DIR/etc/.slurm.conf.XXXX")
-    cat >"$tmp" <<EOF
+    {
+    cat <<EOF
 # Generated by slurm_conf/dev/cluster.sh for Slurm $version: a 4-node test cluster on one host.
 ClusterName=icefrog-dev
 SlurmctldHost=$(hostname -s)(127.0.0.1)
@@ -113,6 +175,12 @@ SchedulerParameters=sched_min_interval=200000
 NodeName=node[1-4] NodeHostname=localhost Port=[$NODE_PORT0-$((NODE_PORT0 + 3))] CPUs=8 RealMemory=4000 Features=a800,ib Gres=gpu:a800:4,shard:8 State=UNKNOWN
 PartitionName=gpu Nodes=node[1-4] Default=YES MaxTime=INFINITE State=UP DefMemPerGPU=450
 EOF
+    if [[ $SLURM != host ]]; then
+        # the clients run on the host by the root's loader (slurm-root.sh clients): its
+        # plugins by their full path, which the daemons in the root see at the same place
+        echo "PluginDir=$ROOT/usr/lib/x86_64-linux-gnu/slurm-wlm"
+    fi
+    } >"$tmp"
     chmod 0644 "$tmp"
     if cmp -s "$tmp" "$CONF"; then rm -f "$tmp"; else mv "$tmp" "$CONF"; CONF_CHANGED=1; fi
     tmp=$(mktemp "$DIR/etc/.gres.conf.XXXX")
@@ -182,8 +250,9 @@ up() {
     start_munge
     write_conf
     refuse_foreign_ctld
+    if [[ $SLURM != host ]]; then "$SLURM_ROOT_SH" clients "$ROOT" "$DIR/bin"; fi
     if [[ -z $(alive "$DIR/run/slurmctld.pid") ]]; then
-        slurmctld -f "$CONF" -i
+        daemon slurmctld -f "$CONF" -i
     elif ((CONF_CHANGED)); then
         scontrol reconfigure || true
     fi
@@ -192,7 +261,7 @@ up() {
     refuse_foreign_ctld
     ctld_is_ours || { log "slurmctld on port $CTLD_PORT is not this folder's; see $DIR/log/slurmctld.log"; exit 1; }
     for n in "${NODES[@]}"; do
-        [[ -n $(alive "$DIR/run/slurmd-$n.pid") ]] || slurmd -f "$CONF" -N "$n"
+        [[ -n $(alive "$DIR/run/slurmd-$n.pid") ]] || daemon slurmd -f "$CONF" -N "$n"
     done
     wait_idle
     echo "cluster up (Slurm $(slurm_version)): export SLURM_CONF=$CONF"
@@ -216,13 +285,34 @@ down() {
         kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
         rm -f "$pidfile"
     done
+    [[ $SLURM == host ]] || stop_leftovers
     echo "cluster down (state kept under $DIR)"
+}
+
+# Processes this folder's daemons started that are still in the Debian root (a job step
+# that outlived its slurmd): killed, so that the root's mount namespaces go with them.
+stop_leftovers() {
+    local p pids=()
+    for p in /proc/[0-9]*; do
+        [[ $(readlink "$p/root" 2>/dev/null) == "$ROOT" ]] || continue
+        tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qxF "ICEFROG_CLUSTER_DIR=$DIR" || continue
+        pids+=("${p#/proc/}")
+    done
+    ((${#pids[@]})) || return 0
+    log "stopping leftover processes in $ROOT: ${pids[*]}"
+    kill -9 "${pids[@]}" 2>/dev/null || true
+}
+
+env_lines() {
+    if [[ $SLURM != host ]]; then printf 'export PATH=%q:"$PATH"\n' "$DIR/bin"; fi
+    printf 'export SLURM_CONF=%q\n' "$CONF"
 }
 
 status() {
     local rc=0 pid n
     echo "folder:     $DIR"
     echo "SLURM_CONF: $CONF"
+    [[ $SLURM == host ]] || echo "root:       $ROOT"
     [[ -f $CONF ]] && echo "version:    Slurm $(slurm_version)"
     munge_ok && echo "munged:     up" || { echo "munged:     DOWN"; rc=1; }
     if pid=$(alive "$DIR/run/slurmctld.pid") && ctld_answers && ctld_is_ours; then
@@ -241,11 +331,12 @@ status() {
     return $rc
 }
 
-case "${1:-}" in
+case "$COMMAND" in
     install) install ;;
     up) up ;;
     down) down ;;
     status) status ;;
     conf) echo "$CONF" ;;
-    *) echo "usage: $0 install|up|down|status|conf" >&2; exit 2 ;;
+    env) env_lines ;;
+    *) echo "usage: $0 install|up|down|status|conf|env [--slurm host|24.11|26.05]" >&2; exit 2 ;;
 esac
