@@ -5,15 +5,17 @@ Model and data: a 8-layer CNN on scikit-learn's bundled digits (1797 8x8 images,
 plain SGD. For each seed:
 
 1. train all layers until the validation accuracy first reaches the target: N_full
-   iterations (evaluated every ``--eval-every`` iterations);
-2. from the checkpoint at epoch ``--freeze-epoch`` (N_f iterations) train two branches with
-   the first 25% and 50% of the layers frozen (no gradient, no backward work), measuring the
+   iterations (evaluated every ``--eval-every`` iterations), in epoch E_full; E_full is the
+   job's ``--max-epochs``, the budget a user who knew it would declare;
+2. from the checkpoint at the freeze epoch (N_f iterations) train two branches with the
+   first 25% and 50% of the layers frozen (no gradient, no backward work), measuring the
    per-layer gradient variance with the trainer's own estimator (icefrog_launcher.stats) and
-   psi with eq 3 (icefrog_slurm.core.penalty) at every epoch end;
-3. unfrozen budget = N_full; psi-compensated budget = the iteration where N_f plus the
-   frozen iterations, each counted psi times (effective progress, spec section 4), reaches
-   N_full: the remaining N_full - N_f iterations divided by psi (eq 3), with psi as measured
-   epoch by epoch.
+   psi with eq 3 (icefrog_slurm.core.penalty) at every epoch end, as the trainer does;
+3. unfrozen budget = E_full epochs trained (``--max-physical-epochs E_full``, the
+   uncompensated count); psi-compensated budget = the epoch end at which the Model
+   Trainer's own stop rule (icefrog_launcher.budget, ``--max-epochs E_full``) ends the job:
+   its samples counted psi times each (effective progress, spec section 4) make E_full
+   full-model-equivalent epochs.
 
 It prints a table and writes docs/frozen_penalty.md (table, plot, command) and
 docs/frozen_penalty.png. Not part of the test suite. Run from the repository root:
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.nn import functional as F
 
+from icefrog_launcher.budget import WorkBudget
 from icefrog_launcher.stats import GradStatsCollector
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,6 +80,7 @@ class Run:
     curve: list[tuple[int, float]] = field(default_factory=list)
     psi: list[tuple[int, float]] = field(default_factory=list)  # (first iteration, psi)
     states: dict[int, dict[str, object]] = field(default_factory=dict)  # epoch -> state
+    ended: tuple[int, int] | None = None  # (epochs, iteration) where the budget ended it
 
     def first_reach(self, target: float) -> int | None:
         return next((it for it, acc in self.curve if acc >= target), None)
@@ -103,6 +106,8 @@ class Trainer:
     frozen: int = 0
     iteration: int = 0
     epoch: int = 0
+    samples_done: int = 0  # counted as the Model Trainer counts them
+    effective_done: float = 0.0  # each sample x psi of its epoch (spec section 4)
 
     def accuracy(self) -> float:
         self.model.eval()
@@ -130,7 +135,11 @@ class Trainer:
                     params.append(p)
         return torch.tensor(index), params
 
-    def run_epoch(self, run: Run, seed: int) -> None:
+    def run_epoch(self, run: Run, seed: int, budget: WorkBudget | None = None) -> None:
+        """One epoch; with ``budget``, record in ``run.ended`` the epoch end at which the
+        trainer's stop rule ends the job (psi of the epoch: eq 3 on the latest statistics,
+        as the trainer sets it at each epoch end)."""
+        psi = self.stats.penalty(self.frozen)
         x, y = self.train
         order = torch.randperm(
             len(y), generator=torch.Generator().manual_seed(seed * 1000 + self.epoch)
@@ -147,10 +156,16 @@ class Trainer:
                 )
             self.optimizer.step()
             self.iteration += 1
+            self.samples_done += self.batch
+            self.effective_done += psi * self.batch
             if self.iteration % self.eval_every == 0:
                 run.curve.append((self.iteration, self.accuracy()))
         self.stats.end_epoch(self.frozen)
         self.epoch += 1
+        if budget is not None and run.ended is None:
+            done = (self.epoch, self.samples_done, self.effective_done)
+            if budget.ended_by(epochs=done[0], samples_done=done[1], effective_done=done[2]):
+                run.ended = (self.epoch, self.iteration)
 
 
 def baseline(args: argparse.Namespace, seed: int) -> tuple[Run, Trainer]:
@@ -171,6 +186,7 @@ def baseline(args: argparse.Namespace, seed: int) -> tuple[Run, Trainer]:
         run.states[trainer.epoch] = copy.deepcopy(
             {"model": model.state_dict(), "opt": trainer.optimizer.state_dict(),
              "stats": trainer.stats.state_dict(), "iteration": trainer.iteration,
+             "samples": trainer.samples_done, "effective": trainer.effective_done,
              "acc": run.curve[-1][1] if run.curve else 0.0}
         )  # fmt: skip
         trainer.run_epoch(run, seed)
@@ -195,9 +211,11 @@ def frozen_branch(
     state: dict[str, object],
     epoch: int,
     layers: int,
+    budget: WorkBudget,
     stop: int,
 ) -> Run:
-    """Continue from the freeze-epoch state with ``layers`` frozen, up to ``stop`` iterations."""
+    """Continue from the freeze-epoch state with ``layers`` frozen until the budget has
+    ended it and it has reached the target, or ``stop`` iterations."""
     model = make_model()
     model.load_state_dict(state["model"])  # type: ignore[arg-type]
     train, val = digits(seed)
@@ -207,27 +225,15 @@ def frozen_branch(
     stats.load_state_dict(state["stats"])  # type: ignore[arg-type]
     trainer = Trainer(model, optimizer, train, val, args.batch, args.eval_every, stats)
     trainer.iteration = int(state["iteration"])  # type: ignore[call-overload]
+    trainer.samples_done = int(state["samples"])  # type: ignore[call-overload]
+    trainer.effective_done = float(state["effective"])  # type: ignore[arg-type]
     trainer.epoch = epoch
     trainer.freeze(layers)
     run = Run()
-    while trainer.iteration < stop:
+    while trainer.iteration < stop and (run.ended is None or run.first_reach(args.target) is None):
         run.psi.append((trainer.iteration, stats.penalty(layers)))  # eq 3, latest statistics
-        trainer.run_epoch(run, seed)
+        trainer.run_epoch(run, seed, budget)
     return run
-
-
-def compensated_budget(
-    n_full: int, n_freeze: int, psi: list[tuple[int, float]], per_epoch: int
-) -> float:
-    """The iteration at which the effective progress N_f + sum(psi_t) reaches N_full: the
-    remaining N_full - N_f iterations divided by psi (eq 3), psi piecewise by epoch."""
-    need = float(n_full - n_freeze)
-    for start, value in psi:
-        if need <= value * per_epoch:
-            return start + need / value
-        need -= value * per_epoch
-    start, value = psi[-1]
-    return start + per_epoch + need / value  # beyond the branch: extrapolate the last psi
 
 
 @dataclass(frozen=True)
@@ -235,23 +241,31 @@ class Row:
     seed: int
     fraction: float
     layers: int
-    n_full: int
+    n_full: int  # iterations of the unfrozen run to the target
+    e_full: int  # its epochs: the declared --max-epochs
+    per_epoch: int  # iterations an epoch
     n_freeze: int
-    epoch: int
+    epoch: int  # the freeze epoch
     psi_mean: float
-    budget_psi: float
+    ended: tuple[int, int] | None  # (epochs, iteration) where the trainer's rule ended it
+    horizon: int  # iterations the branch ran at most
     acc_at_full: float
     acc_at_psi: float
     reached_at: int | None
 
     @property
-    def reached_full(self) -> bool:
-        return self.reached_at is not None and self.reached_at <= self.n_full
+    def full_at(self) -> int:
+        """The unfrozen budget's last iteration: E_full epochs trained."""
+        return self.e_full * self.per_epoch
 
-    def reached_psi(
-        self,
-    ) -> bool:
-        return self.reached_at is not None and self.reached_at <= self.budget_psi
+    @property
+    def reached_full(self) -> bool:
+        return self.reached_at is not None and self.reached_at <= self.full_at
+
+    @property
+    def reached_psi(self) -> bool:
+        end = self.horizon if self.ended is None else self.ended[1]
+        return self.reached_at is not None and self.reached_at <= end
 
 
 def experiment(
@@ -272,16 +286,18 @@ def experiment(
         state = base.states[epoch]
         n_freeze = int(state["iteration"])  # type: ignore[call-overload]
         per_epoch = len(trainer.train[1]) // args.batch
+        e_full = trainer.epoch  # the epoch in which it reached the target, counted from 1
+        budget = WorkBudget(max_epochs=e_full, samples_per_epoch=len(trainer.train[1]))
         branches: dict[float, Run] = {}
         for fraction in args.fractions:
             layers = round(fraction * len(trainer.model))
-            stop = int(args.horizon * n_full)
-            run = frozen_branch(args, seed, state, epoch, layers, stop)
-            budget = compensated_budget(n_full, n_freeze, run.psi, per_epoch)
+            stop = int(args.horizon * e_full * per_epoch)
+            run = frozen_branch(args, seed, state, epoch, layers, budget, stop)
+            at = stop if run.ended is None else run.ended[1]
             rows.append(
-                Row(seed, fraction, layers, n_full, n_freeze, epoch,
-                    statistics.fmean(p for _, p in run.psi), budget,
-                    run.acc_at(n_full), run.acc_at(math.floor(budget)),
+                Row(seed, fraction, layers, n_full, e_full, per_epoch, n_freeze, epoch,
+                    statistics.fmean(p for _, p in run.psi), run.ended, stop,
+                    run.acc_at(e_full * per_epoch), run.acc_at(at),
                     run.first_reach(args.target))
             )  # fmt: skip
             branches[fraction] = run
@@ -291,19 +307,24 @@ def experiment(
 
 
 HEADER = (
-    "| seed | frozen | N_full | N_f | mean psi | psi budget | acc at N_full | acc at psi budget "
-    "| frozen run reaches target at |"
+    "| seed | frozen | N_full (E_full) | N_f (freeze epoch) | mean psi | unfrozen budget "
+    "| acc there | psi-compensated budget | acc there | frozen run reaches target at |"
 )
+
+
+def _epochs_at(iteration: int, epochs: int) -> str:
+    return f"{iteration} ({epochs} ep)"
 
 
 def _line(r: Row) -> str:
     reach = "not within the run" if r.reached_at is None else str(r.reached_at)
     full = " ✓" if r.reached_full else " ✗"
-    psi = " ✓" if r.reached_psi() else " ✗"
+    psi = " ✓" if r.reached_psi else " ✗"
+    ended = f"> {r.horizon} (not ended)" if r.ended is None else _epochs_at(r.ended[1], r.ended[0])
     return (
-        f"| {r.seed} | {r.fraction:.0%} ({r.layers} of 8) | {r.n_full} "
-        f"| {r.n_freeze} (epoch {r.epoch}) | {r.psi_mean:.3f} | {r.budget_psi:.0f} "
-        f"| {r.acc_at_full:.4f}{full} | {r.acc_at_psi:.4f}{psi} | {reach} |"
+        f"| {r.seed} | {r.fraction:.0%} ({r.layers} of 8) | {r.n_full} ({r.e_full} ep) "
+        f"| {r.n_freeze} ({r.epoch}) | {r.psi_mean:.3f} | {_epochs_at(r.full_at, r.e_full)} "
+        f"| {r.acc_at_full:.4f}{full} | {ended} | {r.acc_at_psi:.4f}{psi} | {reach} |"
     )
 
 
@@ -332,9 +353,12 @@ def plot(
         row = next(r for r in rows if r.seed == seed and r.fraction == fraction)
         color = colors.get(fraction, "tab:green")
         ax.plot(*zip(*run.curve, strict=True), label=f"{fraction:.0%} frozen", color=color)
-        ax.axvline(row.budget_psi, color=color, linestyle=":", label=f"psi budget ({fraction:.0%})")
+        if row.ended is not None:
+            label = f"psi-compensated budget ({fraction:.0%})"
+            ax.axvline(row.ended[1], color=color, linestyle=":", label=label)
     row0 = next(r for r in rows if r.seed == seed)
-    ax.axvline(row0.n_full, color="black", linestyle="--", label="unfrozen budget N_full")
+    label = f"unfrozen budget ({row0.e_full} epochs)"
+    ax.axvline(row0.full_at, color="black", linestyle="--", label=label)
     ax.axvline(row0.n_freeze, color="gray", linestyle="-.", label="freeze point")
     ax.axhline(args.target, color="gray", linewidth=0.8)
     ax.set_ylim(max(0.0, args.target - 0.15), 1.0)
@@ -370,10 +394,18 @@ def write_doc(rows: list[Row], args: argparse.Namespace, seconds: float, plotted
         f"trainer's estimator; accuracy is evaluated every {args.eval_every} iterations. "
         f"Run time {seconds:.0f} s on the 2-core development machine (shared).",
         "",
+        "Budgets are where a job declared with `--max-epochs E_full` (the epochs the unfrozen "
+        "run needed) stops, as iteration (epochs): the unfrozen budget counts epochs trained "
+        "(`--max-physical-epochs E_full`, the old rule); the psi-compensated one is the Model "
+        "Trainer's own stop rule (`icefrog_launcher.budget`, imported by the script): the "
+        "first epoch end at which the samples, each counted psi times, make E_full "
+        "full-model-equivalent epochs. A branch runs until both its budget has ended it and "
+        f"it has reached the target, or {args.horizon:g} x E_full epochs.",
+        "",
         "✓ / ✗: the frozen run had reached the target by that budget (best accuracy so far).",
         "",
         HEADER,
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *(_line(r) for r in rows),
         "",
     ]
@@ -383,7 +415,7 @@ def write_doc(rows: list[Row], args: argparse.Namespace, seconds: float, plotted
             lines.append(
                 f"- {fraction:.0%} frozen: reached the target within the unfrozen budget in "
                 f"{sum(r.reached_full for r in sel)} of {len(sel)} seeds, within the "
-                f"psi-compensated budget in {sum(r.reached_psi() for r in sel)} of {len(sel)}."
+                f"psi-compensated budget in {sum(r.reached_psi for r in sel)} of {len(sel)}."
             )
     if plotted:
         lines += ["", "![validation accuracy against iterations](frozen_penalty.png)", ""]
@@ -412,7 +444,9 @@ def main() -> None:
     parser.add_argument("--max-epochs", type=int, default=60)
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--stats-every", type=int, default=4)
-    parser.add_argument("--horizon", type=float, default=2.0, help="branch length / N_full")
+    parser.add_argument(
+        "--horizon", type=float, default=2.0, help="longest branch, in multiples of E_full epochs"
+    )
     parser.add_argument("--no-doc", action="store_true", help="print only")
     args = parser.parse_args()
     import sys
