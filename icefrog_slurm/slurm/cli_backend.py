@@ -21,7 +21,11 @@ groups and nothing of root's, so it can do nothing its owner could not do with s
 as root for another user's job, and never for a user the system does not know. Name,
 partition, working directory, output paths and time limit are kept; the comment names the
 old id under the controller's signature (``identity.TagSigner``); the new job is held; then
-the old job is cancelled.
+the old job is cancelled. The script's ``#SBATCH`` lines apply again (what ``icefrog submit``
+kept of the user's sbatch options); a header with anything else, such as ``--gres`` or
+``--nodelist`` beside the controller's own options, is refused
+(``sbatch_options.replay_refusal``). ``submit_held`` runs sbatch with the same minimal
+environment, so that the first run of a job sees what every later one sees.
 
 Holds: icefrog's own holds are user holds (``scontrol uhold``); a job an administrator holds
 (``JobHeldAdmin``) is never released.
@@ -40,7 +44,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from icefrog_slurm.domain.cluster import Gres, PartitionCapacity, SlurmJobState
-from icefrog_slurm.slurm import capacity, commands, parse
+from icefrog_slurm.slurm import capacity, commands, parse, sbatch_options
 from icefrog_slurm.slurm.commands import Argv
 from icefrog_slurm.slurm.identity import TagSigner, earlier_submission, successor_of
 from icefrog_slurm.slurm.port import (
@@ -216,14 +220,18 @@ class SlurmCliBackend:
     def submit_held(self, *, request: SubmitRequest) -> str:
         with open(request.script, encoding="utf-8") as fh:
             script = fh.read()
-        argv = commands.sbatch_held(request)
+        # the minimal environment of a resubmission (_as_owner): every run of the job sees
+        # what its script sets, not what the submitting shell had
+        argv, env = self._as_owner(
+            commands.sbatch_held(request), uid=os.geteuid(), gid=os.getegid()
+        )
         return self._submit(
             argv,
             script=script,
             name=request.name,
             comment=request.tag.comment(),
             owner_uid=os.getuid(),
-            env=self._env(),
+            env=env,
         )
 
     def release(self, *, job_id: str) -> None:
@@ -341,6 +349,9 @@ class SlurmCliBackend:
         if old.state_view().admin_held:
             raise SlurmRejected(f"job {job_id} is held by an administrator: not resubmitted")
         script = self._run(commands.batch_script(job_id))
+        refusal = sbatch_options.replay_refusal(script)
+        if refusal is not None:  # the header may not ask for what the controller decides
+            raise SlurmRejected(f"job {job_id}: {refusal}: not resubmitted")
         tag = self.signer.successor_tag(key=old.tag.key, previous_id=job_id, owner_uid=owner_uid)
         argv = commands.resubmit(
             old.name,

@@ -8,13 +8,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 from icefrog_slurm import declaration
 from icefrog_slurm.cli import main
-from icefrog_slurm.commands.submit import batch_script
+from icefrog_slurm.commands.jobscript import batch_script
 
 # A stand-in launcher: on USR1 or TERM it writes which signal came and exits 75, as the real
 # one does after the trainers checkpointed; otherwise it exits 0 after a while.
@@ -88,7 +90,7 @@ def test_declaration_round_trips_through_launch_options() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ([], "give the training script"),
+        ([], "give the script to submit"),
         (["--gpus", "4-2", "--", "t.py"], "--gpus"),
         (["--target", "acc>0.9", "--", "t.py"], "--target"),
         (["--job-name", "a b", "--", "t.py"], "--job-name"),
@@ -100,3 +102,203 @@ def test_bad_input_exits_2(
 ) -> None:
     assert main(["submit", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+# ---- sbatch compatibility: what is written, what is refused (no Slurm: a recording backend)
+
+
+class _Recorder:
+    requests: ClassVar[list[object]] = []
+
+    def submit_held(self, *, request: object) -> str:
+        self.requests.append(request)
+        return "4242"
+
+    def cancel(self, *, job_id: str) -> None:
+        raise AssertionError("nothing to cancel")
+
+
+@pytest.fixture
+def submit_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Path, list[object]]]:
+    """``icefrog submit`` up to the sbatch call: the script is written, the request kept."""
+    from icefrog_slurm.commands import downnotice
+    from icefrog_slurm.commands import submit as submit_module
+
+    recorded: list[object] = []
+    recorder = type("R", (_Recorder,), {"requests": recorded})
+    monkeypatch.setattr(submit_module, "SlurmCliBackend", recorder)
+    monkeypatch.setattr(submit_module, "register", lambda **kw: None)
+    monkeypatch.setattr(downnotice, "warn_for_submit", lambda **kw: None)
+    monkeypatch.setattr(submit_module, "DEFAULT_CONFIG", str(tmp_path / "absent.toml"))
+    monkeypatch.setattr(submit_module, "REPORTS_CONFIG", str(tmp_path / "absent-too.toml"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "inbox").mkdir()
+    yield tmp_path, recorded
+
+
+def _submit(tmp_path: Path, *argv: str) -> int:
+    return main(["submit", "--inbox", str(tmp_path / "inbox"), "--workdir", "wd", *argv])
+
+
+BATCH = """#!/bin/bash
+#SBATCH --account=physics --time=01:00:00
+#SBATCH -q normal -C ib --mail-type=NONE
+#SBATCH -J from-header --mem-per-gpu=900M
+echo "data in $DATA_DIR"
+icefrog launch -- train.py --lr 0.1
+#SBATCH --gres=gpu:4
+"""
+
+
+def test_batch_script_options_written_as_sbatch_lines(
+    submit_here: tuple[Path, list[object]],
+) -> None:
+    tmp_path, requests = submit_here
+    (tmp_path / "job.sh").write_text(BATCH)
+    assert _submit(tmp_path, "--time=2:00:00", "-A", "chem", "job.sh", "one", "two") == 0
+    (request,) = requests
+    assert request.name == "from-header"  # type: ignore[attr-defined]
+    assert request.mem_per_gpu_mb == 900  # type: ignore[attr-defined]
+    text = (tmp_path / "wd" / "job.sbatch").read_text()
+    assert (tmp_path / "wd" / "job.sbatch").stat().st_mode & 0o777 == 0o600
+    from icefrog_slurm.slurm import sbatch_options as so
+
+    header = {g.spec.name: g.value for g in so.read_header(text, "job.sbatch")}
+    assert header == {  # the command line wins over the script's header
+        "open-mode": "append", "account": "chem", "time": "2:00:00", "qos": "normal",
+        "constraint": "ib", "mail-type": "NONE",
+    }  # fmt: skip
+    assert so.replay_refusal(text) is None
+    assert f"cd {tmp_path} || exit 1\nset -- one two\n" in text
+    assert text.endswith(BATCH.split("\n", 1)[1])  # the body, as given
+
+
+@pytest.mark.parametrize(
+    ("argv", "header", "message"),
+    [
+        (["--gres=gpu:4"], "", "--gres (command line): not accepted"),
+        (["-N", "2"], "", "--nodes (command line): not accepted"),
+        (["--array=1-4"], "", "job arrays are not supported"),
+        (["--wrap=hostname"], "", "give a script"),
+        (["--account=a\nb"], "", "line break"),
+        ([], "#SBATCH --nodelist=node4\n", "--nodelist (job.sh line 2): not accepted"),
+        ([], "#SBATCH --gres=gpu:4\n", "--gres (job.sh line 2): not accepted"),
+        ([], "#SBATCH --mem=8G\n", "--mem-per-gpu"),
+        ([], "#SBATCH --mem-per-gpu=lots\n", "--mem-per-gpu (job.sh line 2)"),
+        ([], "#SBATCH -J 'a b'\n", "--job-name"),
+        (["--export=NONE,X=1"], "", "NONE takes no variables"),
+        (["--export=A-B=1"], "", "not a variable name"),
+    ],
+)
+def test_refused_before_anything_is_written(
+    submit_here: tuple[Path, list[object]], argv: list[str], header: str, message: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    tmp_path, requests = submit_here
+    (tmp_path / "job.sh").write_text(f"#!/bin/bash\n{header}icefrog launch -- t.py\n")
+    assert _submit(tmp_path, *argv, "job.sh") == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not requests and not (tmp_path / "wd").exists()
+
+
+def test_a_script_that_is_neither_python_nor_bash_is_refused(
+    submit_here: tuple[Path, list[object]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    tmp_path, _ = submit_here
+    (tmp_path / "job.csh").write_text("#!/bin/csh\necho hi\n")
+    (tmp_path / "dos.sh").write_text("#!/bin/bash\r\necho hi\r\n")
+    assert _submit(tmp_path, "job.csh") == 2
+    assert "neither a Python script" in capsys.readouterr().err
+    assert _submit(tmp_path, "dos.sh") == 2
+    assert "DOS line breaks" in capsys.readouterr().err
+
+
+def test_python_script_keeps_todays_form(submit_here: tuple[Path, list[object]]) -> None:
+    tmp_path, requests = submit_here
+    (tmp_path / "train.py").write_text("#SBATCH --time=5\nprint('hi')\n")
+    assert _submit(tmp_path, "--gpus", "1-2", "--qos=normal", "train.py", "--lr", "1") == 0
+    text = (tmp_path / "wd" / "job.sbatch").read_text()
+    assert '#SBATCH "--time=5"\n#SBATCH "--qos=normal"\n' in text
+    assert f"--seed=0 -- {tmp_path}/train.py --lr 1 &\n" in text
+    assert requests[0].name == "train"  # type: ignore[attr-defined]
+
+
+def test_job_environment_follows_sbatch_export() -> None:
+    from icefrog_slurm.commands.jobscript import job_environment
+
+    here = {"A": "1", "B": "two words", "SLURM_JOB_ID": "9", "PWD": "/x", "BASH_FUNC_f%%": "()"}
+    assert job_environment(None, here) == {"A": "1", "B": "two words"}
+    assert job_environment("ALL", here) == job_environment(None, here)
+    assert job_environment("NONE", here) == {}
+    assert job_environment("A,C=3,D", here) == {"A": "1", "C": "3"}
+    assert job_environment("ALL,A=0,C=3", here) == {"A": "1", "B": "two words", "C": "3"}
+
+
+BODY = """echo "body starts with $1"
+icefrog launch -- "$@"
+"""
+
+
+def test_a_batch_scripts_launch_line_gets_the_signal(tmp_path: Path) -> None:
+    """The body's ``icefrog launch -- ARGS`` runs the declared launcher (here the stand-in)
+    in the background: USR1 to the batch shell reaches it and its 75 is the job's."""
+    fake = tmp_path / "fake_launch.py"
+    fake.write_text(FAKE_LAUNCH)
+    got = tmp_path / "got.txt"
+    text = batch_script(
+        launch=[sys.executable, str(fake), "--"], env={"FOO": "a b"}, body=BODY,
+        rundir=str(tmp_path), args=[str(got), "60"],
+    )  # fmt: skip
+    # the stand-in reads its argv[1]: the script name '--' comes first; drop it
+    text = text.replace(f"{fake} --", f"{fake}")
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not got.with_suffix(".ready").exists():
+        assert time.monotonic() < deadline, "the launcher did not start"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGUSR1)
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 75
+    assert got.read_text() == "SIGUSR1"
+    assert f"body starts with {got}" in out
+
+
+def test_launch_line_with_options_is_refused(tmp_path: Path) -> None:
+    text = batch_script(
+        launch=["false"], env={}, body="icefrog launch --gpus 2 -- t.py\n", rundir="/"
+    )
+    done = subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=20)
+    assert done.returncode == 2
+    assert "give its options to icefrog submit" in done.stderr
+
+
+def test_sbatch_input_variables_between_header_and_command_line(
+    submit_here: tuple[Path, list[object]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """As in sbatch: SBATCH_TIMELIMIT beats the header's --time, the command line beats
+    SBATCH_ACCOUNT; one the controller owns is refused naming the variable."""
+    from icefrog_slurm.slurm import sbatch_options as so
+
+    tmp_path, _ = submit_here
+    (tmp_path / "job.sh").write_text("#!/bin/bash\n#SBATCH -t 5 -A hdr -q hq\ntrue\n")
+    monkeypatch.setenv("SBATCH_TIMELIMIT", "7")
+    monkeypatch.setenv("SBATCH_ACCOUNT", "env")
+    monkeypatch.setenv("SBATCH_SIGNAL", "B:USR1@30")
+    assert _submit(tmp_path, "--account=cli", "job.sh") == 0
+    text = (tmp_path / "wd" / "job.sbatch").read_text()
+    header = {g.spec.name: g.value for g in so.read_header(text, "job.sbatch")}
+    assert header == {
+        "open-mode": "append", "time": "7", "account": "cli", "qos": "hq",
+        "signal": "B:USR1@30",
+    }  # fmt: skip
+    capsys.readouterr()
+    monkeypatch.setenv("SBATCH_GRES", "gpu:8")
+    assert _submit(tmp_path, "job.sh") == 2
+    assert "--gres (SBATCH_GRES): not accepted" in capsys.readouterr().err

@@ -1,0 +1,153 @@
+"""The batch script ``icefrog submit`` writes for a job (pure but for reading the user's
+script): the launcher in the background with USR1/TERM passed on, the job's environment
+as ``export`` lines (sbatch's ``--export`` rules), and a submitted batch script's body with
+the ``icefrog`` shell function its ``icefrog launch -- SCRIPT ARGS`` line calls.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from icefrog_slurm.errors import InputError
+
+_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_SCRIPT_BYTES = 4 * 1024 * 1024
+"""sbatch's default largest batch script (slurm.conf max_script_size)."""
+NOT_RECORDED = ("PWD", "OLDPWD", "SHLVL", "_")
+"""Variables of the shell, not of the job; SLURM_* and SBATCH_* are Slurm's own."""
+
+_FORWARD = (
+    "# USR1/TERM go to the launcher, which makes the trainers checkpoint and exit.\n"
+    "pid=\n"
+    "trap 'kill -USR1 \"$pid\" 2>/dev/null' USR1\n"
+    "trap 'kill -TERM \"$pid\" 2>/dev/null' TERM\n"
+)
+_WAIT = (
+    "# wait returns early when a trap runs: wait again until the launcher is gone\n"
+    'while kill -0 "$pid" 2>/dev/null; do wait "$pid" || :; done\n'
+    'wait "$pid"\n'
+)
+
+
+def batch_script(
+    *,
+    launch: list[str],
+    env: Mapping[str, str],
+    header: str = "",
+    body: str | None = None,
+    rundir: str | None = None,
+    args: Sequence[str] = (),
+) -> str:
+    """The batch script: ``launch`` (an ``icefrog launch`` argv) in the background, signals
+    passed on, and the launcher's exit status as the job's (75: checkpointed, requeue me).
+    With a ``body`` (a batch script's, run in ``rundir`` with its arguments ``args`` as
+    ``$1``...), ``launch`` ends with ``--`` and the body's ``icefrog launch -- SCRIPT
+    ARGS`` line runs it with SCRIPT ARGS the same way.
+    Its output file is appended to (``--open-mode=append``): a requeued job's runs share
+    one Slurm job id, hence one file, and Slurm would otherwise write each run over it."""
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+    head = f"#!/bin/bash\n#SBATCH --open-mode=append\n{header}{exports}{_FORWARD}"
+    if body is None:
+        return f"{head}{shlex.join(launch)} &\npid=$!\n{_WAIT}exit $?\n"
+    indented = "".join("    " + line + "\n" for line in _WAIT.splitlines())
+    return (
+        f"{head}"
+        "# the body's `icefrog launch -- SCRIPT ARGS`: the declared launcher, signals passed on\n"
+        "icefrog() {\n"
+        '    if [ "${1-}" != launch ]; then command icefrog "$@"; return; fi\n'
+        '    if [ "${2-}" != -- ]; then\n'
+        "        echo \"icefrog launch: write 'icefrog launch -- SCRIPT ARGS' here; "
+        'give its options to icefrog submit" >&2\n'
+        "        return 2\n"
+        "    fi\n"
+        "    shift 2\n"
+        f'    {shlex.join(launch)} "$@" &\n'
+        "    pid=$!\n"
+        f"{indented}"
+        "}\n"
+        f"cd {shlex.quote(rundir or '.')} || exit 1\n"
+        f"set -- {shlex.join(args)}\n"
+        "# ---- the submitted batch script's body ----\n"
+        f"{body if body.endswith(chr(10)) or not body else body + chr(10)}"
+    )
+
+
+def job_environment(export: str | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables the job gets, from ``environ`` as sbatch's ``--export`` says: ALL (the
+    default: every variable but the shell's and Slurm's own), NONE, or a comma list of
+    NAME (its value here) and NAME=VALUE, with ALL first to add to everything (a value
+    here wins over one given, as in sbatch)."""
+    items = (export or "ALL").split(",")
+    everything = items[0].upper() == "ALL"
+    if items[0].upper() in ("ALL", "NONE"):
+        if items[0].upper() == "NONE" and len(items) > 1:
+            raise InputError("--export: NONE takes no variables")
+        items = items[1:]
+    env = {k: v for k, v in environ.items() if _recorded(k)} if everything else {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not _VARIABLE.match(name):
+            raise InputError(f"--export: {name[:40]!r} is not a variable name")
+        if eq and not (everything and name in env):
+            env[name] = value
+        elif not eq and name in environ:
+            env[name] = environ[name]
+    return env
+
+
+def _recorded(name: str) -> bool:
+    return (
+        bool(_VARIABLE.match(name))
+        and name not in NOT_RECORDED
+        and not name.startswith(("SLURM_", "SBATCH_"))
+    )
+
+
+def launcher_env(recorded: Mapping[str, str]) -> dict[str, str]:
+    """The recorded variables, PATH with this Python's bin folder first (icefrog, torchrun),
+    and PYTHONPATH if set here."""
+    env = dict(recorded)
+    path = recorded.get("PATH") or "/usr/local/bin:/usr/bin:/bin"
+    env["PATH"] = f"{Path(sys.executable).parent}:{path}"
+    if os.environ.get("PYTHONPATH") and "PYTHONPATH" not in env:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
+def read_script(path: Path) -> str:
+    """A script to submit: UTF-8 text without NUL or DOS line breaks, at most 4 MB (what
+    sbatch takes)."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(MAX_SCRIPT_BYTES + 1)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(data) > MAX_SCRIPT_BYTES:
+        raise InputError(f"{path}: larger than {MAX_SCRIPT_BYTES // 1024 // 1024} MB")
+    if b"\0" in data:
+        raise InputError(f"{path}: holds a NUL byte")
+    if b"\r\n" in data:
+        raise InputError(f"{path}: has DOS line breaks (\\r\\n): convert it (dos2unix)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text") from None
+
+
+def is_batch_script(path: Path, text: str) -> bool:
+    """A bash batch script (``#!`` naming bash or sh), or else a Python training script
+    (``.py``, or ``#!`` naming python); anything else is refused."""
+    first = text.split("\n", 1)[0]
+    words = [Path(w).name for w in first[2:].split()[:2]] if first.startswith("#!") else []
+    if path.suffix == ".py" or any(w.startswith("python") for w in words):
+        return False
+    if any(w in ("bash", "sh") for w in words):
+        return True
+    raise InputError(
+        f"{path}: neither a Python script (.py, or #! python) nor a batch script (#!/bin/bash)"
+    )
