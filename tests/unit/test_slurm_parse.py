@@ -1,4 +1,5 @@
-"""Parsers and builders of icefrog_slurm.slurm, pinned by golden Slurm output (22.05 + 24.11)."""
+"""Parsers and builders of icefrog_slurm.slurm, pinned by golden Slurm output captured from
+the real daemons of 22.05, 24.11 and 26.05 (tests/golden)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from icefrog_slurm.slurm import capacity, commands, parse
 from icefrog_slurm.slurm.port import NodeGpus, SlurmJobDetail, SlurmUnavailable, SubmitRequest
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
-VERSIONS = ["slurm-22.05", "slurm-24.11"]
+VERSIONS = ["slurm-22.05", "slurm-24.11", "slurm-26.05"]
 
 
 def golden(version: str, name: str) -> str:
@@ -26,12 +27,13 @@ def live_by_key(jobs: Mapping[str, SlurmJobState | SlurmJobDetail], key: str) ->
     return job
 
 
-def golden_jobs() -> dict[str, SlurmJobDetail]:
-    return parse.parse_squeue_json(golden("slurm-22.05", "squeue.json"))
+def golden_jobs(version: str = "slurm-22.05") -> dict[str, SlurmJobDetail]:
+    return parse.parse_squeue_json(golden(version, "squeue.json"))
 
 
-def test_squeue_json_golden() -> None:
-    jobs = golden_jobs()
+@pytest.mark.parametrize("version", VERSIONS)
+def test_squeue_json_golden(version: str) -> None:
+    jobs = golden_jobs(version)
     held = live_by_key(jobs, "golden-held")
     view = held.state_view()
     assert (view.state, view.reason, view.held, view.admin_held) == (
@@ -51,14 +53,25 @@ def test_squeue_json_golden() -> None:
     assert shard.tag == IcefrogTag("golden-shard", previous_id=held.job_id)
     [foreign] = [j for j in jobs.values() if j.name == "foreign"]
     assert foreign.user_id == 65534 and foreign.tag is None and foreign.gres == Gres("gpu", 1)
+    assert (foreign.mem_per_gpu_mb, foreign.cpus_per_gpu) == (450, 1)  # slurm.conf's defaults
+    [gone] = [j for j in jobs.values() if j.tag and j.tag.key == "golden-gone"]
+    assert gone.state == "CANCELLED" and gone.gres == Gres("gpu", 1)
     done = [j.state_view() for j in jobs.values() if j.state == "CANCELLED"]
     assert done and all(j.finished and not j.holds_resources for j in done)
+    # the output path as submitted (22.05, 26.05) or expanded (24.11): a resubmission's
+    # pattern is the same either way
+    from icefrog_slurm.slurm.cli_backend import _job_pattern
+
+    assert run.std_out.endswith((f"/{run.job_id}.out", "/%j.out"))
+    assert _job_pattern(run.std_out, run.job_id) == run.std_out.rpartition("/")[0] + "/%j.out"
 
 
-def test_hostile_fields_cannot_pass_for_slurm_fields() -> None:
+@pytest.mark.parametrize("version", VERSIONS)
+def test_hostile_fields_cannot_pass_for_slurm_fields(version: str) -> None:
     """nobody's held job: a name with a newline and a fake squeue line, a comment that
     claims an icefrog tag of job 1 and a second record, a work dir that says UserId=root."""
-    [hostile] = [j for j in golden_jobs().values() if j.name.startswith("hostile")]
+    jobs = golden_jobs(version)
+    [hostile] = [j for j in jobs.values() if j.name.startswith("hostile")]
     assert (hostile.user_id, hostile.group_id) == (65534, 65534)
     assert "UserId=root(0)" in hostile.work_dir and hostile.multiline_text
     assert hostile.name == "hostile\n1|RUNNING|gres:gpu:4"
@@ -66,7 +79,7 @@ def test_hostile_fields_cannot_pass_for_slurm_fields() -> None:
         "decoy", previous_id="1", signature="00\nJobId=1 UserId=root(0)"
     )
     assert hostile.gres == Gres("gpu", 1) and hostile.state == "PENDING"
-    assert "1" not in golden_jobs() or golden_jobs()["1"].user_id != 65534
+    assert "1" not in jobs or jobs["1"].user_id != 65534
 
 
 def test_squeue_json_skips_a_record_it_cannot_read() -> None:
@@ -143,10 +156,27 @@ def test_sinfo_and_hostnames_golden(version: str) -> None:
 
 
 def test_version_folders_hold_the_same_files() -> None:
-    a = {p.name for p in (GOLDEN / "slurm-22.05").glob("*.txt")}
-    b = {p.name for p in (GOLDEN / "slurm-24.11").glob("*.txt")}
-    assert a - b == {"update-gpu-to-shard.txt"} and b <= a
-    assert "Invalid generic resource" in golden("slurm-22.05", "update-gpu-to-shard.txt")
+    files = {v: sorted(p.name for p in (GOLDEN / v).iterdir()) for v in VERSIONS}
+    assert len({tuple(f) for f in files.values()}) == 1, files
+    assert "squeue.json" in files["slurm-22.05"]
+    for version in VERSIONS:
+        assert golden(version, "version.txt").startswith(f"slurm-wlm {version[6:]}.")
+
+
+@pytest.mark.parametrize(
+    ("version", "refusal", "after"),
+    [
+        ("slurm-22.05", "Invalid generic resource", "gres:gpu:2"),
+        ("slurm-24.11", "", "gres/shard:2"),
+        ("slurm-26.05", "", "gres/shard:2"),
+    ],
+)
+def test_pending_job_changing_gpu_to_shard(version: str, refusal: str, after: str) -> None:
+    """22.05 refuses it; newer versions accept it (the backend resubmits on every version)."""
+    said = golden(version, "update-gpu-to-shard.txt")
+    assert (refusal in said) if refusal else said == ""
+    assert golden(version, "gres-after-update.txt").strip() == after
+    assert parse.parse_gres_request(after) == Gres("shard" if "shard" in after else "gpu", 2)
 
 
 def test_capacity_from_golden_excludes_foreign_gpus() -> None:
