@@ -203,7 +203,8 @@ class ElasticDataLoader:
         DataLoader's workers would."""
         if self._direct:
             assert isinstance(self.dataset, TensorDataset)
-            return tuple(tensor[indices] for tensor in self.dataset.tensors)
+            index = torch.as_tensor(indices, dtype=torch.long)
+            return tuple(tensor.index_select(0, index) for tensor in self.dataset.tensors)
         wanted = [int(i) for i in indices]
         getitems = getattr(self.dataset, "__getitems__", None)
         samples = getitems(wanted) if getitems else [self.dataset[i] for i in wanted]
