@@ -7,7 +7,9 @@ SQLAlchemy and ``icefrog launch`` (job side, torch) never loads the controller.
 Errors end a command in one printable line, ``icefrog COMMAND: error: MESSAGE``: an
 :class:`IcefrogError` exits with its code (an InputError, bad input, with 2); a file error no
 command foresaw names the file (2 for a bad path, 1 for a system fault such as a full disk);
-argparse's own errors exit 2. Anything else is a bug and keeps its traceback.
+argparse's own errors exit 2. A reader of the output that left (``icefrog squeue | head -1``)
+ends the command quietly with exit code 141, as SIGPIPE ends Slurm's tools. Anything else is
+a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
+import select
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -91,6 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give a COMMAND (icefrog --help lists them)")
     try:
         code: int = run(args)
+        sys.stdout.flush()  # here, so that a reader who left is seen here too
+    except BrokenPipeError:
+        if not _stdout_reader_left():
+            raise  # a pipe of the command's own (a child's stdin): a bug, let it show
+        return _quiet_stdout()
     except IcefrogError as exc:
         return _fail(args.command, str(exc), exc.exit_code)
     except OSError as exc:
@@ -102,6 +112,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return code
+
+
+SIGPIPE_EXIT = 128 + signal.SIGPIPE
+"""The exit code of a command whose output's reader left (``icefrog squeue | head -1``): what
+a shell reports for a tool that SIGPIPE ended, as Slurm's own tools are."""
+
+
+def _stdout_reader_left() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (poll reports POLLERR)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # replaced by an object without a file
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def _quiet_stdout() -> int:
+    """The reader of stdout left: as Python's documentation recommends (the signal module's
+    note on SIGPIPE), point stdout at /dev/null so that the interpreter's last flush of what
+    is still buffered does not fail again with a traceback; no message."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return SIGPIPE_EXIT
 
 
 def _fail(command: str, message: str, code: int) -> int:

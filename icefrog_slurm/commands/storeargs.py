@@ -155,12 +155,11 @@ def now() -> float:
 
 
 def print_lines(lines: Iterable[str]) -> None:
-    try:
-        for line in lines:
-            sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-    except BrokenPipeError:  # the reader left (`| head`): stop quietly, like Slurm's tools
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    """``lines`` on stdout, flushed; a reader that left (``| head``) raises BrokenPipeError,
+    which ends the command quietly in ``cli.main`` (also ``squeue -i``'s loop)."""
+    for line in lines:
+        sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def print_json(value: Any) -> None:
