@@ -3,7 +3,8 @@
 A checkpoint ``n`` is two files in the checkpoint folder:
 
 - ``ckpt-<n>.pt``: the ``torch.save`` bytes of the state (model, optimizer, data position,
-  RNG states, freeze state, progress), written atomically (temp, fsync, rename, fsync dir);
+  RNG states, freeze state, progress, the registered objects' state_dicts), written
+  atomically (temp, fsync, rename, fsync dir);
 - ``ckpt-<n>.json``: the manifest (sha256 and size of the ``.pt``), written the same way
   AFTER the ``.pt``. The manifest is the commit marker.
 
@@ -14,6 +15,9 @@ on stderr), falling back to the previous good one. The newest ``keep`` are kept.
 A save that fails (a full disk) leaves nothing behind: no temporary file, and no ``.pt``
 without its manifest (it would never be loaded nor pruned). One killed mid-write leaves a
 temporary file; the next save removes it.
+
+Checkpoints load with ``weights_only=True`` (tensors, numbers, strings, containers: loading
+runs no code). :func:`check_loadable` tells, before a save, whether a state would load so.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ import hashlib
 import io
 import json
 import sys
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from icefrog_slurm.errors import InputError
 from icefrog_slurm.security import write_atomic
 
 _PREFIX = "ckpt-"
@@ -53,6 +59,33 @@ def save(folder: str | Path, number: int, state: dict[str, Any], keep: int = 2) 
         for suffix in (".json", ".pt"):
             (root / f"{_PREFIX}{old:08d}{suffix}").unlink(missing_ok=True)
     return path
+
+
+def check_loadable(what: str, state: Any) -> None:
+    """InputError naming ``what`` unless ``state`` loads back with ``weights_only=True``, as
+    :func:`load_latest` loads it. Checked on its skeleton (each plain tensor replaced by an
+    empty one of its dtype), so the cost grows with the number of entries, not their bytes."""
+    buffer = io.BytesIO()
+    try:
+        torch.save(_skeleton(state), buffer)
+        buffer.seek(0)
+        torch.load(buffer, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(
+            f"{what}: its state_dict() would not load with weights_only=True ({first}); "
+            "keep it to tensors, numbers, strings, lists, tuples and dicts"
+        ) from None
+
+
+def _skeleton(state: Any) -> Any:
+    if type(state) in (torch.Tensor, torch.nn.Parameter):
+        return torch.empty(0, dtype=state.dtype)
+    if type(state) in (dict, OrderedDict):
+        return type(state)((k, _skeleton(v)) for k, v in state.items())
+    if type(state) in (list, tuple):
+        return type(state)(_skeleton(v) for v in state)
+    return state  # a leaf, or a type of its own: saved as it is, so the load judges it
 
 
 def _numbers(root: Path) -> list[int]:

@@ -15,12 +15,14 @@ rebuilt when ``l`` changes; the statistics and profile hooks; checkpoints at eve
 and on a stop signal; the reports to the controller; and the end of the job (target metric
 reached, or the work budget spent: icefrog_launcher.budget) with the reason.
 
-A job declared with ``--global-batch B`` trains, like any job, with the per-GPU batch
-``m`` of the controller's decision, which for such a job is m = ceil(B / a) clipped to the
-declared range (``protocol.fixed_per_gpu_batch``). The trainer does NOT accumulate
-gradients: every loader batch is one optimizer step of a x m samples. When a x m differs
-from B (B / a beyond the largest per-GPU batch, or not a multiple) it says so once on
-stderr; the scheduler's plan (samples/s of (a, m)) holds either way.
+A job declared with ``--global-batch B`` trains on ``a`` processes with the per-GPU batch
+m = ceil(B / a) clipped to the declared range (``protocol.fixed_per_gpu_batch``, the rule
+the controller decides with) and accumulates k = ceil(B / (a x m)) micro-steps an optimizer
+step (icefrog_launcher.accumulate), so a step covers a x m x k samples, B when the integers
+allow. Without a global batch m is the decision's and k = 1.
+
+The checkpoint also holds every registered object (``scheduler=``, ``scaler=``,
+``register_state``: icefrog_launcher.state), restored exactly on resume.
 
 One optimizer holds every parameter: a frozen parameter has ``grad None``, so PyTorch's
 optimizers skip it and its state (e.g. Adam's moments and step) waits unchanged until it is
@@ -51,6 +53,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from icefrog_launcher import checkpoint
+from icefrog_launcher.accumulate import Accumulation, group_counts
 from icefrog_launcher.budget import Limit
 from icefrog_launcher.config import JobConfig
 from icefrog_launcher.data import ElasticDataLoader, SizedDataset
@@ -66,10 +69,19 @@ from icefrog_launcher.profiler import (
     utilization,
 )
 from icefrog_launcher.reports import Reporter
+from icefrog_launcher.state import StateRegistry
 from icefrog_launcher.stats import GradStatsCollector
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.samples import ProfileSample
-from icefrog_slurm.protocol import Decision, FinishedReport, GradStats, MetricReport, ProgressReport
+from icefrog_slurm.protocol import (
+    Decision,
+    FinishedReport,
+    GradStats,
+    MetricReport,
+    ProgressReport,
+    accumulation_steps,
+    fixed_per_gpu_batch,
+)
 from icefrog_slurm.runfiles import CHECKPOINT_MARKER
 from icefrog_slurm.security import write_atomic
 
@@ -91,11 +103,21 @@ class ElasticModel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         t = self._trainer
         t.timer.fwd_start = t.now()
-        out = (t.ddp or t.module)(*args, **kwargs)
+        if t.ddp is not None and not t.accumulation.final:  # all-reduce on the last only
+            with t.ddp.no_sync():
+                out = t.ddp(*args, **kwargs)
+        else:
+            out = (t.ddp or t.module)(*args, **kwargs)
         t.timer.fwd_end = t.now()
         if isinstance(out, torch.Tensor) and out.requires_grad:
             out.register_hook(t.backward_started)
         return out
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The model's zero_grad, which does nothing while gradients accumulate (as the
+        optimizer's: icefrog_launcher.accumulate)."""
+        t = self._trainer
+        t.accumulation.zero_grad(t.module.zero_grad, set_to_none)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._trainer.module, name)
@@ -103,7 +125,10 @@ class ElasticModel:
 
 class Trainer:
     """See the module docstring. ``env`` defaults to os.environ (torchrun's and the
-    launcher's variables); ``config`` overrides the launcher's variables. ``loader_args``
+    launcher's variables); ``config`` overrides the launcher's variables. ``scheduler``
+    and ``scaler`` (an LR scheduler, a ``torch.amp.GradScaler``: anything with
+    ``state_dict``/``load_state_dict``) are checkpointed as ``register_state`` objects named
+    so, and step with the optimizer when gradients accumulate. ``loader_args``
     are ``torch.utils.data.DataLoader``'s own for ``trainer.loader`` (``num_workers``,
     ``pin_memory``, ``collate_fn``...; not the batch size, order or sampler, which are the
     elastic loader's: icefrog_launcher.data)."""
@@ -120,6 +145,8 @@ class Trainer:
         env: Mapping[str, str] | None = None,
         stats_every: int = 8,
         profile_every: int = 4,
+        scheduler: object = None,
+        scaler: object = None,
         loader_args: Mapping[str, Any] | None = None,
     ) -> None:
         env = dict(os.environ) if env is None else dict(env)
@@ -171,7 +198,7 @@ class Trainer:
         self.metric: float | None = None
         self.finished: Finish | Literal[""] = ""
         self._stop: int | None = None
-        self._said_global = False  # the global-batch note was printed
+        self._said_global: tuple[int, int, int] | None = None  # the (a, m, k) last said
         self.last_profile: ProfileSample | None = None
         self.synced_numel = 0  # gradient elements all-reduced so far (frozen ones never are)
         self._measuring = False  # this step feeds the gradient statistics
@@ -183,6 +210,14 @@ class Trainer:
         self.table = self._measure_layers(dataset)
         self.max_frozen = self.table.max_frozen_from_fraction(self.config.max_frozen)
         self._ckpt_number = checkpoint.latest_number(self.config.checkpoint_dir) + 1
+        self.registry = StateRegistry(verbose=self.rank == 0)
+        held = {"scheduler": scheduler, "scaler": scaler}
+        for name, obj in held.items():
+            if obj is not None:
+                self.registry.register(name, obj)
+        self.accumulation = Accumulation()
+        if self.config.global_batch:
+            self.accumulation.install(optimizer, [o for o in held.values() if o is not None])
         self._restore()
         self.set_frozen(self.frozen, force=True)
         optimizer.register_step_pre_hook(self._before_step)
@@ -247,6 +282,7 @@ class Trainer:
         self.frozen = frozen
         self.psi = self.stats.penalty(frozen)
         self._trainable = [p for p in self.module.parameters() if p.requires_grad]
+        self.accumulation.watch(self._trainable)
         index = [self._layer_of.get(id(p), -1) for p in self._trainable]
         self._stat_params = [p for p, i in zip(self._trainable, index, strict=True) if i >= 0]
         self._stat_index = torch.tensor([i for i in index if i >= 0], dtype=torch.long)
@@ -295,7 +331,7 @@ class Trainer:
                     self._stat_index,
                     grads,
                     step=self.step,
-                    local_batch=self.batch,
+                    local_batch=self.accumulation.samples,
                     world=self.world,
                 )
         self.timer.record(end, self._timing)
@@ -325,14 +361,22 @@ class Trainer:
         psi-weighted (spec section 4)."""
         self.samples_done += global_count
         self.effective_done += self.psi * global_count
-        full = local_count == self.batch
+        left = self.loader.size - self.position + global_count  # this micro-batch's on
+        step = self.batch * self.world
+        self.accumulation.begin(
+            local_count,
+            lambda: group_counts(left, step, self.world, self.rank, self.accumulation.steps),
+        )
+        # measured: full micro-batches of a step of all its micro-steps
+        full = local_count == self.batch and self.accumulation.group == self.accumulation.steps
         self._measuring, self._timing = self._measuring and full, self._timing and full
 
     def step_boundary(self) -> None:
         """Between two steps: on a stop signal rank 0 checkpoints; every rank exits 75.
         Other ranks keep stepping until rank 0 has stopped (their collective then fails),
-        so rank 0 never waits on a peer that left."""
-        if self._stop is not None and self.rank == 0:
+        so rank 0 never waits on a peer that left. With accumulation only between two
+        optimizer steps: a checkpoint never holds half a step's gradients."""
+        if self._stop is not None and self.rank == 0 and self.accumulation.at_boundary:
             self._save()
             self._exit_requeue(f"signal {self._stop}")
 
@@ -349,6 +393,7 @@ class Trainer:
         if self.finished:
             return
         self._register()
+        self.registry.close()
         self.apply_decision(first=True)
         while (limit := self._limit()) is None:
             self._measuring = self.stats.measuring(self.step, self.world)
@@ -384,6 +429,18 @@ class Trainer:
         target = self.config.target
         label = name or (target.metric if target else "metric")
         self.reporter.send("metric", MetricReport(epoch=self.epoch, name=label, value=self.metric))
+
+    def register_state(self, name: str, obj: object) -> None:
+        """Checkpoint ``obj`` (anything with ``state_dict()``/``load_state_dict()``: an EMA,
+        a counter, another scheduler) under ``name``, and restore it now from the checkpoint
+        being resumed. Before the first epoch only (icefrog_launcher.state)."""
+        self.registry.register(name, obj)
+
+    @property
+    def accumulating(self) -> bool:
+        """True on a micro-batch that does not end an optimizer step (its optimizer.step()
+        does nothing): step your own per-step objects (an EMA) when it is False."""
+        return not self.accumulation.final
 
     def _end_epoch(self) -> bool:
         """Report, checkpoint and start the next epoch; whether the job has finished."""
@@ -428,6 +485,10 @@ class Trainer:
         means = self.timer.take()
         if means is None or means["iter"] <= 0:
             return
+        # per micro-step: an optimizer step's iteration and sync (one all-reduce) over its
+        # k micro-steps; forward and backward are the last micro-step's (docs/trainer.md)
+        steps = self.accumulation.steps
+        t_iter = means["iter"] / steps
         sample = ProfileSample(
             gpus=self.world,
             batch=self.batch,
@@ -435,9 +496,9 @@ class Trainer:
             shared=self.shared,
             t_fwd_s=means["fwd"],
             t_bwd_s=max(means["bwd"], 0.0),
-            t_sync_s=max(means["sync"], 0.0),
-            t_iter_s=means["iter"],
-            samples_per_s=self.world * self.batch / means["iter"],
+            t_sync_s=max(means["sync"], 0.0) / steps,
+            t_iter_s=t_iter,
+            samples_per_s=self.world * self.batch / t_iter,
             peak_mem_bytes=peak_memory_bytes(self.device),
             gpu_util=utilization(self.device, means["cpu"], means["iter"]),
         )
@@ -463,29 +524,40 @@ class Trainer:
         if self.world > 1:
             dist.broadcast_object_list(box, src=0)
         decision = box[0]
+        if first:
+            self._set_batch(None)
         if decision is None or (decision.round == self.decision_round and not first):
             return
         self.decision_round = decision.round
         if not first and decision.gpus != self.world:
             self._exit_requeue(f"decision round {decision.round}: {decision.gpus} GPUs")
-        self.batch = max(self.config.batch[0], min(decision.batch, self.config.batch[1]))
-        self._check_global_batch()
+        self._set_batch(decision.batch)
         self.shared = decision.shared
         legal = [b for b in self.table.candidates(self.max_frozen) if b <= decision.frozen]
         self.set_frozen(max(legal, default=0))
 
-    def _check_global_batch(self) -> None:
-        """Say once when a step's samples differ from the declared global batch (no
-        gradient accumulation here: module docstring)."""
-        wanted, step = self.config.global_batch, self.world * self.batch
-        if not wanted or step == wanted or self._said_global or self.rank != 0:
+    def _set_batch(self, decided: int | None) -> None:
+        """The per-GPU batch m and the micro-steps k of an optimizer step. With a global
+        batch B: m = fixed_per_gpu_batch(B, a, lo, hi) and k = accumulation_steps(B, a, m),
+        the rule the controller decides with (icefrog_slurm.protocol); otherwise the
+        decision's m clipped to the declared range (``decided``; None: keep it) and k = 1."""
+        lo, hi = self.config.batch
+        wanted = self.config.global_batch
+        if not wanted:
+            if decided is not None:
+                self.batch = max(lo, min(decided, hi))
             return
-        self._said_global = True
-        print(
-            f"icefrog trainer: --global-batch {wanted}: a step covers {self.world} x "
-            f"{self.batch} = {step} samples (no gradient accumulation)",
-            file=sys.stderr,
-        )
+        self.batch = fixed_per_gpu_batch(wanted, self.world, lo, hi)
+        steps = accumulation_steps(wanted, self.world, self.batch)
+        self.accumulation.set_steps(steps)
+        said = (self.world, self.batch, steps)
+        if self.rank == 0 and said != self._said_global:
+            self._said_global = said
+            print(
+                f"icefrog trainer: --global-batch {wanted}: a step covers {self.world} x "
+                f"{self.batch} x {steps} micro-steps = {self.world * self.batch * steps} samples",
+                file=sys.stderr,
+            )
 
     # -- checkpoints -----------------------------------------------------------------
     def _save(self) -> Path | None:
@@ -504,6 +576,7 @@ class Trainer:
             "finished": self.finished,
             "world": self.world,
             "stats": self.stats.state_dict(),
+            "objects": self.registry.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
         }
         path = checkpoint.save(self.config.checkpoint_dir, self._ckpt_number, state)
@@ -518,6 +591,7 @@ class Trainer:
         number, state = found
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.registry.restore(state.get("objects", {}))  # a checkpoint from before: none
         for key in ("epoch", "position", "samples_done", "effective_done", "frozen", "batch"):
             setattr(self, key, state[key])
         self.decision_round, self.finished = state["decision_round"], state["finished"]

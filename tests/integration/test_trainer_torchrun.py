@@ -66,7 +66,7 @@ def test_freeze_then_unfreeze(tmp_path: Path) -> None:
     sdp = '{"kind": "sdp", "stages": 1, "unit": 1}'  # the declaration travels (not used here)
     env = _env(tmp_path, PROBE_MODE="freeze", ICEFROG_MAX_EPOCHS="3", ICEFROG_PARALLELISM=sdp)
     env["ICEFROG_MAX_PHYSICAL_EPOCHS"] = "3"  # else epoch 1 (psi < 1) adds a 4th
-    env["ICEFROG_GLOBAL_BATCH"] = "256"  # declared; 2 x 32 a step: no accumulation, said once
+    env["ICEFROG_GLOBAL_BATCH"] = "64"  # declared: 2 x 32 a step, no accumulation, said once
     done = _torchrun(2, env)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads((tmp_path / "out.json").read_text())
@@ -101,8 +101,8 @@ def test_freeze_then_unfreeze(tmp_path: Path) -> None:
     assert [f.reason for f in finished] == ["max_physical_epochs"]  # the cap, both ranks
     (spec,) = _reports(tmp_path, "register")
     assert spec.parallelism == Parallelism(Kind.SDP) and not spec.accepts_shared
-    assert spec.global_batch == 256
-    note = "--global-batch 256: a step covers 2 x 32 = 64 samples (no gradient accumulation)"
+    assert spec.global_batch == 64
+    note = "--global-batch 64: a step covers 2 x 32 x 1 micro-steps = 64 samples"
     assert done.stderr.count(note) == 1
 
 

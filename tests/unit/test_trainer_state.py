@@ -1,0 +1,337 @@
+"""The Trainer in this process (one rank, CPU): registered objects in the checkpoint
+(icefrog_launcher.state) and gradient accumulation for a fixed global batch
+(icefrog_launcher.accumulate), against a plain PyTorch loop."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.nn import functional as F  # noqa: E402
+from torch.utils.data import TensorDataset  # noqa: E402
+
+from icefrog_launcher import checkpoint  # noqa: E402
+from icefrog_launcher.accumulate import group_counts  # noqa: E402
+from icefrog_launcher.config import JobConfig  # noqa: E402
+from icefrog_launcher.data import ElasticDataLoader  # noqa: E402
+from icefrog_launcher.position import DataPosition  # noqa: E402
+from icefrog_launcher.trainer import Trainer  # noqa: E402
+from icefrog_slurm.errors import InputError  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture(autouse=True)
+def _keep_signal_handlers() -> Iterator[None]:
+    """The Trainer installs its TERM/USR1 handlers: give pytest its own back."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+class Counter:
+    """A user's object: counts the optimizer steps it saw."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.n = state["n"]
+
+
+class Opaque:
+    """State that weights_only refuses (an instance of a class of the user's)."""
+
+    def __init__(self) -> None:
+        self.inner: object = 1
+
+    def state_dict(self) -> dict[str, object]:
+        return {"inner": self.inner}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.inner = state["inner"]
+
+
+def _data(n: int = 200) -> TensorDataset:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 8, generator=gen)
+    return TensorDataset(x, (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long())
+
+
+def _model() -> Any:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _config(tmp_path: Path, **changes: Any) -> JobConfig:
+    args: dict[str, Any] = {"workdir": str(tmp_path), "batch": (8, 16), "max_epochs": 2}
+    return JobConfig(**(args | changes))
+
+
+def _train(trainer: Trainer, optimizer: Any, on_step: Any = None) -> list[float]:
+    """The user's loop (zero_grad after the step); the learning rate of each epoch."""
+    lrs = []
+    for _epoch in trainer.epochs():
+        lrs.append(optimizer.param_groups[0]["lr"])
+        for x, y in trainer.loader:
+            F.cross_entropy(trainer.model(x), y).backward()
+            optimizer.step()
+            if on_step is not None:
+                on_step()
+            optimizer.zero_grad()
+        trainer.report_metric(0.0)
+    return lrs
+
+
+def test_registration_errors(tmp_path: Path) -> None:
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(model, optimizer, _data(), config=_config(tmp_path), env={})
+    counter = Counter()
+    trainer.register_state("counter", counter)
+    with pytest.raises(InputError, match=r"register_state\('counter'\): that name is already"):
+        trainer.register_state("counter", Counter())
+    with pytest.raises(InputError, match=r"already registered as 'counter'"):
+        trainer.register_state("again", counter)
+    with pytest.raises(InputError, match=r"a list has no state_dict\(\)/load_state_dict\(\)"):
+        trainer.register_state("numbers", [1, 2])
+    for bad in ("", "a/b", "x" * 65, "../ckpt", 7):
+        with pytest.raises(InputError, match="register_state: name"):
+            trainer.register_state(bad, Counter())  # type: ignore[arg-type]
+    opaque = Opaque()
+    opaque.inner = Counter()  # not a tensor, number, string or container
+    with pytest.raises(InputError, match=r"register_state\('opaque'\).*weights_only=True"):
+        trainer.register_state("opaque", opaque)
+    epochs = trainer.epochs()
+    next(epochs)
+    with pytest.raises(InputError, match="before the first epoch starts"):
+        trainer.register_state("late", Counter())
+
+
+def test_a_state_that_turns_unloadable_is_refused_at_save(tmp_path: Path) -> None:
+    """Fine when registered, a user class inside by the epoch's end: the save names it
+    and writes nothing that a resume could not load."""
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(model, optimizer, _data(), config=_config(tmp_path), env={})
+    opaque = Opaque()
+    trainer.register_state("opaque", opaque)
+    opaque.inner = Counter()
+    with pytest.raises(InputError, match=r"register_state\('opaque'\).*weights_only=True"):
+        _train(trainer, optimizer)
+    assert checkpoint.latest_number(Path(tmp_path) / "checkpoints") == -1
+
+
+def _stateful_trainer(
+    tmp_path: Path, epochs: int, **config: Any
+) -> tuple[Trainer, Any, Any, Any, Counter]:
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+    trainer = Trainer(
+        model,
+        optimizer,
+        _data(),
+        config=_config(tmp_path, max_epochs=epochs, **config),
+        env={},
+        scheduler=sched,
+        scaler=scaler,
+    )
+    counter = Counter()
+    trainer.register_state("counter", counter)
+    return trainer, optimizer, sched, scaler, counter
+
+
+def _train_amp(
+    trainer: Trainer,
+    optimizer: Any,
+    sched: Any,
+    scaler: Any,
+    counter: Counter,
+    stop_at: tuple[int, int] | None = None,
+) -> list[tuple[float, float]]:
+    """A loop with a GradScaler and a per-epoch scheduler: (lr, scale) of each epoch's
+    start and end. ``stop_at`` (epoch, micro-step): a real USR1 to this process there."""
+    seen = []
+    for epoch in trainer.epochs():
+        seen.append((optimizer.param_groups[0]["lr"], scaler.get_scale()))
+        for i, (x, y) in enumerate(trainer.loader):
+            if (epoch, i) == stop_at:
+                os.kill(os.getpid(), signal.SIGUSR1)  # the trainer's handler: stop at a boundary
+            optimizer.zero_grad()
+            scaler.scale(F.cross_entropy(trainer.model(x), y)).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            if not trainer.accumulating:
+                counter.n += 1
+        seen.append((optimizer.param_groups[0]["lr"], scaler.get_scale()))
+        sched.step()
+        trainer.report_metric(0.0)
+    return seen
+
+
+def _interrupted(
+    tmp_path: Path, stop_at: tuple[int, int], **config: Any
+) -> tuple[list[tuple[float, float]], Any]:
+    """The first part of a run stopped by USR1 at ``stop_at``: what it saw, its objects."""
+    first = _stateful_trainer(tmp_path, 5, **config)
+    seen: list[tuple[float, float]] = []
+    with pytest.raises(SystemExit) as stopped:
+        seen = _train_amp(*first, stop_at=stop_at)
+    assert stopped.value.code == 75
+    return seen, first
+
+
+def test_registered_objects_resume_exactly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """5 epochs in one go, or stopped by a signal in epoch 2 and resumed with new objects
+    from the checkpoint: the same learning rates, loss scales and counts to the last digit.
+    Before, the scheduler restarted at the resume (and the scaler, the counter)."""
+    whole_run = _stateful_trainer(tmp_path / "whole", 5)
+    whole = _train_amp(*whole_run)
+    _, (_, _, _, scaler1, counter1) = _interrupted(tmp_path / "split", (2, 5))
+    second = _stateful_trainer(tmp_path / "split", 5)
+    _, _, sched, scaler, counter = second
+    assert sched.last_epoch == 2 and counter.n == counter1.n == 2 * 25 + 6
+    assert scaler.state_dict() == scaler1.state_dict()
+    rest = _train_amp(*second)
+    assert rest[1:] == whole[-5:] and len(rest) == 6  # the end of epoch 2, epochs 3 and 4
+    cosine = [0.5 * (1 + math.cos(math.pi * e / 5)) for e in range(5)]  # T_max 5, lr 1
+    assert [lr for lr, _ in whole[::2]] == pytest.approx(cosine, abs=1e-12)
+    assert len({s for _, s in whole}) > 1  # the scale did change (grew) during the run
+    assert counter.n == whole_run[4].n == 5 * 25
+    for a, b in zip(second[0].module.parameters(), whole_run[0].module.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_unknown_and_missing_names_warn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _interrupted(tmp_path, (0, 3))
+    capsys.readouterr()
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    again = Trainer(model, optimizer, _data(), config=_config(tmp_path, max_epochs=2), env={})
+    fresh = Counter()
+    fresh.n = 41
+    again.register_state("ema", fresh)  # new since the checkpoint
+    next(again.epochs())
+    err = capsys.readouterr().err
+    assert "the checkpoint has no state for 'ema': it starts fresh" in err
+    for name in ("counter", "scaler", "scheduler"):  # the script dropped them
+        assert f"the checkpoint's state {name!r} belongs to no registered object" in err
+    assert fresh.n == 41
+
+
+def _reference(epochs: int, global_batch: int, lr: float) -> list[Any]:
+    """Plain PyTorch: the same samples in the same order, one step a global batch, mean loss."""
+    from icefrog_launcher.data import epoch_order
+
+    data, model = _data(220), _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    x_all, y_all = data.tensors
+    for epoch in range(epochs):
+        order = epoch_order(len(data), 0, epoch, True)
+        for start in range(0, len(data), global_batch):
+            idx = order[start : start + global_batch]
+            optimizer.zero_grad()
+            F.cross_entropy(model(x_all[idx]), y_all[idx]).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("global_batch", [64, 40])
+def test_accumulation_matches_one_big_batch(tmp_path: Path, global_batch: int) -> None:
+    """--global-batch B with per-GPU batches of at most 16 on one process: k micro-steps an
+    optimizer step (64: 16 x 4; 40: 16 x 3 = 48, as near as the integer rule gets).
+    The parameters equal plain PyTorch's with one step of B samples (mean loss,
+    clipping between backward and step, momentum), the scheduler stepped per optimizer step
+    only. Without accumulation the same job stepped every 8 samples."""
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    config = _config(tmp_path, global_batch=global_batch)
+    trainer = Trainer(model, optimizer, _data(220), config=config, env={}, scheduler=sched)
+
+    steps_seen: list[int] = []
+    for _epoch in trainer.epochs():
+        for x, y in trainer.loader:
+            optimizer.zero_grad()
+            F.cross_entropy(trainer.model(x), y).backward()
+            if not trainer.accumulating:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            sched.step()
+            steps_seen.append(trainer.step)
+        trainer.report_metric(0.0)
+    m, k = 16, -(-global_batch // 16)
+    per_epoch = -(-220 // (m * k))  # the last step: 28 samples, 16 + 12
+    assert trainer.batch == m and trainer.accumulation.steps == k
+    assert trainer.step == 2 * per_epoch == sched.last_epoch  # optimizer and scheduler
+    assert len(steps_seen) == 2 * -(-220 // m)  # micro-steps
+    assert trainer.samples_done == 440
+    expected = _reference(2, m * k, 0.1)
+    for got, want in zip(model.parameters(), expected, strict=True):
+        assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()
+
+
+def test_accumulation_survives_zero_grad_anywhere_and_model_zero_grad(tmp_path: Path) -> None:
+    """zero_grad after the step (the _train loop), or trainer.model.zero_grad() before it:
+    the same parameters as the reference (without clipping: lr small, clip never binds)."""
+    results = []
+    for variant in ("after", "model"):
+        model = _model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        config = _config(tmp_path / variant, global_batch=64, max_epochs=1)
+        trainer = Trainer(model, optimizer, _data(), config=config, env={})
+        if variant == "after":
+            _train(trainer, optimizer)
+        else:
+            for _epoch in trainer.epochs():
+                for x, y in trainer.loader:
+                    trainer.model.zero_grad()
+                    F.cross_entropy(trainer.model(x), y).backward()
+                    optimizer.step()
+                trainer.report_metric(0.0)
+        results.append([p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_group_counts_are_the_loaders_batches() -> None:
+    """The trainer weighs a step's micro-batches by this rank's samples in each, from the
+    loader's rule (accumulate.group_counts): they are the batches the loader really hands
+    out, remainders included."""
+    cases = ((220, 16, 1, 4), (203, 16, 2, 2), (49, 4, 3, 3), (17, 8, 2, 2))
+    for size, batch, world, steps in cases:
+        for rank in range(world):
+            position = DataPosition(batch=batch)
+            taken: list[int] = []
+            loader = ElasticDataLoader(
+                TensorDataset(torch.arange(size)),
+                position,
+                rank=rank,
+                world=world,
+                on_step=lambda g, _l, t=taken: t.append(g),
+            )
+            got, planned = [], []
+            for i, (x,) in enumerate(loader):
+                if i % steps == 0:
+                    left = size - (position.samples - taken[-1])
+                    planned += group_counts(left, batch * world, world, rank, steps)
+                got.append(len(x))
+            assert got == planned, (size, batch, world, steps, rank)
