@@ -1,3 +1,47 @@
-"""Suite-wide fixtures: the databases (SQLite and a real Postgres, one server a session)."""
+"""Suite-wide fixtures: the databases (SQLite and a real Postgres, one server a session), and
+the Slurm versions the tests marked ``slurm`` run against.
+
+``ICEFROG_TEST_SLURM`` names those versions, a comma list of ``host`` (the host's own Slurm),
+``24.11`` and ``26.05`` (each from a Debian root: ``slurm_conf/dev/cluster.sh --slurm``);
+default ``host``. With more than one, a test that takes the cluster through the
+``slurm_version`` fixture (the integration and end-to-end suites' autouse cluster fixture
+does) runs once a version, its id ending in the version (``test_x[24.11]``); pytest orders
+the tests so that each version's cluster comes up once.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
 
 pytest_plugins = ["tests.support.databases"]
+
+SLURM_VERSIONS = ("host", "24.11", "26.05")
+"""What cluster.sh --slurm takes."""
+
+
+def slurm_versions() -> list[str]:
+    """The versions of ``ICEFROG_TEST_SLURM`` (checked: a typo must not pass as no test)."""
+    raw = os.environ.get("ICEFROG_TEST_SLURM", "host")
+    wanted = [v.strip() for v in raw.split(",") if v.strip()]
+    bad = [v for v in wanted if v not in SLURM_VERSIONS]
+    if bad or not wanted:
+        raise pytest.UsageError(
+            f"ICEFROG_TEST_SLURM={raw!r}: a comma list of {', '.join(SLURM_VERSIONS)}"
+        )
+    return list(dict.fromkeys(wanted))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "slurm_version" in metafunc.fixturenames and metafunc.definition.get_closest_marker("slurm"):
+        versions = slurm_versions()
+        if versions != ["host"]:
+            metafunc.parametrize("slurm_version", versions, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def slurm_version(request: pytest.FixtureRequest) -> str:
+    """The Slurm a test marked ``slurm`` runs against (cluster.sh --slurm): its parameter,
+    else the first of ``ICEFROG_TEST_SLURM``."""
+    return str(getattr(request, "param", slurm_versions()[0]))

@@ -37,6 +37,7 @@ import logging
 import os
 import pwd
 import re
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -391,6 +392,9 @@ class SlurmCliBackend:
         if "SLURM_CONF" in os.environ:  # the controller's own config source, passed through
             base["SLURM_CONF"] = os.environ["SLURM_CONF"]
         env = self._env(base)
+        # the very client the controller runs (found on its own PATH, which may put another
+        # Slurm version's commands first: cluster.sh env), by full path: not the minimal PATH's
+        argv = (shutil.which(argv[0]) or argv[0], *argv[1:])
         if uid == os.geteuid():
             return argv, env
         return commands.as_user(argv, uid=uid, gid=gid), env

@@ -1,8 +1,11 @@
 """Integration fixtures: the real local Slurm cluster (slurm_conf/dev/cluster.sh).
 
-A test marked ``slurm`` gets the cluster: the first one runs ``cluster.sh up`` when
-``cluster.sh status`` says it is down, SLURM_CONF is exported to the tests, and at the end
-of the session the cluster is brought down again only if this session started it.
+A test marked ``slurm`` gets the cluster of its Slurm version (``slurm_version`` of
+tests/conftest.py: ``ICEFROG_TEST_SLURM``, default the host's): the first one runs
+``cluster.sh up --slurm V`` when ``cluster.sh status --slurm V`` says it is down;
+SLURM_CONF, ICEFROG_SLURM (cluster.sh's version) and, for a version from a Debian root, PATH
+with that version's client commands first are exported while its tests run; at the end the
+cluster is brought down again only if this session started it.
 """
 
 from __future__ import annotations
@@ -34,30 +37,35 @@ def cluster_sh(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[str]:
-    """Path of the running cluster's slurm.conf (SLURM_CONF is exported while tests run)."""
+def slurm_cluster(slurm_version: str) -> Iterator[str]:
+    """Path of the running cluster's slurm.conf (its environment exported while tests run)."""
+    version = ("--slurm", slurm_version)
     started = False
-    if cluster_sh("status").returncode != 0:
-        up = cluster_sh("up")
+    if cluster_sh("status", *version).returncode != 0:
+        up = cluster_sh("up", *version)
         if up.returncode != 0:
-            pytest.fail(f"cluster.sh up failed:\n{up.stdout}\n{up.stderr}")
+            pytest.fail(f"cluster.sh up {slurm_version} failed:\n{up.stdout}\n{up.stderr}")
         started = True
-    conf = cluster_sh("conf").stdout.strip()
-    old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = conf
+    conf = cluster_sh("conf", *version).stdout.strip()
+    env = {"SLURM_CONF": conf, "ICEFROG_SLURM": slurm_version}
+    if slurm_version != "host":
+        env["PATH"] = f"{Path(conf).parent.parent / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         yield conf
     finally:
-        if old is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         if started:
-            cluster_sh("down")
+            cluster_sh("down", *version)
 
 
 @pytest.fixture(autouse=True)
-def _cluster_for_slurm_tests(request: pytest.FixtureRequest) -> None:
+def _cluster_for_slurm_tests(request: pytest.FixtureRequest, slurm_version: str) -> None:
     if request.node.get_closest_marker("slurm") is not None:
         request.getfixturevalue("slurm_cluster")
 
