@@ -52,10 +52,18 @@ LOADER_ARGS = frozenset(inspect.signature(DataLoader.__init__).parameters) - {
 """DataLoader arguments a user may pass (``loader_args``), as this torch names them."""
 
 
+def _mix(values: Sequence[int]) -> int:
+    """One 63-bit seed from several integers."""
+    seed = 0
+    for value in values:
+        seed = (seed * 1_000_003 + value) % (1 << 63)
+    return seed
+
+
 def epoch_order(size: int, seed: int, epoch: int, shuffle: bool) -> torch.Tensor:
     if not shuffle:
         return torch.arange(size)
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    generator = torch.Generator().manual_seed(_mix([seed, epoch]))
     return torch.randperm(size, generator=generator)
 
 
@@ -147,7 +155,11 @@ class ElasticDataLoader:
     ``torch.utils.data.DataLoader``'s own (``num_workers``, ``pin_memory``, ``collate_fn``,
     ``persistent_workers``...; not those in :data:`MANAGED`). A ``TensorDataset`` read
     without workers, pinning or a collate_fn is indexed in one go instead (faster: one
-    gather a tensor instead of one ``__getitem__`` a sample and a stack)."""
+    gather a tensor instead of one ``__getitem__`` a sample and a stack).
+
+    Without a ``generator`` of the user's, the DataLoader gets one seeded by (seed, epoch,
+    position, rank) at each iteration: its workers' seeds then follow the data position,
+    and reading data draws nothing from the training process's global RNG."""
 
     def __init__(
         self,
@@ -187,6 +199,7 @@ class ElasticDataLoader:
             **args,
         )
         self._collate: Callable[[list[Any]], Any] = args.get("collate_fn") or default_collate
+        self._own_generator = args.get("generator") is None
         self._direct = (
             isinstance(dataset, TensorDataset)
             and not args.get("num_workers")
@@ -213,6 +226,10 @@ class ElasticDataLoader:
     def _batches(self) -> Iterator[Any]:
         if self._direct:
             return (self.fetch(indices) for indices in self.sampler)
+        if self._own_generator:  # workers' seeds from the position, not the training RNG
+            at = self.position
+            key = [self.seed, at.epoch, at.samples, self.rank]
+            self.dataloader.generator = torch.Generator().manual_seed(_mix(key))
         return iter(self.dataloader)
 
     def __iter__(self) -> Iterator[Any]:

@@ -324,3 +324,23 @@ def test_the_trainer_with_loader_workers_checkpoints_the_consumed_position(
     assert status == 0 and second.samples_done == 50 and second.epoch == 1
     assert [len(b) for b in after] == [7] * 5 + [3]  # 38 left
     assert sorted(flat + [i for batch in after for i in batch]) == list(range(50))
+
+
+def worker_seed(samples: list[tuple[Any, ...]]) -> tuple[torch.Tensor, int]:
+    return torch.stack([s[0] for s in samples]), torch.initial_seed()
+
+
+def test_workers_are_seeded_from_the_position_and_leave_the_training_rng_alone() -> None:
+    def seeds(rank: int, samples: int) -> list[int]:
+        at = DataPosition(epoch=2, samples=samples, batch=2)
+        args = {"num_workers": 2, "collate_fn": worker_seed}
+        loader = ElasticDataLoader(Indexed(12), at, rank=rank, world=2, loader_args=args)
+        return [seed for _, seed in loader]
+
+    torch.manual_seed(3)
+    state = torch.get_rng_state()
+    first = seeds(0, 0)
+    assert torch.equal(torch.get_rng_state(), state)  # nothing drawn from the global RNG
+    assert seeds(0, 0) == first and len(set(first)) == 2  # two workers, the same seeds again
+    assert not set(seeds(1, 0)) & set(first)  # another rank's workers: other seeds
+    assert not set(seeds(0, 4)) & set(first)  # resumed mid-epoch: other seeds
