@@ -4,8 +4,13 @@
 - Privacy (``[reports] private``, Slurm's ``PrivateData=jobs``): on when one of the site's
   settings files (:data:`SITE_FILES`, those the caller can read) or the one given with
   ``--config`` says so, so a user cannot turn it off with a settings file of his own.
-  Root and the members of ``reports.operator_group`` see every job, anyone else his own
-  (by the calling uid).
+  Root and the members of ``reports.operator_group`` (the *operators*) see every job,
+  anyone else his own (by the calling uid). While a site file makes the reports private,
+  only the site files name the operator group: a ``--config`` of the user's own cannot
+  make him an operator.
+- Whether the caller is an operator also decides ``icefrog sacct``'s default: as Slurm's
+  sacct lists the invoking user's jobs unless he is root, it lists everyone's jobs for an
+  operator and his own for anyone else.
 - The partition every icefrog job runs in (``slurm.partition``) for ``-p/-r``.
 - ``SLURM_TIME_FORMAT`` (``report/timefmt.py``) is read here, once a report.
 """
@@ -31,6 +36,7 @@ SITE_FILES = ("/etc/icefrog/reports.toml", DEFAULT_CONFIG)
 class ReportView:
     owner_uid: int | None  # None: every job
     partition: str
+    operator: bool  # root or a member of the operator group: sees every job, even private
 
 
 def report_view(args: argparse.Namespace, *, now: float) -> ReportView:
@@ -38,17 +44,15 @@ def report_view(args: argparse.Namespace, *, now: float) -> ReportView:
     use_time_style(parse_time_style(os.environ.get("SLURM_TIME_FORMAT"), now=now))
     files = [s for s in map(_site_settings, SITE_FILES) if s is not None]
     given = None if getattr(args, "config", None) is None else load_settings(args.config)
-    chosen = [s for s in (given, *files) if s is not None and s.reports.private]
-    group = next((s.reports.operator_group for s in chosen if s.reports.operator_group), None)
+    private = any(s.reports.private for s in (given, *files) if s is not None)
+    site_private = any(s.reports.private for s in files)
+    named = files if site_private else [s for s in (given, *files) if s is not None]
+    group = next((s.reports.operator_group for s in named if s.reports.operator_group), None)
     partition = (given or next(iter(files), None) or Settings()).slurm.partition
-    uid = os.getuid()
-    owner = visible_owner(
-        uid=uid,
-        groups=frozenset((os.getgid(), *os.getgroups())),
-        private=bool(chosen),
-        operator_gid=_gid(group),
-    )
-    return ReportView(owner_uid=owner, partition=partition)
+    uid, groups, gid = os.getuid(), frozenset((os.getgid(), *os.getgroups())), _gid(group)
+    owner = visible_owner(uid=uid, groups=groups, private=private, operator_gid=gid)
+    operator = visible_owner(uid=uid, groups=groups, private=True, operator_gid=gid) is None
+    return ReportView(owner_uid=owner, partition=partition, operator=operator)
 
 
 def _site_settings(path: str) -> Settings | None:

@@ -9,18 +9,21 @@ ID[,ID]`` (icefrog id or any Slurm job id of a job's chain), ``-s/--state``,
 one row, it has no step rows to hide). ``-A/--accounts`` is refused with exit 2: icefrog
 records no Slurm account. Without ``-o`` the fields come from ``SACCT_FORMAT``, else the
 default. As in sacct, the window starts at 00:00 today unless ``-S`` or ``-j`` is given,
-and ends now unless ``-E`` is; a job is listed when its life overlaps it. ``-a/--allusers``
-is accepted and changes nothing: every user's jobs are shown, unless ``[reports] private``
-limits a user to his own (``commands/reportview.py``).
+and ends now unless ``-E`` is; a job is listed when its life overlaps it. Whose jobs, as in
+sacct: those of ``-u`` when given; else everyone's with ``-a/--allusers``, with ``-j``, or
+for root and the report operators (``commands/reportview.py``); else the caller's own.
+Under ``[reports] private`` a user who is not an operator sees only his own whatever he
+asks (sacct's ``-a`` under ``PrivateData=jobs``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from datetime import datetime
 
 from icefrog_slurm.commands import storeargs
-from icefrog_slurm.commands.reportview import env_value, report_view
+from icefrog_slurm.commands.reportview import ReportView, env_value, report_view
 from icefrog_slurm.commands.storeargs import (
     add_store_arguments,
     open_store,
@@ -61,7 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("-p", "--parsable", action="store_true", help="'|'-separated, ending '|'")
     out.add_argument("--json", action="store_true", help="every field of each job as JSON")
     parser.add_argument("-n", "--noheader", action="store_true", help="no header lines")
-    parser.add_argument("-a", "--allusers", action="store_true", help="(always on)")
+    parser.add_argument(
+        "-a", "--allusers", action="store_true", help="every user's jobs (default: your own)"
+    )
     parser.add_argument("-e", "--helpformat", action="store_true", help="list the fields")
 
 
@@ -90,6 +95,15 @@ def _delimiter(text: str | None) -> str:
     return text
 
 
+def _users(args: argparse.Namespace, view: ReportView) -> frozenset[str]:
+    """Whose jobs (module docstring): ``-u``'s users, else none (everyone's) or the
+    caller's uid alone."""
+    users = parse_users(args.user, option="--user")
+    if users or args.allusers or args.jobs is not None or view.operator:
+        return users
+    return frozenset({str(os.getuid())})
+
+
 def _format(args: argparse.Namespace) -> tuple[str, str]:
     if args.format is not None:
         return args.format, "--format"
@@ -113,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     start, end = _window(args, t)
     view = report_view(args, now=t)
     flt = JobFilter(
-        users=parse_users(args.user, option="--user"),
+        users=_users(args, view),
         ids=parse_ids(args.jobs, option="--jobs"),
         states=parse_states(args.state, option="--state"),
         start=start,

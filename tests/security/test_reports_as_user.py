@@ -109,7 +109,7 @@ def test_alice_reads_a_stopped_controllers_sqlite_store_and_writes_nothing(
     assert code == 0, err
     assert out.split() == ["1", "alice", "2", "bob", "3", "alice", "4", "carol", "5", "alice"]
     assert "the icefrog controller has not run since" in err  # its last round was long ago
-    code, out, err = as_alice(["sacct", *db, "-S", "2026-01-01", "-P", "-n", "-o", "JobID"])
+    code, out, err = as_alice(["sacct", *db, "-S", "2026-01-01", "-P", "-n", "-o", "JobID", "-a"])
     assert (code, out.split()) == (0, ["1", "2", "3", "4", "5"]), err
     code, out, err = as_alice(["show", "job", "1", *db])
     assert code == 0 and out.startswith("JobId=1 JobName=cnn"), err
@@ -274,7 +274,9 @@ def test_alice_reads_postgres_through_the_read_only_role_of_the_guide(
         env = {"ICEFROG_DB": reader_url, "PGPASSWORD": "pw"}
         code, out, err = as_alice(["squeue", "-t", "all", "-h", "-o", "JobID"], env)
         assert (code, out.split()) == (0, ["1", "2", "3", "4", "5"]), err
-        code, out, err = as_alice(["sacct", "-S", "2026-01-01", "-P", "-n", "-o", "User"], env)
+        code, out, err = as_alice(
+            ["sacct", "-a", "-S", "2026-01-01", "-P", "-n", "-o", "User"], env
+        )
         assert (code, out.split()) == (0, ["alice", "bob", "alice", "carol", "alice"]), err
         writer = create_engine(reader_url, connect_args={"password": "pw"})
         try:
