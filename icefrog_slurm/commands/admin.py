@@ -1,10 +1,10 @@
 """``icefrog admin install-files DEST [--force]``: the files an admin installs by hand.
 
 The wheel carries the systemd unit, the example settings, the slurm.conf and gres.conf
-examples (the repository's ``slurm_conf/``, installed as the package
-``icefrog_slurm.examples``) and the guides (``docs/``, as ``icefrog_slurm.docs``); this
-command copies them out of wherever pip put them: the guides into ``DEST`` and the rest
-into ``DEST/examples``. An existing file is kept unless ``--force``; each file written or
+examples and the Prometheus alerting rules (the repository's ``slurm_conf/``, installed as
+the package ``icefrog_slurm.examples``) and the guides (``docs/``, as ``icefrog_slurm.docs``);
+this command copies them out of wherever pip put them: the guides into ``DEST`` and the
+rest into ``DEST/examples``. An existing file is kept unless ``--force``; each file written or
 kept is printed. Each folder is opened once without following a link and everything after
 works on that descriptor; a file is written under a new random name in its folder and
 renamed over the target, so a link planted at a target's name is replaced, never followed;
@@ -44,7 +44,12 @@ class Shipped:
 
 SHIPPED = (
     Shipped("icefrog_slurm.docs", "docs", ("*.md",), "."),
-    Shipped("icefrog_slurm.examples", "slurm_conf", ("*.example", "*.service"), "examples"),
+    Shipped(
+        "icefrog_slurm.examples",
+        "slurm_conf",
+        ("*.example", "*.service", "*.rules.yml"),
+        "examples",
+    ),
 )
 
 
@@ -53,8 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     files = sub.add_parser(
         "install-files",
         help="copy the systemd unit, example configs and guides to DEST",
-        description="Copy the guides to DEST and the systemd unit, the example settings "
-        "and the slurm.conf/gres.conf examples to DEST/examples (e.g. DEST = "
+        description="Copy the guides to DEST and the systemd unit, the example settings, "
+        "the slurm.conf/gres.conf examples and the Prometheus alerting rules to DEST/examples "
+        "(e.g. DEST = "
         "/usr/share/doc/icefrog-slurm, which the unit's Documentation= names).",
     )
     files.add_argument("dest", metavar="DEST", help="target folder (created if missing)")

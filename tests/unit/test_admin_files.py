@@ -15,7 +15,9 @@ from icefrog_slurm.commands.admin import SHIPPED, shipped_folder
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(
-    p.name for pattern in ("*.example", "*.service") for p in (REPO / "slurm_conf").glob(pattern)
+    p.name
+    for pattern in ("*.example", "*.service", "*.rules.yml")
+    for p in (REPO / "slurm_conf").glob(pattern)
 )
 DOCS = sorted(p.name for p in (REPO / "docs").glob("*.md"))
 
@@ -37,6 +39,8 @@ def test_copies_the_examples_and_the_guides(
     assert all(line.startswith(f"wrote {dest}/") for line in out), out
     unit = dest / "examples" / "icefrog-controller.service"
     assert unit.read_bytes() == (REPO / "slurm_conf" / unit.name).read_bytes()
+    rules = dest / "examples" / "icefrog-alerts.rules.yml"  # the admin guide's alert rules
+    assert rules.read_bytes() == (REPO / "slurm_conf" / rules.name).read_bytes()
     assert oct(unit.stat().st_mode & 0o777) == "0o644"
 
 
