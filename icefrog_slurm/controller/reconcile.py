@@ -58,6 +58,7 @@ from icefrog_slurm.slurm.port import ClusterPort, SlurmRejected, SlurmUnavailabl
 log = logging.getLogger(__name__)
 
 StepHook = Callable[[str], None]
+REQUEUE = "requeue"  # a job that ended on its own: requeued if it checkpointed, else failed
 _ORDER = {"stop": 0, "change": 1, "start": 2}  # free GPUs before taking them
 _SETTLING = frozenset(
     {
@@ -78,6 +79,19 @@ def record(plan: Plan, tx: StoreTx) -> int:
     """Write the plan's round, state changes and intents (the tick's transaction); returns
     the number of new intents."""
     for job_id, state in plan.state_changes:
+        if state == "failed":
+            # it may have checkpointed and exited to be requeued (a time limit's signal):
+            # the reconcile pass looks first (Reconciler._requeue_ended)
+            sid = tx.job(job_id).slurm_job_id
+            tx.add_intent(
+                action=REQUEUE,
+                params={"target": {}, "slurm_job_id": sid, "round": plan.round_no},
+                now=plan.time,
+                job_id=job_id,
+                round_no=plan.round_no,
+                supersede=False,  # the tick ends only jobs no intent moves
+            )
+            continue
         tx.set_state(job_id=job_id, state=state, now=plan.time)
     if plan.round_no is not None:
         tx.record_round(
@@ -229,7 +243,10 @@ class Reconciler:
                 return "done"
             tx.start_intent(intent_id=intent.id, now=self.clock.now())
         try:
-            detail = self._converge(intent, job.id, job.slurm_job_id, target, result)
+            if intent.action == REQUEUE:
+                detail = self._requeue_ended(intent, job.id, job.slurm_job_id, result)
+            else:
+                detail = self._converge(intent, job.id, job.slurm_job_id, target, result)
         except _Waiting:
             return "waiting"
         except SlurmRejected as exc:
@@ -297,9 +314,7 @@ class Reconciler:
         ):
             # not ours to bring back: it ended on its own, or its owner cancelled it
             raise SlurmRejected(f"Slurm job {sid} ended ({state.state if state else 'gone'})")
-        self._do(
-            intent, job_id, sid, "requeue_hold", r, lambda: self.cluster.requeue_hold(job_id=sid)
-        )
+        self._do(intent, job_id, sid, "requeue_hold", r, partial(self._requeue_hold, sid))
         return sid
 
     def _checkpoint_then_requeue(
@@ -319,9 +334,67 @@ class Reconciler:
         if not marked:
             msg = "job=%d slurm_job=%s: no checkpoint after %.0f s; requeued anyway"
             log.warning(msg, job_id, sid, waited)
-        self._do(
-            intent, job_id, sid, "requeue_hold", r, lambda: self.cluster.requeue_hold(job_id=sid)
-        )
+        self._do(intent, job_id, sid, "requeue_hold", r, partial(self._requeue_hold, sid))
+
+    def _requeue_hold(self, sid: str) -> str:
+        """``requeue_hold``, done also when Slurm already requeued the job itself (a site's
+        ``RequeueExit=75``: pending, held here with a user hold as ``requeuehold`` would
+        have; ``RequeueExitHold=75``: pending held already). Returns the logged detail."""
+        try:
+            self.cluster.requeue_hold(job_id=sid)
+        except SlurmRejected:
+            state = self.cluster.poll(job_ids=[sid]).get(sid)
+            if state is None or state.state != "PENDING" or state.admin_held:
+                raise
+            if state.held:
+                return "already requeued held by Slurm"
+            self.cluster.hold(job_id=sid)
+            return "already requeued by Slurm (RequeueExit): held"
+        return ""
+
+    def _requeue_ended(self, intent: Intent, job_id: int, sid: str, r: ReconcileResult) -> str:
+        """A job that ended on its own, with no intent moving it (the tick would record it
+        failed): requeued held when it checkpointed to be requeued -- its checkpoint marker
+        is newer than the controller's last release or requeue of this Slurm job (a time
+        limit's ``--signal=B:USR1@N``: the launcher exits 75); the next round releases it
+        like any held job. Otherwise it is recorded failed here."""
+        state = self.cluster.poll(job_ids=[sid]).get(sid)
+        if state is not None and not state.finished:
+            return f"Slurm job {sid} is {state.state} again (requeued by Slurm)"
+        why = self._not_requeueable(job_id, sid, state)
+        if why:
+            with self.store.transaction() as tx:
+                tx.set_state(job_id=job_id, state="failed", now=self.clock.now())
+            log.warning("job=%d slurm_job=%s: failed (%s)", job_id, sid, why)
+            return f"recorded failed: {why}"
+        self._do(intent, job_id, sid, "requeue_hold", r, partial(self._requeue_hold, sid))
+        log.info(
+            "job=%d slurm_job=%s: ended %s after its checkpoint (time limit): requeued held",
+            job_id, sid, state.state if state else "",
+        )  # fmt: skip
+        return f"ended {state.state if state else ''} after its checkpoint: requeued held"
+
+    def _not_requeueable(self, job_id: int, sid: str, state: SlurmJobState | None) -> str:
+        """Why an ended Slurm job is not requeued (module docstring); "" when it is."""
+        if state is None:
+            return f"Slurm job {sid} is gone from Slurm (its record outlived MinJobAge)"
+        with self.store.transaction() as tx:
+            starts = [
+                a.time
+                for a in tx.actions(job_id=job_id)
+                if a.slurm_job_id == sid
+                and a.outcome == "ok"
+                and a.action in ("release", "requeue_hold")
+            ]
+        if not starts:
+            return f"Slurm job {sid} ended {state.state}; the controller never released it"
+        try:
+            run_dir, owner = self._run_dir(job_id, sid)
+        except SlurmRejected as exc:
+            return f"Slurm job {sid} ended {state.state}; its folder is unknown ({exc})"
+        if not self.files.checkpoint_marked(run_dir=run_dir, since=max(starts), owner_uid=owner):
+            return f"Slurm job {sid} ended {state.state} with no checkpoint since its start"
+        return ""
 
     def _resubmit(
         self, intent: Intent, job_id: int, sid: str, target: SlurmRequest, r: ReconcileResult
@@ -437,11 +510,13 @@ class Reconciler:
         r: ReconcileResult,
         fn: Callable[[], Any],
     ) -> None:
-        """Run one Slurm command and log it with its outcome (also when it fails)."""
+        """Run one Slurm command and log it with its outcome (also when it fails); a text
+        ``fn`` returns is the logged detail."""
         start = self.clock.now()
         outcome, detail = "ok", ""
         try:
-            fn()
+            said = fn()
+            detail = said if isinstance(said, str) else ""
         except SlurmUnavailable as exc:
             outcome, detail = "timeout", str(exc)
             raise
