@@ -118,7 +118,8 @@ def parse_squeue_json(text: str) -> dict[str, SlurmJobDetail]:
             detail = _job_from_json(record)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             jid = record.get("job_id") if isinstance(record, dict) else None
-            log.warning("squeue --json: job %r skipped: %s", jid, str(exc)[:200])
+            shown = jid if isinstance(jid, int) else repr(jid)[:40]  # escaped when not a number
+            log.warning("slurm_job=%s: squeue --json record skipped: %s", shown, str(exc)[:200])
             continue
         jobs[detail.job_id] = detail
     return jobs
