@@ -6,7 +6,8 @@ the machinery, not any model:
 
 - :class:`Param`: one named parameter with its default, bounds and prior width;
 - :func:`fit_params`: ``scipy.optimize.least_squares`` (trust-region reflective, bounded)
-  on a model's residuals plus one prior residual per free parameter,
+  on a model's residuals (with the model's analytic Jacobian when it has one, else
+  finite differences) plus one prior residual per free parameter,
   ``sqrt(prior_weight) x (p - default) / scale``, which pulls an ill-determined parameter
   to its default when samples are few and fades as data residuals accumulate; parameters
   the samples cannot inform are held at their default (``fixed``);
@@ -31,6 +32,7 @@ from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.throughput import (
     DEFAULT_GPUS_PER_NODE,
+    PARAMETERS,
     DdpThroughputModel,
     FreezeParams,
     LinearCurve,
@@ -42,6 +44,7 @@ from icefrog_slurm.errors import InputError
 
 FloatArray = npt.NDArray[np.float64]
 Residuals = Callable[[Mapping[str, Any]], FloatArray]
+Jacobian = Callable[[Mapping[str, Any]], FloatArray]
 
 _LSQ_WORKERS = "workers" in inspect.signature(least_squares).parameters
 """scipy >= 1.16: ``least_squares`` takes ``workers`` (older: one point at a time, same fit)."""
@@ -92,12 +95,17 @@ def fit_params(
     prior_weight: float = DEFAULT_PRIOR_WEIGHT,
     starts: Sequence[Mapping[str, float]] = (),
     vectorised: bool = False,
+    jacobian: Jacobian | None = None,
 ) -> FitResult:
     """Minimise ``sum(residuals(p)^2) + prior_weight x sum(((p - default) / scale)^2)`` over
     the free parameters within their bounds (scipy ``least_squares``, method ``trf``).
 
     ``starts``: extra starting points (partial mappings over the defaults); the best end
-    point wins, which guards a non-convex model against a poor local minimum.
+    point wins, which guards a non-convex model against a poor local minimum; a start that
+    is the same point as an earlier one (it moves only parameters held fixed) is not solved
+    again.
+    ``jacobian``: the residuals' derivatives at a parameter point, one column a parameter
+    in ``params`` order (fixed ones included); without it scipy's finite differences.
     ``vectorised``: ``residuals`` also accepts a mapping whose free values are columns
     (k x 1 arrays) of k parameter points and returns k rows of residuals; the Jacobian's
     finite differences (scipy's steps) are then evaluated in one call instead of one a
@@ -137,17 +145,27 @@ def fit_params(
         data = np.asarray(residuals(values), dtype=float)
         return list(np.concatenate([data, weight * (xs - centre) / scale], axis=1))
 
+    free_columns = [i for i, p in enumerate(params) if p.name not in fixed]
+    prior_rows = np.diag(weight / scale)
+
+    def total_jacobian(x: FloatArray) -> FloatArray:
+        assert jacobian is not None
+        data = np.asarray(jacobian(values_of(x)), dtype=float)[:, free_columns]
+        return np.concatenate([data, prior_rows], axis=0)
+
+    if jacobian is not None:
+        how: dict[str, Any] = {"jac": total_jacobian}
+    else:
+        how = {"workers": total_map} if vectorised and _LSQ_WORKERS else {}
     best: FitResult | None = None
+    solved: list[FloatArray] = []
     for start in [{}, *starts]:
         x0 = np.array([start.get(p.name, p.default) for p in free], dtype=float)
         x0 = _inside(x0, lower, upper)
-        result = least_squares(
-            total,
-            x0,
-            bounds=(lower, upper),
-            method="trf",
-            **({"workers": total_map} if vectorised and _LSQ_WORKERS else {}),
-        )
+        if any(np.array_equal(x0, done) for done in solved):
+            continue  # the same point: the same end point
+        solved.append(x0)
+        result = least_squares(total, x0, bounds=(lower, upper), method="trf", **how)
         candidate = FitResult(
             values_of(result.x), float(result.cost), tuple(p.name for p in free), result.success
         )
@@ -162,6 +180,13 @@ def log_ratio(predicted: FloatArray, observed: FloatArray) -> FloatArray:
 
     Predictions are floored at 1e-12 so a degenerate parameter point stays finite."""
     return np.asarray(np.log(np.maximum(predicted, 1e-12) / observed), dtype=float)
+
+
+def d_log_ratio(predicted: FloatArray, d_predicted: FloatArray) -> FloatArray:
+    """The derivatives of :func:`log_ratio` (rows of ``d_predicted``, one a prediction,
+    divided by the prediction; 0 where the floor holds it)."""
+    scale = np.where(predicted > 1e-12, 1.0 / np.maximum(predicted, 1e-12), 0.0)
+    return np.asarray(scale[:, None] * d_predicted, dtype=float)
 
 
 def ape(
@@ -311,7 +336,8 @@ def fit_ddp_model(
     """Fit every parameter of the DDP model (eq 5-7; the system parameters of eq 14) to
     profile samples by bounded least squares on log-ratios of the measured times:
     T_fwd (when measured, > 0), T_bwd (when measured) and T_iter (always; from
-    ``samples_per_s`` when ``t_iter_s`` is 0). Shared samples are skipped.
+    ``samples_per_s`` when ``t_iter_s`` is 0). Shared samples are skipped. The solver is
+    given the model's analytic Jacobian (``DdpThroughputModel.gradients``).
 
     ``nodes``: each sample's node count; by default ceil(gpus / gpus_per_node). When no
     forward time is measured the forward curve is held at 0 and the backward curve carries
@@ -338,9 +364,25 @@ def fit_ddp_model(
             axis=-1,
         )
 
+    columns = [PARAMETERS.index(p.name) for p in params]
+
+    def jacobian(v: Mapping[str, Any]) -> FloatArray:
+        """d residuals / d parameters (eq 5-7 differentiated: the model's ``gradients``)."""
+        model = ddp_model_from(v, gpus_per_node)
+        t_fwd, t_bwd, _, t_iter = model.components(
+            obs.gpus, obs.nodes, obs.batch, obs.theta, obs.omega
+        )
+        d_fwd, d_bwd, d_iter = model.gradients(obs.gpus, obs.nodes, obs.batch, obs.theta, obs.omega)
+        parts = [
+            d_log_ratio(t_fwd[has_fwd], d_fwd[has_fwd]),
+            d_log_ratio(t_bwd[has_bwd], d_bwd[has_bwd]),
+            d_log_ratio(t_iter, d_iter),
+        ]
+        return np.concatenate(parts, axis=0)[:, columns]
+
     starts = [{"gamma": 3.0}, {"gamma_flop": 0.5}]
     result = fit_params(
-        residuals, params, fixed=fixed, prior_weight=prior_weight, starts=starts, vectorised=True
+        residuals, params, fixed=fixed, prior_weight=prior_weight, starts=starts, jacobian=jacobian
     )
     return ddp_model_from(result.values, gpus_per_node)
 

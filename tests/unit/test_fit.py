@@ -1,18 +1,22 @@
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pytest
 
+from icefrog_slurm.core import fit
 from icefrog_slurm.core.fit import (
     Param,
     ProfileHistory,
     ape,
+    ddp_model_from,
     fit_ddp_model,
     fit_params,
 )
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.throughput import (
+    PARAMETERS,
     DdpThroughputModel,
     FreezeParams,
     LinearCurve,
@@ -153,3 +157,74 @@ def test_shared_samples_alone_cannot_fit() -> None:
     )  # fmt: skip
     with pytest.raises(InputError, match="unshared"):
         fit_ddp_model([sample], LAYERS)
+
+
+def _model_at(values: Mapping[str, float]) -> DdpThroughputModel:
+    return ddp_model_from(values, 4)
+
+
+@pytest.mark.parametrize("capped", [False, True])
+def test_gradients_are_the_derivatives_of_the_components(capped: bool) -> None:
+    """DdpThroughputModel.gradients (the fit's analytic Jacobian) against central
+    differences of components, column by column, also where a fixed cost is capped."""
+    rng = np.random.default_rng(11)
+    gpus = np.array([1.0, 2.0, 4.0, 8.0, 16.0, 3.0])
+    nodes = np.array([1.0, 1.0, 1.0, 2.0, 4.0, 1.0])
+    batch = np.array([16.0, 32.0, 64.0, 128.0, 8.0, 48.0])
+    theta = np.array([1.0, 0.7, 0.4, 0.1, 0.0, 0.55])
+    omega = np.array([1.0, 0.8, 0.3, 0.05, 0.0, 0.6])
+    for _ in range(4):
+        v = dict(zip(PARAMETERS, rng.uniform(0.001, 0.02, len(PARAMETERS)), strict=True))
+        v["gamma_flop"], v["gamma"] = rng.uniform(0.3, 2.0), rng.uniform(1.0, 4.0)
+        if capped:  # the fixed costs exceed the unfrozen times: eq 6-7 give T(0) back
+            v["alpha_flop"] = v["alpha_sync"] = 10.0
+        grads = _model_at(v).gradients(gpus, nodes, batch, theta, omega)
+        for j, name in enumerate(PARAMETERS):
+            h = 1e-5 * max(abs(v[name]), 1e-3)
+            up, down = _model_at({**v, name: v[name] + h}), _model_at({**v, name: v[name] - h})
+            t_up = up.components(gpus, nodes, batch, theta, omega)
+            t_down = down.components(gpus, nodes, batch, theta, omega)
+            for grad, k in zip(grads, (0, 1, 3), strict=True):
+                numeric = (t_up[k] - t_down[k]) / (2 * h)
+                assert grad[:, j] == pytest.approx(numeric, rel=1e-4, abs=1e-9), (name, k)
+
+
+def test_analytic_jacobian_fit_equals_the_finite_difference_fit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """fit_ddp_model with its analytic Jacobian ends where scipy's finite differences do
+    (the same minimum; the numbers agree to the solver's tolerance)."""
+    rng = np.random.default_rng(5)
+    configs = [(1, 32, 0), (2, 64, 4), (4, 64, 8), (8, 128, 0), (16, 32, 12), (1, 128, 16)]
+    samples = [synthetic(TRUE, *c, 0.05, rng) for c in configs]
+    analytic = fit_ddp_model(samples, LAYERS)
+    original = fit.fit_params
+
+    def numeric(*args: Any, **kwargs: Any) -> fit.FitResult:
+        return original(*args, **{**kwargs, "jacobian": None})
+
+    monkeypatch.setattr(fit, "fit_params", numeric)
+    finite = fit_ddp_model(samples, LAYERS)
+    assert analytic != finite  # two computations, not one
+    for g, m, k in [(1, 16, 0), (2, 64, 8), (4, 256, 4), (8, 32, 16), (32, 64, 0)]:
+        one = analytic.throughput(gpus=g, batch=m, frozen=k, layers=LAYERS)
+        assert one == pytest.approx(finite.throughput(gpus=g, batch=m, frozen=k, layers=LAYERS))
+
+
+def test_a_start_at_the_same_point_is_solved_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The DDP fit's extra starts move gamma and gamma_flop; with both held (one GPU,
+    nothing frozen) they are the default point again and are not solved again."""
+    calls: list[int] = []
+    real = fit.least_squares
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fit, "least_squares", counted)
+    rng = np.random.default_rng(2)
+    fit_ddp_model([synthetic(TRUE, 1, m, 0, 0.01, rng) for m in (16, 64)], LAYERS)
+    assert len(calls) == 1
+    calls.clear()
+    fit_ddp_model([synthetic(TRUE, g, 64, k, 0.01, rng) for g, k in ((1, 0), (4, 8))], LAYERS)
+    assert len(calls) == 3
