@@ -309,13 +309,18 @@ def run(args: argparse.Namespace) -> int:
         sbatch_options.refuse(option)
         sbatch_options.check_value(option)
     passed = _last_each([o for o in options if o.spec.kind is Kind.PASS])
-    own = [o for o in options if o.spec.kind is Kind.ICEFROG]  # the command line's: args
+    # icefrog's options from the header and SBATCH_ variables (the command line's: args)
+    own = [o for o in options if o.spec.kind is Kind.ICEFROG]
 
     def given(name: str) -> Any:
         value = getattr(args, name.replace("-", "_"))
         last = _last(own, name)
         return value if value is not None or last is None else last.value
 
+    if not batch and given("chdir") is not None:
+        raise InputError(
+            "-D/--chdir: sets where a batch script's body runs; a Python script runs in --workdir"
+        )
     declared = declaration.from_args(args)
     name = _job_name(given("job-name"), script)
     settings = _settings(args)
@@ -341,8 +346,7 @@ def run(args: argparse.Namespace) -> int:
     lines = sbatch_options.header_lines(passed)
     source = f" from {script[0]!r}" if batch else ""  # repr: no line break gets in
     lines += f"# icefrog job {name} (key {key}), written by icefrog submit{source}\n"
-    if batch:
-        assert text is not None
+    if batch and text is not None:
         body = text.split("\n", 1)[1] if text.startswith("#!") and "\n" in text else text
         rundir = os.path.abspath(given("chdir") or os.getcwd())
         job = batch_script(

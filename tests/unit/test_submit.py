@@ -224,6 +224,7 @@ def test_python_script_keeps_todays_form(submit_here: tuple[Path, list[object]])
     assert '#SBATCH "--time=5"\n#SBATCH "--qos=normal"\n' in text
     assert f"--seed=0 -- {tmp_path}/train.py --lr 1 &\n" in text
     assert requests[0].name == "train"  # type: ignore[attr-defined]
+    assert _submit(tmp_path, "-D", "/tmp", "train.py") == 2  # no body to run there
 
 
 def test_job_environment_follows_sbatch_export() -> None:

@@ -1,0 +1,191 @@
+"""``icefrog submit`` of an existing batch script on the real local cluster: what the job was
+submitted with survives the controller's moves.
+
+The moves are the backend's own (``SlurmCliBackend.resubmit``, as the controller makes them
+to move a pending job between whole GPUs and GPU shards; ``update_pending`` for a resize in
+place). The job keeps its account, time limit (the command line's, over the script's),
+features, mail settings and host memory per GPU: ``scontrol show job`` of every new job is
+compared with the original's. The dev cluster has no accounting database, so Slurm shows
+``QOS=(null)`` whatever was asked: that the QOS is replayed is shown by the ``#SBATCH
+"--qos=normal"`` line of every new job's own batch script (``scontrol write
+batch_script``), the script sbatch applied. Once released, the job's output shows its
+environment: a variable of the submitting shell (``--export`` ALL) and one given by
+``--export=ALL,NAME=VALUE``, recorded in the script, reach the run after two resubmissions.
+A header smuggling an option the controller decides (``--nodelist``, ``--gres``) into a
+job's stored script is refused at resubmission, and the old job is left as it was. The
+example of docs/user-guide.md (examples/train_digits.sbatch) is submitted as documented and
+trains to its target.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from icefrog_slurm.domain.cluster import Gres
+from icefrog_slurm.protocol import parse_envelope, parse_payload
+from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
+from icefrog_slurm.slurm.port import SlurmRejected
+from tests.integration.conftest import REPO, wait_for
+
+pytestmark = [pytest.mark.slurm]
+
+SCRIPT = """#!/bin/bash
+#SBATCH --account=physics --qos=normal
+#SBATCH --time=01:30:00 --constraint=ib
+#SBATCH --mem-per-gpu=900M --mail-type=END,FAIL --mail-user=alice@example.org
+echo "KEPT=$ICEFROG_IT_KEPT GIVEN=$ICEFROG_IT_GIVEN ARG=$1 PWD=$PWD"
+#SBATCH --gres=gpu:4
+"""
+KEPT_FIELDS = ("Account", "TimeLimit", "Features", "MailUser", "MailType", "Partition")
+
+
+def _icefrog(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "icefrog_slurm", *args],
+        capture_output=True, text=True, timeout=120, cwd=cwd, check=False,
+        env=dict(os.environ, PYTHONPATH=str(REPO), **env),
+    )  # fmt: skip
+
+
+def _show(job_id: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["scontrol", "-o", "show", "job", job_id],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout  # fmt: skip
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def _batch_script(job_id: str) -> str:
+    return subprocess.run(
+        ["scontrol", "write", "batch_script", job_id, "-"],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout  # fmt: skip
+
+
+def _kept(job_id: str) -> dict[str, str]:
+    return {k: _show(job_id)[k] for k in KEPT_FIELDS}
+
+
+@pytest.mark.timeout(240)
+def test_sbatch_options_and_environment_survive_moves(job_dir: Path) -> None:
+    inbox = job_dir / "inbox"
+    inbox.mkdir(mode=0o1733)
+    (job_dir / "job.sh").write_text(SCRIPT)
+    workdir = job_dir / "w"
+    done = _icefrog(
+        "submit", "--gpus", "1-2", "--inbox", str(inbox), "--partition", "gpu",
+        "--workdir", str(workdir), "--time=2:00:00", "--export=ALL,ICEFROG_IT_GIVEN=given",
+        "job.sh", "first-arg",
+        cwd=job_dir, ICEFROG_IT_KEPT="kept value",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.split()[-1]
+    backend = SlurmCliBackend()
+    ids = [first]
+    try:
+        original = _kept(first)
+        assert original == {
+            "Account": "physics", "TimeLimit": "02:00:00", "Features": "ib",
+            "MailUser": "alice@example.org", "MailType": "END,FAIL", "Partition": "gpu",
+        }  # fmt: skip
+        assert _show(first)["MemPerTres"] == "gres:gpu:900"
+        assert '#SBATCH "--qos=normal"\n' in _batch_script(first)
+
+        shard = backend.resubmit(job_id=first, owner_uid=os.getuid(), gres=Gres("shard", 1))
+        ids.append(shard)
+        assert _kept(shard) == original
+        assert _show(shard)["TresPerNode"] == "gres:shard:1"
+        assert _show(shard)["MinMemoryNode"] == "900M"  # one GPU's worth, per node
+        assert '#SBATCH "--qos=normal"\n' in _batch_script(shard)
+
+        back = backend.resubmit(job_id=shard, owner_uid=os.getuid(), gres=Gres("gpu", 2))
+        ids.append(back)
+        backend.update_pending(job_id=back, gres=Gres("gpu", 1), num_nodes=1)  # a resize
+        assert _kept(back) == original
+        assert (_show(back)["TresPerNode"], _show(back)["MemPerTres"]) == (
+            "gres:gpu:1", "gres:gpu:900",
+        )  # fmt: skip
+        assert '#SBATCH "--qos=normal"\n' in _batch_script(back)
+
+        backend.release(job_id=back)
+        final = wait_for(
+            "the job to finish",
+            lambda: (s := backend.poll(job_ids=[back]).get(back)) and s.finished and s,
+            timeout=120,
+            every=1.0,
+        )
+        log = (workdir / f"slurm-{back}.out").read_text()
+        assert final.state == "COMPLETED", log
+        assert f"KEPT=kept value GIVEN=given ARG=first-arg PWD={job_dir}\n" in log
+    finally:
+        for jid in ids:
+            backend.cancel(job_id=jid)
+
+
+@pytest.mark.parametrize("smuggled", ["--nodelist=node4", "--gres=gpu:4"])
+def test_a_smuggled_header_is_refused_at_resubmission(job_dir: Path, smuggled: str) -> None:
+    """The owner's own sbatch with an icefrog comment (no icefrog submit in between): the
+    header asks for what the controller decides; the controller does not replay it."""
+    script = f'#!/bin/bash\n#SBATCH --time=5 "{smuggled}"\ntrue\n'
+    jid = subprocess.run(
+        ["sbatch", "--parsable", "--hold", "--requeue", "--gres=gpu:1", "--nodes=1-1",
+         "--partition=gpu", "--comment=icefrog:smuggle", f"--chdir={job_dir}",
+         f"--output={job_dir}/%j.out"],
+        input=script, capture_output=True, text=True, timeout=30, check=True,
+    ).stdout.strip()  # fmt: skip
+    backend = SlurmCliBackend()
+    try:
+        with pytest.raises(SlurmRejected, match=re.escape(smuggled.split("=")[0])):
+            backend.resubmit(job_id=jid, owner_uid=os.getuid(), gres=Gres("shard", 1))
+        state = backend.poll(job_ids=[jid])[jid]
+        assert (state.state, state.held) == ("PENDING", True)  # left as it was
+    finally:
+        backend.cancel(job_id=jid)
+
+
+def _reports(inbox: Path, job_id: str, kind: str) -> list[object]:
+    return [
+        parse_payload(kind, parse_envelope(p.read_bytes()).payload)
+        for p in sorted((inbox / job_id).glob(f"*-{kind}.json"))
+    ]
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(300)
+def test_the_user_guide_example_trains(job_dir: Path) -> None:
+    inbox = job_dir / "inbox"
+    inbox.mkdir(mode=0o1733)
+    workdir = job_dir / "digits"
+    done = _icefrog(
+        "submit", "--gpus", "1-2", "--batch", "64", "--target", "val_acc>=0.85",
+        "--max-epochs", "8", "--inbox", str(inbox), "--partition", "gpu",
+        "--workdir", str(workdir), "train_digits.sbatch", "--model", "mlp",
+        cwd=REPO / "examples",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.split()[-1]
+    backend = SlurmCliBackend()
+    try:
+        assert _kept(job_id)["TimeLimit"] == "00:30:00"
+        assert backend.job_detail(job_id=job_id).name == "digits"
+        backend.release(job_id=job_id)
+        final = wait_for(
+            "the job to finish",
+            lambda: (s := backend.poll(job_ids=[job_id]).get(job_id)) and s.finished and s,
+            timeout=260,
+            every=1.0,
+        )
+        log = (workdir / f"slurm-{job_id}.out").read_text()
+        assert final.state == "COMPLETED", log[-3000:]
+        assert f"in {REPO / 'examples'}\n" in log
+        assert "finished: target_reached" in log
+        (finished,) = _reports(inbox, job_id, "finished")
+        assert finished.reason == "target_reached"  # type: ignore[attr-defined]
+    finally:
+        backend.cancel(job_id=job_id)
