@@ -207,7 +207,9 @@ class ClusterPort(Protocol):
         more, with new GRES (the only way to move between gpu and shard on 22.05); the old
         job is cancelled and the new one (held) links to it in its signed comment. Refused
         unless Slurm's owner of the job is ``owner_uid`` (the owner icefrog recorded from
-        the job's munge-signed registration). Returns the new id."""
+        the job's munge-signed registration), and unless the script's ``#SBATCH`` header
+        holds only what ``icefrog submit`` writes there (the user's kept sbatch options,
+        ``sbatch_options.replay_refusal``), which apply again. Returns the new id."""
         ...
 
     def hostnames(self, *, nodelist: str) -> tuple[str, ...]:
