@@ -303,3 +303,22 @@ def test_sbatch_input_variables_between_header_and_command_line(
     monkeypatch.setenv("SBATCH_GRES", "gpu:8")
     assert _submit(tmp_path, "job.sh") == 2
     assert "--gres (SBATCH_GRES): not accepted" in capsys.readouterr().err
+
+
+def test_a_file_name_or_variable_cannot_add_sbatch_lines(
+    submit_here: tuple[Path, list[object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script path and an environment value with a line break and an ``#SBATCH`` line in
+    them end up as text sbatch never reads as options (a repr in a comment; quoted values
+    after the first command)."""
+    from icefrog_slurm.slurm import sbatch_options as so
+
+    tmp_path, _ = submit_here
+    evil = "x\n#SBATCH --nodelist=node4\n"
+    (tmp_path / f"a{evil}.sh").write_text("#!/bin/bash\ntrue\n")
+    monkeypatch.setenv("EVIL", evil)
+    assert _submit(tmp_path, "-J", "evil", f"a{evil}.sh") == 0
+    text = (tmp_path / "wd" / "job.sbatch").read_text()
+    assert "\n#SBATCH --nodelist=node4\n" in text  # inside the quoted export: not an option
+    assert [g.spec.name for g in so.read_header(text, "job.sbatch")] == ["open-mode"]
+    assert so.replay_refusal(text) is None
