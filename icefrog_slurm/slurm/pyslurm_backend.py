@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 from icefrog_slurm.domain.cluster import FINISHED_STATES, Gres, PartitionCapacity, SlurmJobState
 from icefrog_slurm.extras import MissingExtra, require
-from icefrog_slurm.slurm import parse
+from icefrog_slurm.slurm import commands, parse
 from icefrog_slurm.slurm.cli_backend import CliSettings, SlurmCliBackend
 from icefrog_slurm.slurm.identity import TagSigner, earlier_submission, successor_of
 from icefrog_slurm.slurm.port import (
@@ -196,6 +196,7 @@ class SlurmPyslurmBackend:
             standard_output=request.output,
             working_directory=request.workdir,
             time_limit=request.time_limit,
+            **host_share(request),
         )
 
         def once() -> str:
@@ -300,3 +301,25 @@ class SlurmPyslurmBackend:
 def _conforms(backend: SlurmPyslurmBackend) -> ClusterPort:
     """mypy proves here that SlurmPyslurmBackend implements the whole port."""
     return backend
+
+
+PYSLURM_FIELDS = {
+    "--mem-per-gpu": "memory_per_gpu",
+    "--cpus-per-gpu": "cpus_per_gpu",
+    "--mem": "memory_per_node",
+    "--cpus-per-task": "cpus_per_task",
+}
+"""sbatch's host-share options and the ``JobSubmitDescription`` field of each."""
+
+
+def host_share(request: SubmitRequest) -> dict[str, str | int]:
+    """The memory and cores the job asks for besides its GPUs, as ``JobSubmitDescription``
+    fields: exactly what ``commands.host_share`` gives sbatch (per GPU for whole GPUs, one
+    GPU's worth per node for a shard job; nothing: slurm.conf's defaults). Memory keeps its
+    unit (``"900M"``), cores are a count."""
+    fields: dict[str, str | int] = {}
+    for option in commands.host_share(request.gres, request.mem_per_gpu_mb, request.cpus_per_gpu):
+        name, value = option.split("=", 1)
+        field = PYSLURM_FIELDS[name]
+        fields[field] = value if field.startswith("memory") else int(value)
+    return fields

@@ -122,6 +122,10 @@ class JobSubmitDescription:
         "working_directory",
         "time_limit",
         "begin_time",
+        "memory_per_gpu",
+        "cpus_per_gpu",
+        "memory_per_node",
+        "cpus_per_task",
     )
 
     def __init__(self, **kwargs: Any) -> None:
@@ -149,6 +153,11 @@ class JobSubmitDescription:
             "chdir": self.working_directory,
             "time": self.time_limit,
             "begin": _when(self.begin_time),
+            # memory: pyslurm takes MiB as a number or a size with its unit, as sbatch
+            "mem-per-gpu": self.memory_per_gpu,
+            "cpus-per-gpu": self.cpus_per_gpu,
+            "mem": self.memory_per_node,
+            "cpus-per-task": self.cpus_per_task,
         }
         argv += [f"--{k}={v}" for k, v in opts.items() if v is not None]
         return int(_run(argv, stdin=self.script).strip().split(";")[0])
