@@ -75,9 +75,12 @@ class StateRegistry:
         else:
             self._warn(f"the checkpoint has no state for {name!r}: it starts fresh")
 
-    def restore(self, saved: Mapping[str, Any]) -> None:
+    def restore(self, saved: object) -> None:
         """A checkpoint's states: given to the objects registered so far, kept for those
-        registered later."""
+        registered later (anything but a dictionary of them: none, with a warning)."""
+        if not isinstance(saved, Mapping) or not all(isinstance(k, str) for k in saved):
+            self._warn("the checkpoint's registered states are not a dictionary: none restored")
+            saved = {}
         self._saved = dict(saved)
         for name, obj in self.objects.items():
             if name in self._saved:

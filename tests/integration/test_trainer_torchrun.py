@@ -3,12 +3,15 @@
 What is checked: frozen parameters get no gradient, no backward work and no all-reduce,
 and do not change; unfreezing continues from their kept Adam state; a run resized 2 -> 1
 process (by a decision, and by a signal through ``icefrog launch``) resumes from its
-checkpoint with the same progress and a comparable metric; statistics per layer.
+checkpoint with the same progress and a comparable metric; statistics per layer; the
+registered objects (LR scheduler, GradScaler, a user's counter) resume exactly on another
+process count; a declared global batch makes the same optimizer steps on 1 and 2 processes.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -178,3 +181,60 @@ def test_launch_signal_checkpoints_mid_epoch_and_resumes(tmp_path: Path) -> None
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["samples_done"] == (state["epoch"] + 1) * 1500
     assert out["epochs"][0]["steps"] == -(-(1500 - state["position"]) // 8)
+
+
+def test_registered_objects_resume_exactly_on_another_process_count(tmp_path: Path) -> None:
+    """A per-epoch CosineAnnealingLR (``scheduler=``), a GradScaler (``scaler=``) and a
+    user's step counter (``register_state``): 2 processes for 6 epochs, or 2 epochs on 2
+    then (decision: 1 GPU, the same global batch) 4 on 1 process. Every epoch's learning
+    rate, scaler state and count are those of the uninterrupted run, to the last digit.
+    Before, the schedule restarted at the resume (measured: LR 0.4665/0.3750 at epochs 4-5
+    instead of 0.25/0.067 of lr 1), the scaler and the counter from their fresh states."""
+    base, resized = tmp_path / "base", tmp_path / "resized"
+    epochs = {"ICEFROG_MAX_EPOCHS": "6", "ICEFROG_BATCH": "32-64"}
+    done = _torchrun(2, _env(base, PROBE_MODE="objects", **epochs))
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = _torchrun(2, _env(resized, PROBE_MODE="objects", PROBE_RESIZE_AT="1", **epochs))
+    assert first.returncode != 0 and "requeue requested" in first.stderr
+    second = _torchrun(1, _env(resized, PROBE_MODE="objects", **epochs))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from checkpoint" in second.stderr and "was 2" in second.stderr
+    assert "warning" not in second.stderr
+    a = json.loads((base / "out.json").read_text())
+    b = json.loads((resized / "out.json").read_text())
+    keys = ("epoch", "lr", "scaler", "counter")
+    whole = [{k: e[k] for k in keys} for e in a["epochs"]]
+    assert [{k: e[k] for k in keys} for e in b["epochs"]] == whole[2:]
+    cosine = [0.025 * (1 + math.cos(math.pi * e / 6)) for e in range(6)]  # lr 0.05, T_max 6
+    assert [e["lr"] for e in whole] == pytest.approx(cosine, rel=1e-12)
+    assert [e["counter"] for e in whole] == [24 * (e + 1) for e in range(6)]  # 1500 / 64
+    scales = [e["scaler"]["scale"] for e in whole]
+    assert scales == sorted(scales) and scales[-1] > scales[0]  # it grew: a state to keep
+
+
+def test_global_batch_same_steps_on_one_and_two_processes(tmp_path: Path) -> None:
+    """--global-batch 64 with per-GPU batches of 8-16: 1 process accumulates 4 micro-steps
+    of 16, 2 processes 2 of 16 each. The optimizer steps cover the same samples (one global
+    order), so after 2 epochs (48 steps, SGD with momentum, no dropout) the parameters are
+    the same within float rounding; 2 processes all-reduce once an optimizer step. Before,
+    both trained at 8 a GPU without accumulating: steps of 8 and of 16 samples."""
+    env = {"ICEFROG_MAX_EPOCHS": "2", "ICEFROG_BATCH": "8-16", "ICEFROG_GLOBAL_BATCH": "64"}
+    runs = {}
+    for procs in (1, 2):
+        done = _torchrun(procs, _env(tmp_path / str(procs), PROBE_MODE="global", **env))
+        assert done.returncode == 0, done.stderr[-3000:]
+        k = 4 // procs
+        assert f"a step covers {procs} x 16 x {k} micro-steps = 64 samples" in done.stderr
+        runs[procs] = json.loads((tmp_path / str(procs) / "out.json").read_text())
+        profiles = [p[0] for p in _reports(tmp_path / str(procs), "profile")]
+        assert [(p.gpus, p.batch) for p in profiles] == [(procs, 16)] * 2
+        progress = _reports(tmp_path / str(procs), "progress")
+        assert [p.samples_done for p in progress] == [1500, 3000]
+    one, two = runs[1], runs[2]
+    assert one["optimizer_steps"] == two["optimizer_steps"] == 2 * 24  # ceil(1500 / 64)
+    assert [e["steps"] for e in one["epochs"]] == [94, 94]  # micro-steps: ceil(1500 / 16)
+    assert [e["steps"] for e in two["epochs"]] == [47, 47]  # ceil(1500 / 32)
+    assert two["synced_numel"] == two["trainable_numel"] * two["optimizer_steps"]
+    assert one["synced_numel"] == 0
+    for p1, p2 in zip(one["params"], two["params"], strict=True):
+        assert p1 == pytest.approx(p2, abs=2e-5)

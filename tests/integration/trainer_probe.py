@@ -8,6 +8,13 @@ probes that record what the tests check. PROBE_MODE selects the scenario:
   GPU and a per-GPU batch of 64 (the same global batch), so the trainer checkpoints and
   exits 75; run again with one process to finish.
 - ``plain``: no decisions.
+- ``objects``: SGD with a per-epoch CosineAnnealingLR (``scheduler=``), a
+  ``torch.amp.GradScaler`` on the CPU (``scaler=``, growing its scale every 40 steps) and a
+  user's step counter (``register_state``); with PROBE_RESIZE_AT as ``resize``. Records
+  each epoch's learning rate, scaler state and count.
+- ``global``: SGD with momentum, the loop of every mode, for a job declaring
+  ``--global-batch``; records the optimizer steps, the all-reduced elements and the final
+  parameters.
 
 Results go to PROBE_OUT (JSON, rank 0).
 """
@@ -44,14 +51,36 @@ def frozen_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> di
     }
 
 
+class StepCounter:
+    """A user's object in the checkpoint: optimizer steps seen."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.steps = state["steps"]
+
+
 def main() -> None:
     mode = os.environ.get("PROBE_MODE", "plain")
     workdir = Path(os.environ["ICEFROG_WORKDIR"])
     torch.manual_seed(0)
     train, val = digits_example.digits()
     model = digits_example.make_model("mlp")
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    trainer = Trainer(model, optimizer, train, stats_every=4)
+    optimizer: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sched = scaler = None
+    counter = StepCounter()
+    if mode in ("objects", "global"):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if mode == "objects":
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=6)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=40)
+    trainer = Trainer(model, optimizer, train, stats_every=4, scheduler=sched, scaler=scaler)
+    if mode == "objects":
+        trainer.register_state("counter", counter)
     out: dict[str, object] = {"epochs": [], "rank": trainer.rank, "world": trainer.world}
     boundary: list[bool] = []
     # the output of the last layer of the frozen prefix (layer index 2)
@@ -64,15 +93,28 @@ def main() -> None:
         numel0 = trainer.synced_numel
         grads_none = []
         first_step = None
+        record["lr"] = optimizer.param_groups[0]["lr"]
         for x, y in trainer.loader:
             optimizer.zero_grad()
-            F.cross_entropy(trainer.model(x), y).backward()
+            loss = F.cross_entropy(trainer.model(x), y)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                counter.steps += 1
+                grads_none.append([])
+                continue
+            loss.backward()
             grads_none.append([p.grad is None for p in model.parameters()])
             if mode == "freeze" and epoch == 2 and first_step is None:
                 first_step = {"grad": [p.grad.flatten().tolist() for p in model[1].parameters()]}
             optimizer.step()
             if first_step is not None and "after" not in first_step:
                 first_step["after"] = frozen_state(model, optimizer)
+        if sched is not None:
+            sched.step()
+        if scaler is not None:
+            record.update(scaler=scaler.state_dict(), counter=counter.steps)
         record["steps"] = len(grads_none)
         record["grad_none"] = [all(col) for col in zip(*grads_none, strict=True)]
         record["boundary_requires_grad"] = sorted(set(boundary))
@@ -86,7 +128,7 @@ def main() -> None:
         record["val_acc"] = acc
         out["epochs"].append(record)  # type: ignore[attr-defined]
         decision = decisions.get(epoch) if mode == "freeze" else None
-        if mode == "resize" and epoch == resize_at:
+        if mode in ("resize", "objects") and epoch == resize_at:
             decision = Decision(10, 1, 64, 0)
         if decision is not None and trainer.rank == 0:
             write_atomic(Path(trainer.config.decision_path), decision.to_json().encode())
@@ -100,6 +142,10 @@ def main() -> None:
         effective=trainer.effective_done,
         final_acc=digits_example.accuracy(model, val),
         grad_stats=[trainer.stats.last_var, trainer.stats.frozen_var],
+        optimizer_steps=trainer.step,
+        synced_numel=trainer.synced_numel,
+        trainable_numel=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        params=[p.detach().flatten().tolist() for p in model.parameters()],
     )
     if trainer.rank == 0:
         Path(os.environ["PROBE_OUT"]).write_text(json.dumps(out))

@@ -236,6 +236,22 @@ def test_unknown_and_missing_names_warn(tmp_path: Path, capsys: pytest.CaptureFi
     assert fresh.n == 41
 
 
+def test_a_registry_given_no_dictionary_restores_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A checkpoint whose objects entry is not a dictionary of named states (edited by
+    hand, or written by something else): a warning, every object fresh, no crash."""
+    from icefrog_launcher.state import StateRegistry
+
+    for bad in (["counter", {"n": 5}], {1: {"n": 5}}, "counter"):
+        registry = StateRegistry()
+        counter = Counter()
+        registry.register("counter", counter)
+        registry.restore(bad)
+        assert counter.n == 0
+        assert "registered states are not a dictionary" in capsys.readouterr().err
+
+
 def _reference(epochs: int, global_batch: int, lr: float) -> list[Any]:
     """Plain PyTorch: the same samples in the same order, one step a global batch, mean loss."""
     from icefrog_launcher.data import epoch_order
@@ -321,12 +337,12 @@ def test_group_counts_are_the_loaders_batches() -> None:
         for rank in range(world):
             position = DataPosition(batch=batch)
             taken: list[int] = []
+
+            def record(global_count: int, _local: int, taken: list[int] = taken) -> None:
+                taken.append(global_count)
+
             loader = ElasticDataLoader(
-                TensorDataset(torch.arange(size)),
-                position,
-                rank=rank,
-                world=world,
-                on_step=lambda g, _l, t=taken: t.append(g),
+                TensorDataset(torch.arange(size)), position, rank=rank, world=world, on_step=record
             )
             got, planned = [], []
             for i, (x,) in enumerate(loader):
@@ -335,3 +351,31 @@ def test_group_counts_are_the_loaders_batches() -> None:
                     planned += group_counts(left, batch * world, world, rank, steps)
                 got.append(len(x))
             assert got == planned, (size, batch, world, steps, rank)
+
+
+def test_accumulation_with_a_grad_scaler(tmp_path: Path) -> None:
+    """The AMP loop with ``scaler=``: scale, backward, unscale and clip on a step's last
+    micro-step, scaler.step, scaler.update. The scaler's step and update run once an
+    optimizer step (its growth tracker counts optimizer steps), and the parameters are
+    plain PyTorch's with one big batch (a power-of-two scale unscales exactly)."""
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1000)
+    config = _config(tmp_path, global_batch=64)
+    trainer = Trainer(model, optimizer, _data(220), config=config, env={}, scaler=scaler)
+    for _epoch in trainer.epochs():
+        for x, y in trainer.loader:
+            optimizer.zero_grad()
+            scaler.scale(F.cross_entropy(trainer.model(x), y)).backward()
+            if not trainer.accumulating:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(optimizer)
+            scaler.update()
+        trainer.report_metric(0.0)
+    assert trainer.step == 2 * 4  # ceil(220 / 64) optimizer steps an epoch
+    assert scaler.state_dict()["_growth_tracker"] == trainer.step
+    assert type(scaler).__name__ == "GradScaler" and isinstance(scaler, torch.amp.GradScaler)
+    expected = _reference(2, 64, 0.1)
+    for got, want in zip(model.parameters(), expected, strict=True):
+        assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()
