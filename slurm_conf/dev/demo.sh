@@ -4,7 +4,9 @@
 # each to a stated validation target) with different GPU ranges, submitted with
 # `icefrog submit`, and a fifth that arrives late (once two running jobs could share a
 # GPU). While they run it prints `icefrog squeue` every round; when all are done it prints
-# `icefrog sacct`, stops the controller and brings the cluster down.
+# `icefrog sacct` and each job's work against its budget (--max-epochs counts
+# full-model-equivalent epochs: it fails if a job ended on its budget before spending it),
+# stops the controller and brings the cluster down.
 #
 # Usage: demo.sh            (make demo runs `make setup` first: venv and Slurm packages)
 # Environment: PY (python of the venv, default .venv/bin/python), DEMO_TIMEOUT_S (900),
@@ -60,12 +62,21 @@ if ! icefrog controller --help >/dev/null 2>&1; then
 fi
 
 say "starting the local Slurm cluster"
-if ! bash slurm_conf/dev/cluster.sh status >/dev/null 2>&1; then
+SLURM_CONF=$(bash slurm_conf/dev/cluster.sh conf)
+export SLURM_CONF
+# A slurmctld that answers is a cluster someone else started (or is restarting): use it
+# only when it is whole, and never bring it up or down. Only a cluster this run started
+# is brought down at the end.
+if scontrol ping 2>/dev/null | grep -q 'is UP'; then
+    if ! bash slurm_conf/dev/cluster.sh status >/dev/null 2>&1; then
+        bash slurm_conf/dev/cluster.sh status >&2 || true
+        echo "demo: the local cluster is up but not whole (above); left as it is" >&2
+        exit 1
+    fi
+else
     STARTED_CLUSTER=1
     bash slurm_conf/dev/cluster.sh up
 fi
-SLURM_CONF=$(bash slurm_conf/dev/cluster.sh conf)
-export SLURM_CONF
 
 say "settings, database and inbox under $DEMO"
 rm -rf "$DEMO"
@@ -144,6 +155,36 @@ print(len(unsettled), len(jobs), len(sharable))
 EOF
 }
 
+# The end check: each job's epochs trained and its full-model-equivalent epochs (samples x
+# psi, as the controller's remaining work counts them; icefrog_launcher.budget, the trainer's
+# own rule). Exit 1 if a job ended on its budget (max_epochs) with less than --max-epochs of
+# them done.
+check_budgets() {
+    "$PY" - "$CONFIG" <<'EOF'
+import sys
+from icefrog_launcher.budget import WorkBudget
+from icefrog_slurm.settings import load_settings
+from icefrog_slurm.store.sql import SqlStore
+store = SqlStore.from_settings(load_settings(sys.argv[1]))
+short = []
+print(f"{'NAME':<12} {'END':<20} {'EPOCHS':>6} {'EFFECTIVE':>9} {'BUDGET':>6}")
+for view in store.snapshot(include_finished=True).jobs:
+    job = view.job
+    p, spec = job.progress, job.spec
+    budget = WorkBudget(spec.max_epochs, spec.samples_per_epoch)
+    done = budget.effective_epochs(
+        epochs=p.epoch, samples_done=p.samples_done, effective_done=p.effective_samples_done
+    )
+    if job.finish_reason == "max_epochs" and done < spec.max_epochs:
+        short.append(job.name)
+    end = job.finish_reason or job.state
+    print(f"{job.name:<12} {end:<20} {p.epoch:>6} {done:>9.2f} {spec.max_epochs:>6}")
+if short:
+    print(f"demo: ended on their budget before spending it: {', '.join(short)}", file=sys.stderr)
+    sys.exit(1)
+EOF
+}
+
 show_queue() {
     if icefrog squeue --help >/dev/null 2>&1; then
         icefrog squeue --config "$CONFIG" || true
@@ -191,3 +232,5 @@ else
         printf '%-12s %s\n' "$(basename "$d")" "$(grep -h 'finished:' "$d"/slurm-*.out | tail -1)"
     done
 fi
+say "work done against each job's budget (full-model-equivalent epochs)"
+check_budgets
