@@ -369,10 +369,9 @@ def fit_ddp_model(
     def jacobian(v: Mapping[str, Any]) -> FloatArray:
         """d residuals / d parameters (eq 5-7 differentiated: the model's ``gradients``)."""
         model = ddp_model_from(v, gpus_per_node)
-        t_fwd, t_bwd, _, t_iter = model.components(
+        (t_fwd, t_bwd, t_iter), d_fwd, d_bwd, d_iter = model.gradients(
             obs.gpus, obs.nodes, obs.batch, obs.theta, obs.omega
         )
-        d_fwd, d_bwd, d_iter = model.gradients(obs.gpus, obs.nodes, obs.batch, obs.theta, obs.omega)
         parts = [
             d_log_ratio(t_fwd[has_fwd], d_fwd[has_fwd]),
             d_log_ratio(t_bwd[has_bwd], d_bwd[has_bwd]),

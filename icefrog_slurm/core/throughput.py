@@ -190,58 +190,49 @@ class DdpThroughputModel:
         batch: FloatArray,
         theta: FloatArray,
         omega: FloatArray,
-    ) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """The partial derivatives of (T_fwd, T_bwd, T_iter) of :meth:`components` with
-        respect to the parameters, one row a configuration, one column a parameter in
-        :data:`PARAMETERS` order (the fit's analytic Jacobian). Where a fixed cost is capped
-        (alpha_flop >= T_bwd(m,0), alpha_sync >= T_sync(a,0)) the capped branch's
-        derivative is taken; d/d gamma_flop is 0 where theta = 0."""
+    ) -> tuple[tuple[FloatArray, FloatArray, FloatArray], FloatArray, FloatArray, FloatArray]:
+        """(T_fwd, T_bwd, T_iter) as :meth:`components` gives them, and their partial
+        derivatives with respect to the parameters: one row a configuration, one column a
+        parameter in :data:`PARAMETERS` order (the fit's analytic Jacobian). Where a fixed
+        cost is capped (alpha_flop >= T_bwd(m,0), alpha_sync >= T_sync(a,0)) the capped
+        branch's derivative is taken; d/d gamma_flop is 0 where theta = 0."""
         fr = self.freeze
         a, n, m = (np.asarray(v, dtype=float) for v in (gpus, nodes, batch))
         th, om = np.asarray(theta, dtype=float), np.asarray(omega, dtype=float)
-        _, t_bwd, t_sync, _ = self.components(a, n, m, th, om)
-        zero, one = np.zeros_like(m), np.ones_like(m)
+        t_fwd, b0, s0 = self.forward(m), self.backward(m), self.sync(a, n)
+        t_bwd, t_sync = backward_time(fr, b0, th), sync_time(fr, s0, om)
+        g = fr.gamma
+        o = overlap(t_bwd, t_sync, g)
+        d_fwd, d_bwd, d_sync = (np.zeros((*np.shape(m), len(PARAMETERS))) for _ in range(3))
+        d_fwd[..., 0], d_fwd[..., 1] = 1.0, m
         # eq 6: T_bwd = f + theta^gamma_flop (B0 - f), f = min(alpha_flop, B0).
-        b0 = self.backward(m)
         capped_b = fr.alpha_flop >= b0
         th_g = np.power(th, fr.gamma_flop)
-        ln_th = np.log(np.where(th > 0, th, 1.0))
         d_b0 = np.where(capped_b, 1.0, th_g)
-        d_bwd = np.stack(
-            [zero, zero, d_b0, d_b0 * m, zero, zero, zero, zero,
-             np.where(capped_b, 0.0, 1.0 - th_g),
-             np.where(capped_b, 0.0, th_g * ln_th * (b0 - fr.alpha_flop)),
-             zero, zero],
-            axis=-1,
-        )  # fmt: skip
+        d_bwd[..., 2], d_bwd[..., 3] = d_b0, d_b0 * m
+        d_bwd[..., 8] = np.where(capped_b, 0.0, 1.0 - th_g)
+        d_bwd[..., 9] = np.where(capped_b, 0.0, _x_log_x(th_g, th) * (b0 - fr.alpha_flop))
         # eq 7: T_sync = s + omega (S0 - s), s = min(alpha_sync, S0); S0 by the slowest link.
-        s0 = self.sync(a, n)
         capped_s = fr.alpha_sync >= s0
         d_s0 = np.where(capped_s, 1.0, om)
         extra = np.maximum(a - 2.0, 0.0)
         inter = np.where(n > 1, d_s0, 0.0)
         intra = np.where((n <= 1) & (a > 1), d_s0, 0.0)
-        d_sync = np.stack(
-            [zero, zero, zero, zero, intra, intra * extra, inter, inter * extra, zero, zero,
-             np.where(capped_s, 0.0, 1.0 - om), zero],
-            axis=-1,
-        )  # fmt: skip
-        d_fwd = np.stack([one, m, *([zero] * 10)], axis=-1)
+        d_sync[..., 4], d_sync[..., 5] = intra, intra * extra
+        d_sync[..., 6], d_sync[..., 7] = inter, inter * extra
+        d_sync[..., 10] = np.where(capped_s, 0.0, 1.0 - om)
         # eq 5: O = (B^g + S^g)^(1/g); dO/dB = (B/O)^(g-1), dO/dg = O/g (sum w ln(x/O)),
         # w = x^g / O^g over x = B, S.
-        g = fr.gamma
-        o = overlap(t_bwd, t_sync, g)
         live = o > 0
         safe_o = np.where(live, o, 1.0)
         rb, rs = t_bwd / safe_o, t_sync / safe_o
         d_o_b = np.where(live, np.power(rb, g - 1.0), 1.0)
         d_o_s = np.where(live, np.power(rs, g - 1.0), 0.0)
-        d_o_g = np.where(
+        d_iter = d_fwd + d_o_b[..., None] * d_bwd + d_o_s[..., None] * d_sync
+        d_iter[..., 11] = np.where(
             live, safe_o / g * (_x_log_x(np.power(rb, g), rb) + _x_log_x(np.power(rs, g), rs)), 0.0
         )
-        d_iter = d_fwd + d_o_b[..., None] * d_bwd + d_o_s[..., None] * d_sync
-        d_iter[..., -1] += d_o_g
-        return d_fwd, d_bwd, d_iter
+        return (t_fwd, t_bwd, t_fwd + o), d_fwd, d_bwd, d_iter
 
     def times(
         self, *, gpus: int, batch: float, theta: float, omega: float, nodes: int | None = None

@@ -178,7 +178,10 @@ def test_gradients_are_the_derivatives_of_the_components(capped: bool) -> None:
         v["gamma_flop"], v["gamma"] = rng.uniform(0.3, 2.0), rng.uniform(1.0, 4.0)
         if capped:  # the fixed costs exceed the unfrozen times: eq 6-7 give T(0) back
             v["alpha_flop"] = v["alpha_sync"] = 10.0
-        grads = _model_at(v).gradients(gpus, nodes, batch, theta, omega)
+        times, *grads = _model_at(v).gradients(gpus, nodes, batch, theta, omega)
+        t_fwd, t_bwd, _, t_iter = _model_at(v).components(gpus, nodes, batch, theta, omega)
+        for got, want in zip(times, (t_fwd, t_bwd, t_iter), strict=True):
+            assert np.array_equal(got, want)
         for j, name in enumerate(PARAMETERS):
             h = 1e-5 * max(abs(v[name]), 1e-3)
             up, down = _model_at({**v, name: v[name] + h}), _model_at({**v, name: v[name] - h})
