@@ -45,6 +45,7 @@ may not read, with no site file, is one line saying what to give instead.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -274,6 +275,15 @@ def _last_each(options: Sequence[Given]) -> list[Given]:
     return [o for o in options if last[o.spec.name] is o]
 
 
+def _absolute(option: Given) -> Given:
+    """``--error`` and ``--input`` relative to the folder you submit from, as ``--output``
+    (sbatch would take them relative to the job's working directory, the workdir)."""
+    value = option.value
+    if option.spec.name not in ("error", "input") or not value or value.lower() == "none":
+        return option
+    return dataclasses.replace(option, value=os.path.abspath(value))
+
+
 def _last(options: Sequence[Given], name: str) -> Given | None:
     found = [o for o in options if o.spec.name == name]
     return found[-1] if found else None
@@ -308,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
     for option in options:
         sbatch_options.refuse(option)
         sbatch_options.check_value(option)
-    passed = _last_each([o for o in options if o.spec.kind is Kind.PASS])
+    passed = [_absolute(o) for o in _last_each([o for o in options if o.spec.kind is Kind.PASS])]
     # icefrog's options from the header and SBATCH_ variables (the command line's: args)
     own = [o for o in options if o.spec.kind is Kind.ICEFROG]
 

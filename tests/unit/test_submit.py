@@ -219,9 +219,11 @@ def test_a_script_that_is_neither_python_nor_bash_is_refused(
 def test_python_script_keeps_todays_form(submit_here: tuple[Path, list[object]]) -> None:
     tmp_path, requests = submit_here
     (tmp_path / "train.py").write_text("#SBATCH --time=5\nprint('hi')\n")
-    assert _submit(tmp_path, "--gpus", "1-2", "--qos=normal", "train.py", "--lr", "1") == 0
+    argv = ["--gpus", "1-2", "--qos=normal", "-e", "err-%j.log", "train.py", "--lr", "1"]
+    assert _submit(tmp_path, *argv) == 0
     text = (tmp_path / "wd" / "job.sbatch").read_text()
     assert '#SBATCH "--time=5"\n#SBATCH "--qos=normal"\n' in text
+    assert f'#SBATCH "--error={tmp_path}/err-%j.log"\n' in text  # where you are, as -o
     assert f"--seed=0 -- {tmp_path}/train.py --lr 1 &\n" in text
     assert requests[0].name == "train"  # type: ignore[attr-defined]
     assert _submit(tmp_path, "-D", "/tmp", "train.py") == 2  # no body to run there
