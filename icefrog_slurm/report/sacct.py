@@ -98,7 +98,7 @@ FIELDS: tuple[Field[AcctRow], ...] = (
     Field("Target", 14, _target, help="target metric, operator and value"),
     Field("FinalMetric", 11, lambda r: number(r.final_metric), help="final or latest value"),
     Field("Reached", 7, lambda r: "yes" if r.reached else "no", help="target reached"),
-    Field("FinishReason", 14, lambda r: r.facts.job.finish_reason or "", help="why it ended"),
+    Field("FinishReason", 19, lambda r: r.facts.job.finish_reason or "", help="why it ended"),
 )
 
 
