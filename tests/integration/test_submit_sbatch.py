@@ -120,8 +120,9 @@ def test_sbatch_options_and_environment_survive_moves(job_dir: Path) -> None:
             timeout=120,
             every=1.0,
         )
-        log = (workdir / f"slurm-{back}.out").read_text()
-        assert final.state == "COMPLETED", log
+        out = workdir / f"slurm-{back}.out"
+        log = out.read_text() if out.exists() else ""
+        assert final.state == "COMPLETED", log[-3000:] or _show(back).get("Reason")
         assert f"KEPT=kept value GIVEN=given ARG=first-arg PWD={job_dir}\n" in log
     finally:
         for jid in ids:
@@ -181,8 +182,9 @@ def test_the_user_guide_example_trains(job_dir: Path) -> None:
             timeout=260,
             every=1.0,
         )
-        log = (workdir / f"slurm-{job_id}.out").read_text()
-        assert final.state == "COMPLETED", log[-3000:]
+        out = workdir / f"slurm-{job_id}.out"
+        log = out.read_text() if out.exists() else ""
+        assert final.state == "COMPLETED", log[-3000:] or _show(job_id).get("Reason")
         assert f"in {REPO / 'examples'}\n" in log
         assert "finished: target_reached" in log
         (finished,) = _reports(inbox, job_id, "finished")
