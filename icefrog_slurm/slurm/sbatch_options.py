@@ -321,7 +321,8 @@ def parse(argv: Sequence[str], table: Table, *, where: str) -> tuple[list[Given]
                         raise InputError(f"-{spec.short} ({where}): needs a value")
                     i += 1
                     rest = argv[i]
-                given.append(Given(spec, rest or None, where))
+                # an optional value only attached (-k, -kVALUE); a required one as given
+                given.append(Given(spec, rest if spec.arg == "=" else rest or None, where))
                 break
         else:
             return given, list(argv[i:])

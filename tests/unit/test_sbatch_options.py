@@ -35,7 +35,10 @@ def test_option_forms_as_getopt_long() -> None:
         [("propagate", "STACK"), ("no-kill", None)],
         ["-t"],
     )
-    assert _parse("--mail-type=", "t.sh") == ([("mail-type", "")], ["t.sh"])
+    assert _parse("--mail-type=", "-A", "", "t.sh") == (
+        [("mail-type", ""), ("account", "")],
+        ["t.sh"],
+    )
 
 
 @pytest.mark.parametrize(
