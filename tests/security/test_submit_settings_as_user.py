@@ -19,7 +19,7 @@ from icefrog_slurm.commands import submit
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.settings import Settings
 from tests.security.inbox_support import as_user
-from tests.security.test_reports_as_user import ALICE, as_alice
+from tests.security.test_reports_as_user import ALICE, run_cli
 
 
 @pytest.fixture
@@ -76,6 +76,7 @@ def test_the_site_file_every_user_reads(site: Path) -> None:
 
 
 def test_the_command_exits_2_with_one_line(site: Path, tmp_path: Path) -> None:
-    code, out, err = as_alice(["submit", "--workdir", "/nonexistent/w", "t.py"])
+    argv = ["submit", "--workdir", "/nonexistent/w", "t.py"]
+    code, out, err = as_user(ALICE, lambda: run_cli(argv))  # as alice only: root could submit
     assert (code, out) == (2, "")
     assert err.count("\n") == 1 and "not readable by you" in err
