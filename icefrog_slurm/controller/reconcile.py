@@ -18,6 +18,15 @@ step, so repeating a step never does harm:
   ``signal``), then wait (the loop comes back every ``reconcile_poll_s``) for its
   checkpoint marker, its exit, or ``checkpoint_timeout_s``; then requeue it held;
 - finished while an intent moves it (it checkpointed and exited): requeue it held;
+- ended on its own, with no intent moving it (the tick says ``failed``; ``record`` opens a
+  ``requeue`` intent instead of recording that): requeued held when its checkpoint marker
+  is newer than the controller's last release or requeue of that Slurm job (it was
+  signalled before its time limit, ``--signal=B:USR1@N``, and exited 75), and then
+  released by the plan like any held job; recorded ``failed`` otherwise (also when Slurm
+  has forgotten it);
+- a ``requeue_hold`` Slurm refuses because it already requeued the job itself (a site's
+  ``RequeueExit=75``: pending, held here with a user hold; ``RequeueExitHold=75``: pending
+  held) is done, not failed;
 - cancelled or gone: look for the job resubmitted in its place (a resubmission the
   controller was killed in) and link it to the icefrog job; with none, the intent fails (a
   job its owner cancelled is never brought back);

@@ -41,7 +41,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from icefrog_slurm.domain.cluster import Gres, PartitionCapacity, SlurmJobState
@@ -207,11 +207,12 @@ class SlurmCliBackend:
 
     def _details(self) -> dict[str, SlurmJobDetail]:
         """Every job, from one ``squeue --json`` (retried also when its output says
-        slurmctld did not answer)."""
+        slurmctld did not answer); a job in ``SPECIAL_EXIT`` reads as pending and held."""
         argv = commands.squeue_json()
-        return self._retrying(
+        details = self._retrying(
             argv, lambda: parse.parse_squeue_json(self._once(argv, stdin=None, env=None))
         )
+        return {k: _special_exit_as_held(d) for k, d in details.items()}
 
     def _jobs(self) -> dict[str, SlurmJobState]:
         return {k: d.state_view() for k, d in self._details().items()}
@@ -404,6 +405,16 @@ class SlurmCliBackend:
         if uid == os.geteuid():
             return argv, env
         return commands.as_user(argv, uid=uid, gid=gid), env
+
+
+def _special_exit_as_held(detail: SlurmJobDetail) -> SlurmJobDetail:
+    """``SPECIAL_EXIT`` (Slurm requeued the job held on its own: a site's
+    ``RequeueExitHold``, or ``scontrol requeuehold State=SpecialExit``) is a pending job with
+    a user hold to icefrog (squeue's reason: JobHeldUser); ``scontrol release`` lifts it."""
+    if detail.state != "SPECIAL_EXIT":
+        return detail
+    reason = detail.reason if "held" in detail.reason.lower() else "JobHeldUser"
+    return replace(detail, state="PENDING", reason=reason)
 
 
 def _job_pattern(path: str | None, job_id: str) -> str | None:

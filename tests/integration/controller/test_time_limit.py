@@ -92,7 +92,7 @@ def _run_on_its_own(
             seen.append(state)
         return state not in ("pending", "running")
 
-    wait_for("the job to end in the store", ended, timeout=60, every=0.3)
+    wait_for(f"the job to end in the store (seen: {seen})", ended, timeout=120, every=0.3)
     return job, sid, run_dir, seen
 
 
@@ -228,3 +228,33 @@ def test_a_job_signalled_before_its_time_limit_is_requeued_resumes_and_finishes(
             assert "release" in {a.action for a in actions}
         finally:
             r.cluster.cancel(job_id=sid)
+
+
+def test_a_job_slurm_requeued_held_on_its_own_is_released_by_the_plan(
+    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, job_dir: Path
+) -> None:
+    """A site's RequeueExitHold=75: Slurm requeues a job that exits 75 held, in state
+    SPECIAL_EXIT (played with ``scontrol requeuehold State=SpecialExit``, as the dev cluster
+    has no RequeueExitHold). The controller reads it as pending and held, takes Slurm's
+    requeue as done and releases the job by its plan: it runs again, never failed."""
+    settings = make_settings(tmp_path, release_gap_s=2.0)
+    job, sid, run_dir = submit_job(store, cluster, job_dir, f"tl-{uuid.uuid4().hex[:8]}")
+    ctl = make_controller(settings, store, FixedPolicy({job: (1, False, ())}), OffsetClock())
+    ctl.tick_once()
+    running(cluster, sid)
+    wait_for("first start", lambda: (run_dir / "starts").exists())
+    subprocess.run(["scontrol", "requeuehold", "State=SpecialExit", sid], check=True, timeout=30)
+    wait_for("Slurm's hold", lambda: state_of(cluster, sid).held, timeout=30)
+    assert ctl.reconciler._requeue_hold(sid) == "already requeued held by Slurm"
+    states: list[str] = []
+
+    def restarted() -> bool:
+        ctl.tick_once()
+        with store.transaction() as tx:
+            states.append(tx.job(job).state)
+        return len((run_dir / "starts").read_text().splitlines()) == 2
+
+    wait_for("the second start", restarted, timeout=60, every=0.5)
+    assert "pending" in states and "failed" not in states, states
+    with store.transaction() as tx:
+        assert [a.action for a in tx.actions(job_id=job)][-2:] == ["update", "release"]
