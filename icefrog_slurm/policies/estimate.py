@@ -34,7 +34,9 @@ For each job of a snapshot, from what the job reported:
   of the global batch a x m (``core/goodput.py``, from the same gradient statistics), for
   a job whose global batch is free, so E and T_acc are in base-batch samples.
 
-Models are cached per job and refitted only when a new configuration is measured.
+Models are cached per job and refitted only when a new configuration is measured; the
+model's throughput grids are cached until a sample arrives or the model changes, so new
+gradient statistics re-tune a job without predicting again.
 """
 
 from __future__ import annotations
@@ -100,12 +102,18 @@ class _Cached:
     tuned: dict[tuple[int, bool], TunerChoice | None] = field(default_factory=dict)
     tuned_for: tuple[object, ...] = ()
     version: int = 0  # bumped whenever ``model`` changes
+    # The throughput grids by (gpus, batches, frozen depths), valid while ``grids_for`` (the
+    # samples and the model) is unchanged: new gradient statistics re-tune, not re-predict.
+    grids: dict[tuple[int, tuple[int, ...], tuple[int, ...]], FloatArray] = field(
+        default_factory=dict
+    )
+    grids_for: tuple[object, ...] = ()
 
 
 class Estimator:
     """Builds every job's candidates; keeps each job's fitted models between rounds.
 
-    A fit costs 0.1-0.3 s a job (``fit_ddp_model``'s least squares), so a round refits at
+    A fit costs 0.01-0.1 s a job (``fit_ddp_model``'s least squares), so a round refits at
     most ``fit_budget`` models (call :meth:`new_round` first; the policy passes the jobs
     oldest first). A job left over keeps its last fitted model, or the prior when it has
     none, until a later round; its measured configurations are used as measured anyway.
@@ -181,6 +189,9 @@ class Estimator:
                goodput is None)  # fmt: skip
         if cached.tuned_for != key:
             cached.tuned, cached.tuned_for = {}, key
+        predicted_by = (len(job.view.samples), cached.version, model is cached.model, layers)
+        if cached.grids_for != predicted_by:
+            cached.grids, cached.grids_for = {}, predicted_by
         out: list[Candidate] = []
         psi_values: FloatArray | None = None  # psi of each frozen candidate, once a call
         for gpus, shared in _configurations(job, gpus_per_node, capacity, settings, cached):
@@ -188,18 +199,21 @@ class Estimator:
                 if psi_values is None:
                     psi_values = np.array([psi(k) for k in frozen], dtype=float)
                 at = spec.batch_candidates(gpus)  # one per-GPU batch with a global batch
-                cached.tuned[gpus, shared] = tune_grid(
-                    batch_sizes=at,
-                    frozen_candidates=frozen,
-                    psi=psi_values,
-                    throughput=measured_or_predicted_grid(
+                grid = cached.grids.get((gpus, at, frozen))
+                if grid is None:
+                    grid = cached.grids[gpus, at, frozen] = measured_or_predicted_grid(
                         gpus=gpus,
                         batch_sizes=at,
                         frozen_candidates=frozen,
                         measured=measured,
                         model=model,
                         layers=layers,
-                    ),
+                    )
+                cached.tuned[gpus, shared] = tune_grid(
+                    batch_sizes=at,
+                    frozen_candidates=frozen,
+                    psi=psi_values,
+                    throughput=grid,
                     lam=settings.sharing.speed_factor if shared else 1.0,
                     current_frozen=current_frozen,
                     efficiency=None if goodput is None else goodput(gpus, at),

@@ -1,0 +1,62 @@
+"""The estimator's per-job caches: new gradient statistics re-tune a job's options from its
+cached throughput grids; new samples predict them again; the answers equal a fresh
+estimator's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from icefrog_slurm.core.samples import ProfileSample
+from icefrog_slurm.domain.records import JobRecord, JobView, Progress
+from icefrog_slurm.domain.snapshot import Current, JobSnapshot
+from icefrog_slurm.policies import estimate
+from icefrog_slurm.policies.estimate import Candidate, Estimator
+from icefrog_slurm.protocol import GradStats, JobSpec
+from icefrog_slurm.settings import settings_from_mapping
+
+SETTINGS = settings_from_mapping({})
+L = 4
+SPEC = JobSpec(1, 8, 32, 64, 0.9, "acc", ">=", 0.9, 10, 10000, (1.0,) * L, (1.0,) * L)
+LOW = GradStats(epoch=3, frozen=0, grad_var=(0.01, 0.01, 5.0, 5.0), grad_sqr=(1.0,) * L)
+HIGH = GradStats(epoch=4, frozen=0, grad_var=(5.0, 5.0, 1.0, 1.0), grad_sqr=(1.0,) * L)
+
+
+def _sample(gpus: int, frozen: int, rate: float) -> ProfileSample:
+    return ProfileSample(gpus, 64, frozen, False, 0.0, 0.0, 0.0, gpus * 64 / rate, rate, 20e9, 0.4)
+
+
+def _job(samples: tuple[ProfileSample, ...], grad: GradStats) -> JobSnapshot:
+    rec = JobRecord(1, "j", 0, "root", "running", 0.0, None, None, SPEC, ("7",), Progress())
+    return JobSnapshot(JobView(rec, samples, grad), None, Current())
+
+
+def _options(est: Estimator, job: JobSnapshot) -> dict[tuple[int, bool], Candidate]:
+    got = est.candidates(job, now=100.0, gpus_per_node=4, capacity=16, settings=SETTINGS)
+    return {(c.gpus, c.shared): c for c in got}
+
+
+def test_new_statistics_retune_from_the_cached_grids(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = estimate.measured_or_predicted_grid  # type: ignore[attr-defined]
+
+    def counted(**kwargs: Any) -> Any:
+        calls.append(kwargs["gpus"])
+        return real(**kwargs)
+
+    monkeypatch.setattr(estimate, "measured_or_predicted_grid", counted)
+    samples = (_sample(1, 0, 400.0), _sample(1, 2, 700.0), _sample(2, 0, 750.0))
+    est = Estimator()
+    low = _options(est, _job(samples, LOW))
+    assert low[(1, False)].choice.frozen == 2
+    predicted = len(calls)
+    assert predicted == len({g for g, _ in low})  # one grid a GPU count, shared included
+    high = _options(est, _job(samples, HIGH))
+    assert len(calls) == predicted  # re-tuned, not re-predicted
+    assert high[(1, False)].choice.frozen == 0  # ... and the new penalty decides
+    assert high == _options(Estimator(), _job(samples, HIGH))
+    more = (*samples, _sample(4, 0, 1300.0))
+    after = _options(est, _job(more, HIGH))
+    assert len(calls) > 2 * predicted  # a new sample: refitted and predicted again
+    assert after == _options(Estimator(), _job(more, HIGH))
