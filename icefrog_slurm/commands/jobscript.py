@@ -21,6 +21,7 @@ MAX_SCRIPT_BYTES = 4 * 1024 * 1024
 NOT_RECORDED = ("PWD", "OLDPWD", "SHLVL", "_")
 """Variables of the shell, not of the job; SLURM_* and SBATCH_* are Slurm's own."""
 
+_MANAGED = "export ICEFROG_MANAGED=1  # for the launcher (its MANAGED_ENV): no unmanaged notice\n"
 _FORWARD = (
     "# USR1/TERM go to the launcher, which makes the trainers checkpoint and exit.\n"
     "pid=\n"
@@ -51,7 +52,7 @@ def batch_script(
     Its output file is appended to (``--open-mode=append``): a requeued job's runs share
     one Slurm job id, hence one file, and Slurm would otherwise write each run over it."""
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
-    head = f"#!/bin/bash\n#SBATCH --open-mode=append\n{header}{exports}{_FORWARD}"
+    head = f"#!/bin/bash\n#SBATCH --open-mode=append\n{header}{exports}{_MANAGED}{_FORWARD}"
     if body is None:
         return f"{head}{shlex.join(launch)} &\npid=$!\n{_WAIT}exit $?\n"
     indented = "".join("    " + line + "\n" for line in _WAIT.splitlines())

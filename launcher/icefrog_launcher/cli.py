@@ -24,6 +24,7 @@ from icefrog_launcher.launch import (
     resolves,
     run_training,
     stop_signal,
+    unmanaged_notice,
 )
 from icefrog_slurm import declaration
 from icefrog_slurm.extras import require, require_program
@@ -89,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{key}={shlex.quote(value)}")
         print(shlex.join(command))
         return 0
+    notice = unmanaged_notice(env)
+    if notice is not None:
+        print(notice, file=sys.stderr)
     # the training needs torch and its torchrun: say so in one line, not in torchrun's trace
     require("torch", "launcher", "the training", load=False)
     require_program(args.torchrun, "launcher", "the training", path=env.get("PATH"))

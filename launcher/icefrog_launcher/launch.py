@@ -49,6 +49,27 @@ from icefrog_slurm.runfiles import CHECKPOINT_MARKER
 
 REQUEUE_EXIT_CODE = 75  # sysexits EX_TEMPFAIL: checkpointed, please requeue
 DEFAULT_PORT = 29500
+# Exported (=1) by the batch script ``icefrog submit`` writes: the job was submitted to the
+# controller. A hint for the notice below only: the controller itself adopts a job only by
+# its Slurm record (the icefrog tag), so exporting it in a plain sbatch job changes nothing.
+MANAGED_ENV = "ICEFROG_MANAGED"
+
+
+def unmanaged_notice(env: Mapping[str, str]) -> str | None:
+    """The one line a Slurm job that ``icefrog submit`` did not submit prints: it runs as an
+    ordinary Slurm job (nothing sizes it; it trains with its declared limits on the
+    allocation it has) and how to submit a managed one. None inside such a job, and
+    outside Slurm (no SLURM_JOB_ID). The caller has checked SLURM_JOB_ID is a number."""
+    job_id = env.get("SLURM_JOB_ID", "")
+    if not job_id or env.get(MANAGED_ENV) == "1":
+        return None
+    return (
+        f"icefrog launch: Slurm job {job_id} was not submitted with icefrog "
+        "submit: it runs unmanaged, as an ordinary Slurm job (no controller resizes or "
+        "requeues it; it trains on the GPUs it was given); for a managed job, submit it "
+        "with icefrog submit instead of sbatch (the same script, or the launch options "
+        "-- train.py ARGS)"
+    )
 
 
 @dataclass(frozen=True)
