@@ -1,7 +1,8 @@
 """The production slurm.conf examples have what icefrog needs: cores and
 memory consumable with per-GPU defaults that let every GPU of a node hold two jobs,
-``RequeueExit`` left off (the controller requeues jobs itself), ``DisableRootJobs=YES``,
-and shard counts that match gres.conf (two a GPU)."""
+``RequeueExit`` offered but left off (the controller requeues an icefrog job that exited
+75 itself; Slurm's would requeue every job of the site that exits 75),
+``DisableRootJobs=YES``, and shard counts that match gres.conf (two a GPU)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,10 @@ def test_memory_and_cores_are_consumable_with_defaults_that_let_two_jobs_share_a
     glob = _settings(conf)
     assert glob["SelectType"] == "select/cons_tres"
     assert glob["SelectTypeParameters"] == "CR_Core_Memory"
-    assert "RequeueExit" not in glob  # the controller requeues itself (see the example)
+    # the controller requeues itself; RequeueExit=75 is there, commented out, for a site
+    # that wants Slurm to requeue too (the controller copes with it: docs/controller.md)
+    assert "RequeueExit" not in glob and "RequeueExitHold" not in glob
+    assert "\n#RequeueExit=75\n" in conf
     (part,) = _lines(conf, "PartitionName")
     mem_per_gpu = int(part["DefMemPerGPU"])
     cpus_per_gpu = int(glob["DefCpuPerGPU"])
