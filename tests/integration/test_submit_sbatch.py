@@ -54,11 +54,13 @@ def _icefrog(*args: str, cwd: Path | None = None, **env: str) -> subprocess.Comp
 
 
 def _show(job_id: str) -> dict[str, str]:
+    """``scontrol -o show job``'s fields (GRES as 22.05 prints them: ``gres:gpu:1``, where
+    24.11 prints ``gres/gpu:1``)."""
     out = subprocess.run(
         ["scontrol", "-o", "show", "job", job_id],
         capture_output=True, text=True, timeout=30, check=True,
     ).stdout  # fmt: skip
-    return dict(re.findall(r"(\w+)=(\S*)", out))
+    return {k: v.replace("gres/", "gres:") for k, v in re.findall(r"(\w+)=(\S*)", out)}
 
 
 def _batch_script(job_id: str) -> str:
