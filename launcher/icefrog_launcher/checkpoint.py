@@ -63,11 +63,16 @@ def save(folder: str | Path, number: int, state: dict[str, Any], keep: int = 2) 
 
 def check_loadable(what: str, state: Any) -> None:
     """InputError naming ``what`` unless ``state`` loads back with ``weights_only=True``, as
-    :func:`load_latest` loads it. Checked on its skeleton (each plain tensor replaced by an
-    empty one of its dtype), so the cost grows with the number of entries, not their bytes."""
+    :func:`load_latest` loads it. Tensors, numbers, strings, dtypes, devices and sizes in
+    dicts, lists and tuples load so (tests/unit/test_trainer_state.py checks each kind
+    against this torch); any other value is saved and loaded to let torch judge it, so the
+    cost grows with the number of entries, not their bytes."""
+    unsure = _unsure(state, [])
+    if not unsure:
+        return
     buffer = io.BytesIO()
     try:
-        torch.save(_skeleton(state), buffer)
+        torch.save(unsure, buffer)
         buffer.seek(0)
         torch.load(buffer, map_location="cpu", weights_only=True)
     except Exception as exc:
@@ -78,14 +83,35 @@ def check_loadable(what: str, state: Any) -> None:
         ) from None
 
 
-def _skeleton(state: Any) -> Any:
-    if type(state) in (torch.Tensor, torch.nn.Parameter):
-        return torch.empty(0, dtype=state.dtype)
-    if type(state) in (dict, OrderedDict):
-        return type(state)((k, _skeleton(v)) for k, v in state.items())
-    if type(state) in (list, tuple):
-        return type(state)(_skeleton(v) for v in state)
-    return state  # a leaf, or a type of its own: saved as it is, so the load judges it
+SAFE_TYPES = (
+    torch.Tensor,
+    torch.nn.Parameter,
+    bool,
+    int,
+    float,
+    str,
+    bytes,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.Size,
+)
+"""Exactly these types (not subclasses) load with ``weights_only=True``."""
+
+
+def _unsure(state: Any, out: list[Any]) -> list[Any]:
+    """The values in ``state`` not known to load with ``weights_only=True``."""
+    kind = type(state)
+    if kind in (dict, OrderedDict):
+        for key, value in state.items():
+            _unsure(key, out)
+            _unsure(value, out)
+    elif kind in (list, tuple):
+        for value in state:
+            _unsure(value, out)
+    elif kind not in SAFE_TYPES:
+        out.append(state)
+    return out
 
 
 def _numbers(root: Path) -> list[int]:

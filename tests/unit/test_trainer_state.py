@@ -120,6 +120,37 @@ def test_registration_errors(tmp_path: Path) -> None:
         trainer.register_state("late", Counter())
 
 
+def test_the_types_taken_as_loadable_load_with_weights_only() -> None:
+    """checkpoint.check_loadable skips the torch round trip for SAFE_TYPES: each of them,
+    in each container, really loads with weights_only=True in this torch."""
+    import collections
+    import io
+
+    values = [torch.zeros(2), torch.nn.Parameter(torch.ones(1)), True, 3, 2.5, "s", b"b", None,
+              torch.float16, torch.device("cpu"), torch.Size([2, 3])]  # fmt: skip
+    assert {type(v) for v in values} == set(checkpoint.SAFE_TYPES)
+    state = collections.OrderedDict(
+        a={1: values, "t": tuple(values), torch.float16: [values]}, b=[{"k": values}]
+    )
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    back = torch.load(buffer, weights_only=True)
+    assert (
+        back["a"]["t"][-1] == torch.Size([2, 3]) and back["a"][torch.float16][0][8] is torch.float16
+    )
+    checkpoint.check_loadable("all", state)
+    for bad in ({1, 2}, Counter(), complex(1, 2), [lambda: 0]):
+        try:
+            checkpoint.check_loadable("x", {"v": bad})
+        except InputError:
+            continue
+        buffer = io.BytesIO()
+        torch.save({"v": bad}, buffer)  # accepted: then torch does load it
+        buffer.seek(0)
+        torch.load(buffer, weights_only=True)
+
+
 def test_a_state_that_turns_unloadable_is_refused_at_save(tmp_path: Path) -> None:
     """Fine when registered, a user class inside by the epoch's end: the save names it
     and writes nothing that a resume could not load."""
