@@ -3,15 +3,16 @@
 
     .venv/bin/python -m benchmarks.data_loading
     .venv/bin/python -m benchmarks.data_loading --samples 2048 --batch 32 --io-ms 1.5 \\
-        --workers 0 4 --epochs 5 --threads 1
+        --workers 0 4 --epochs 9 --threads 1
 
 I/O-bound: each ``__getitem__`` sleeps ``--io-ms`` (a read from disk or the network) and
 returns a CIFAR-sized sample; one epoch = one full pass of one replica, worker start
 included (and without it: persistent workers, from the second epoch on). In memory: a
 ``TensorDataset`` of ``--tensor-samples`` CIFAR-sized samples, no workers, read by the
 elastic loader's direct path (one gather a tensor), by a plain DataLoader, and by the
-elastic loader through its DataLoader. Medians of ``--epochs`` epochs, the loaders taking
-turns so that a shared machine's load falls on all of them alike; ratio = elastic / plain.
+elastic loader through its DataLoader. The loaders take turns, an epoch each, so that a
+shared machine's load falls on all of them alike: epoch times are medians of ``--epochs``
+epochs, ratios the median of each turn's ratio (elastic / plain).
 """
 
 from __future__ import annotations
@@ -70,13 +71,22 @@ def plain(dataset: Any, batch: int, **loader_args: Any) -> Callable[[], Iterable
     return lambda: loader
 
 
-def medians(loaders: dict[str, Callable[[], Iterable[Any]]], epochs: int) -> dict[str, float]:
-    """Median epoch seconds of each loader; they take turns, one epoch each."""
+def epoch_times(
+    loaders: dict[str, Callable[[], Iterable[Any]]], epochs: int
+) -> dict[str, list[float]]:
+    """Epoch seconds of each loader; they take turns, one epoch each, in a rotating order
+    (no loader always runs first)."""
     times: dict[str, list[float]] = {name: [] for name in loaders}
-    for _ in range(epochs):
-        for name, epoch in loaders.items():
-            times[name].append(epoch_seconds(epoch()))
-    return {name: statistics.median(t) for name, t in times.items()}
+    names = list(loaders)
+    for n in range(epochs):
+        for name in names[n % len(names) :] + names[: n % len(names)]:
+            times[name].append(epoch_seconds(loaders[name]()))
+    return times
+
+
+def ratio(times: dict[str, list[float]], name: str, base: str) -> float:
+    """Median over the turns of name's epoch time over base's in the same turn."""
+    return statistics.median(a / b for a, b in zip(times[name], times[base], strict=True))
 
 
 def io_bound(args: argparse.Namespace) -> None:
@@ -97,11 +107,12 @@ def io_bound(args: argparse.Namespace) -> None:
                 "elastic": elastic(data, args.batch, **extra),
             }
             if persistent:  # start the workers before timing
-                medians(loaders, 1)
-            t = medians(loaders, args.epochs)
+                epoch_times(loaders, 1)
+            times = epoch_times(loaders, args.epochs)
+            t = {name: statistics.median(v) for name, v in times.items()}
             print(
                 f"| {workers} | {'yes' if persistent else 'no'} | {t['plain']:.3f} | "
-                f"{t['elastic']:.3f} | {t['elastic'] / t['plain']:.3f} |"
+                f"{t['elastic']:.3f} | {ratio(times, 'elastic', 'plain'):.3f} |"
             )
 
 
@@ -113,7 +124,8 @@ def in_memory(args: argparse.Namespace) -> None:
         "plain": plain(data, args.batch),
         "through": elastic(data, args.batch, collate_fn=default_collate),
     }
-    t = medians(loaders, args.epochs)
+    times = epoch_times(loaders, args.epochs)
+    t = {name: statistics.median(v) for name, v in times.items()}
     print(
         f"In memory: TensorDataset of {n} samples {SHAPE}, batch {args.batch}, no workers, "
         f"median of {args.epochs} epochs"
@@ -125,7 +137,7 @@ def in_memory(args: argparse.Namespace) -> None:
         ("through", "elastic through its DataLoader"),
         ("direct", "elastic, TensorDataset indexed in one go"),
     ):
-        print(f"| {label} | {t[name]:.3f} | {t[name] / t['plain']:.3f} |")
+        print(f"| {label} | {t[name]:.3f} | {ratio(times, name, 'plain'):.3f} |")
 
 
 def main() -> None:
@@ -134,7 +146,7 @@ def main() -> None:
     parser.add_argument("--io-ms", type=float, default=1.5)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 4])
-    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=9)
     parser.add_argument("--tensor-samples", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
