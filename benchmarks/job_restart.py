@@ -137,11 +137,16 @@ def one_run(model: str, procs: int, workdir: Path, steps: int) -> dict[str, floa
         deadline = time.monotonic() + 300
         while "ready" not in _read(out) and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.01)
-        pid = int(_read(out).get("pid", 0))
+        if "ready" not in _read(out):
+            proc.kill()
+            proc.wait()
+            err.seek(0)
+            raise SystemExit(f"no step boundary reached ({proc.returncode}):\n{err.read()[-3000:]}")
+        pid = int(_read(out)["pid"])
         marks["signal"] = time.time()
         proc.send_signal(signal.SIGUSR1)
         while proc.poll() is None and time.monotonic() < deadline:
-            if "gone" not in marks and pid and not _alive(pid):
+            if "gone" not in marks and not _alive(pid):
                 marks["gone"] = time.time()
             time.sleep(0.005)
         marks["exit"] = time.time()
