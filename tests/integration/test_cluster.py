@@ -1,14 +1,20 @@
-"""slurm_conf/dev/cluster.sh against the real daemons: GPUs, shards, idempotent up, status."""
+"""slurm_conf/dev/cluster.sh against the real daemons: GPUs, shards, idempotent up, status,
+and memory scheduled as in the production examples (two users' jobs on one node, a shard
+pair on one GPU; a job holding a whole node's memory runs alone)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import cluster_sh, wait_for
+from tests.security.slurm_support import sbatch_as
+from tests.support.munge import ensure_users
 
 pytestmark = pytest.mark.slurm
 
@@ -89,3 +95,138 @@ def test_up_refuses_a_port_owned_by_another_cluster(tmp_path: Path) -> None:
         assert queued.stdout.decode().strip() == job
     finally:
         subprocess.run(["scancel", job], check=False)
+
+
+# --- memory scheduled as in production (CR_Core_Memory with per-GPU defaults) ---------------
+
+
+@pytest.fixture
+def users() -> dict[str, int]:
+    if os.geteuid() != 0:
+        pytest.skip("submitting as the test users needs root")
+    return ensure_users()
+
+
+BACKFILL_S = 35
+"""Long enough for Slurm's backfill scheduler (bf_interval, 30 s by default) to have tried
+every pending job once, whatever higher-priority jobs of other sessions wait before it."""
+
+
+class Pinned:
+    """A node nobody holds anything on (other sessions share the cluster) and the jobs a
+    test submitted there (cancelled after it, by their ids)."""
+
+    def __init__(self, node: str, job_dir: Path) -> None:
+        self.node, self.job_dir, self.jobs = node, job_dir, list[str]()
+
+    def submit(self, uid: int, *args: str) -> str:
+        """A job of ``uid`` on the node: prints its GPU ordinals, then waits 60 s."""
+        job = sbatch_as(
+            uid, self.job_dir, "-J", "icefrog-it-mem", "-w", self.node, "--time=2", *args,
+            "--wrap", 'echo "CVD=$CUDA_VISIBLE_DEVICES GDO=$GPU_DEVICE_ORDINAL"; sleep 60',
+        )  # fmt: skip
+        self.jobs.append(job)
+        return job
+
+
+@pytest.fixture
+def idle_node(job_dir: Path) -> Iterator[Pinned]:
+    node = wait_for("an idle node", lambda: next(iter(_idle_nodes()), None), timeout=120, every=1)
+    pinned = Pinned(node, job_dir)
+    yield pinned
+    if pinned.jobs:
+        subprocess.run(["scancel", *pinned.jobs], capture_output=True, check=False)
+
+
+def _idle_nodes() -> list[str]:
+    """Nodes whose state is exactly ``idle`` (not ``idle*``, not completing or mixed)."""
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-p", "gpu", "-o", "%N %T"], capture_output=True, text=True,
+        check=True,
+    ).stdout  # fmt: skip
+    return sorted({n for n, state in map(str.split, out.splitlines()) if state == "idle"})
+
+
+def _show(job_id: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, check=True
+    ).stdout
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+def _running(job_id: str) -> dict[str, str]:
+    return wait_for(f"job {job_id} RUNNING", lambda: _is(job_id, "RUNNING"), timeout=60)
+
+
+def _is(job_id: str, state: str) -> dict[str, str] | None:
+    shown = _show(job_id)
+    return shown if shown["JobState"] == state else None
+
+
+def _node(node: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["scontrol", "-o", "-d", "show", "node", node], capture_output=True, text=True,
+        check=True,
+    ).stdout  # fmt: skip
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+def _output(job_dir: Path, job_id: str) -> str:
+    path = job_dir / f"{job_id}.out"
+    return wait_for(f"job {job_id}'s output", lambda: path.exists() and path.read_text().strip())
+
+
+def test_two_users_gpu_jobs_share_a_node_and_their_shard_jobs_a_gpu(
+    job_dir: Path, users: dict[str, int], idle_node: Pinned
+) -> None:
+    """With the defaults (DefCpuPerGPU=1, DefMemPerGPU=450 of RealMemory=4000 on the
+    partition, DefMemPerCPU=400) a job that asks for no memory gets a GPU's share of it:
+    alice's and bob's one-GPU jobs run together on one node, and their one-shard jobs on one
+    GPU (the same GPU ordinal), as Slurm reports."""
+    alice, bob = users["icefrog-alice"], users["icefrog-bob"]
+    pin = idle_node
+    gpu_jobs = [pin.submit(uid, "--gres=gpu:1") for uid in (alice, bob)]
+    shown = [_running(j) for j in gpu_jobs]
+    assert [s["NodeList"] for s in shown] == [pin.node, pin.node]
+    assert [s["UserId"].split("(")[0] for s in shown] == ["icefrog-alice", "icefrog-bob"]
+    for s in shown:  # each its defaults: one core, 450 MB per GPU
+        assert "cpu=1," in s["TRES"] and "mem=450M" in s["TRES"], s["TRES"]
+    gpus = [_output(job_dir, j).split()[0] for j in gpu_jobs]
+    assert len(set(gpus)) == 2  # two GPUs of the node, one each
+    subprocess.run(["scancel", *gpu_jobs], check=True)
+
+    shard_jobs = [pin.submit(uid, "--gres=shard:1") for uid in (alice, bob)]
+    shown = [_running(j) for j in shard_jobs]
+    for s in shown:  # a shard job has no GPU in Slurm's sense: DefMemPerCPU for its core
+        assert "cpu=1," in s["TRES"] and "mem=400M" in s["TRES"], s["TRES"]
+    ordinals = [_output(job_dir, j).split()[1] for j in shard_jobs]
+    assert ordinals[0] == ordinals[1] and ordinals[0].removeprefix("GDO=").isdigit(), ordinals
+
+
+def test_a_job_with_a_whole_nodes_memory_runs_alone(
+    users: dict[str, int], idle_node: Pinned
+) -> None:
+    """The old example's case (CR_Core_Memory without per-GPU defaults: a job that asks for
+    no memory is given the whole node's), played with ``--mem=0`` (all of the node's
+    memory): Slurm reports the node's memory all allocated with one of its four GPUs, and
+    bob's one-GPU job and alice's shard job pinned to it stay pending through a backfill
+    pass (bf_interval, 30 s) beside the three free GPUs; once it ends, both start."""
+    alice, bob = users["icefrog-alice"], users["icefrog-bob"]
+    pin = idle_node
+    whole = _running(pin.submit(alice, "--gres=gpu:1", "--mem=0"))
+    assert "mem=4000M" in whole["TRES"], whole["TRES"]
+    node = _node(pin.node)
+    assert node["AllocMem"] == node["RealMemory"] == "4000", node
+    assert node["GresUsed"].startswith("gpu:a800:1("), node["GresUsed"]  # 3 GPUs free
+    waiting = [pin.submit(bob, "--gres=gpu:1"), pin.submit(alice, "--gres=shard:1")]
+    deadline = time.monotonic() + BACKFILL_S
+    while time.monotonic() < deadline:
+        for job in waiting:
+            shown = _show(job)
+            assert shown["JobState"] == "PENDING", shown
+            reason = shown["Reason"].split(",")[0]  # ReqNodeNotAvail,_UnavailableNodes:...
+            assert reason in ("Resources", "ReqNodeNotAvail", "Priority", "None"), shown
+        time.sleep(1)
+    subprocess.run(["scancel", whole["JobId"]], check=True)
+    for job in waiting:  # the memory is back: both start
+        _running(job)
