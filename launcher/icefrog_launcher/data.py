@@ -115,19 +115,15 @@ class ElasticBatchSampler(Sampler[list[int]]):
         at = self.position
         return step_counts(self.size - at.samples, at.batch * self.world, self.world)
 
-    def steps(self) -> list[torch.Tensor]:
-        """Global indices of each remaining step."""
-        at = self.position
-        order = epoch_order(self.size, self.seed, at.epoch, self.shuffle)
-        start, steps = at.samples, []
-        for count in self.counts():
-            steps.append(order[start : start + count])
-            start += count
-        return steps
-
     def __iter__(self) -> Iterator[list[int]]:
-        mine = [step.tensor_split(self.world)[self.rank].tolist() for step in self.steps()]
-        return iter(mine)
+        at = self.position  # read now: the DataLoader may ask for the first batch later
+        order = epoch_order(self.size, self.seed, at.epoch, self.shuffle)
+        return self._slices(order, at.samples, self.counts())
+
+    def _slices(self, order: torch.Tensor, start: int, counts: list[int]) -> Iterator[list[int]]:
+        for count in counts:
+            yield order[start : start + count].tensor_split(self.world)[self.rank].tolist()
+            start += count
 
     def __len__(self) -> int:
         return len(self.counts())
