@@ -12,7 +12,9 @@ random input, SGD with momentum) trained three ways, --rounds interleaved rounds
 - trainer k=1: the Trainer without a global batch at the per-GPU batch m (a step per
   micro-batch);
 - trainer k: the Trainer with ``--global-batch k x m`` (k micro-steps an optimizer step,
-  gradient hooks, held steps).
+  gradient hooks, held steps);
+- trainer k, no hooks: the same without the gradient-scaling hooks (wrong gradients, k
+  times too large: it only isolates what the hooks cost).
 
 Check: milliseconds of ``checkpoint.check_loadable`` on a copy of the model's state_dict
 (an EMA's state) against ``torch.save`` of the same state into memory, median of 5.
@@ -67,7 +69,7 @@ def plain(args: argparse.Namespace, data: TensorDataset) -> Callable[[], float]:
 
 
 def trainer(
-    args: argparse.Namespace, data: TensorDataset, k: int, workdir: str
+    args: argparse.Namespace, data: TensorDataset, k: int, workdir: str, hooks: bool = True
 ) -> Callable[[], float]:
     torch.manual_seed(0)
     model = resnet(args.width)
@@ -79,6 +81,10 @@ def trainer(
     t = Trainer(model, optimizer, data, config=config, env={}, stats_every=8)
     epochs = t.epochs()
     next(epochs)  # registers, applies the batch and k; the loop below is the user's
+    if not hooks:
+        t.accumulation.steps = 1  # watch() then removes the hooks; micro-steps stay k
+        t.accumulation.watch([])
+        t.accumulation.steps = k
 
     def run() -> float:
         start = time.perf_counter()
@@ -128,6 +134,7 @@ def main() -> None:
             "plain": plain(args, data),
             "trainer k=1": trainer(args, data, 1, os.path.join(tmp, "k1")),
             f"trainer k={args.k}": trainer(args, data, args.k, os.path.join(tmp, "k")),
+            f"k={args.k} no hooks": trainer(args, data, args.k, os.path.join(tmp, "n"), False),
         }
         for _ in range(args.rounds):
             for name, run in runs.items():
