@@ -3,9 +3,10 @@
 Prints per policy: wall seconds in all; the process's CPU seconds (user + system: on a
 shared machine the figure to compare, wall time depends on the others' load), of which in
 ``policy.decide`` (the policy's own estimation and optimisation, the same cost production
-pays each round) and the rest (engine, controller tick and reconcile, SQLite store); ticks,
+pays each round), of it in the throughput models' fits (``ProfileHistory.model``: eq 14's
+least squares), and the rest (engine, controller tick and reconcile, SQLite store); ticks,
 rounds, simulated hours, average JCT.
-Targets: a 48-GPU 1x trace in under 60 s, the 960-GPU 20x one in under 15 min.
+Targets: a 48-GPU 1x trace in under 20 s, the 960-GPU 20x one in under 5 min.
 
 Usage (the 1x trace of docs/evaluation.md):
     .venv/bin/icefrog trace sample --load 1 --seed 1 --out /tmp/w1.csv
@@ -30,12 +31,38 @@ from dataclasses import replace
 from pathlib import Path
 
 from icefrog_slurm.commands.simulate import make_policy
+from icefrog_slurm.core.fit import ProfileHistory
+from icefrog_slurm.core.tuner import ThroughputModel
 from icefrog_slurm.domain.plan import Policy, PolicyResult
 from icefrog_slurm.domain.snapshot import Snapshot
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.sim.catalog import shipped_catalog
 from icefrog_slurm.sim.engine import Engine, SimOptions
 from icefrog_slurm.sim.workload import read_workload
+
+
+class FitClock:
+    """The CPU seconds spent in ``ProfileHistory.model`` (every job's fits), while on."""
+
+    def __init__(self) -> None:
+        self.cpu = 0.0
+        self._real = ProfileHistory.model
+
+    def __enter__(self) -> FitClock:
+        real = self._real
+
+        def timed(history: ProfileHistory) -> ThroughputModel:
+            start = time.process_time()
+            try:
+                return real(history)
+            finally:
+                self.cpu += time.process_time() - start
+
+        ProfileHistory.model = timed  # type: ignore[method-assign,assignment]
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        ProfileHistory.model = self._real  # type: ignore[method-assign]
 
 
 class Timed:
@@ -85,9 +112,9 @@ def main() -> None:
     )  # fmt: skip
     print(f"{args.workload} ({len(workload)} jobs), {args.gpus} GPUs, seed {args.seed}, "
           f"freeze {opts.freeze}, share {opts.share}, batch {args.batch}")  # fmt: skip
-    print("| policy | wall s | CPU s | policy CPU s | rest CPU s | ticks | rounds | sim h "
-          "| avg JCT h |")  # fmt: skip
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| policy | wall s | CPU s | policy CPU s | of it fits CPU s | rest CPU s | ticks "
+          "| rounds | sim h | avg JCT h |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.policy.split(","):
         policy = Timed(make_policy(name))
         fixed = args.batch == "fixed" or (args.batch == "paper" and name != "pollux+")
@@ -102,7 +129,8 @@ def main() -> None:
             profiler.enable()
         elif profiler is not None:
             show = _profile_from(profiler, args.profile_from * 3600, show)
-        result = engine.run(show)
+        with FitClock() as fits:
+            result = engine.run(show)
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.cprofile)
@@ -113,7 +141,8 @@ def main() -> None:
         jcts = [j.finish - j.submit for j in result.jobs if j.finish is not None]
         avg = statistics.fmean(jcts) / 3600 if jcts else float("nan")
         print(
-            f"| {name} | {wall:.1f} | {cpu:.1f} | {policy.cpu:.1f} | {cpu - policy.cpu:.1f} | "
+            f"| {name} | {wall:.1f} | {cpu:.1f} | {policy.cpu:.1f} | {fits.cpu:.1f} | "
+            f"{cpu - policy.cpu:.1f} | "
             f"{result.ticks} | {len(result.rounds)} | {result.end_time / 3600:.1f} | {avg:.2f} |",
             flush=True,
         )

@@ -201,6 +201,7 @@ class Engine:
         )
         self.pending = sorted(workload, key=lambda j: (j.submit_s, j.name))
         self.jobs: list[SimJob] = []
+        self.running: list[SimJob] = []  # submitted and not done, in submission order
         self.by_slurm: dict[str, SimJob] = {}
         self.job_ids: dict[str, int] = {}
         self._store_ids: dict[str, int] = {}
@@ -250,7 +251,7 @@ class Engine:
             self._tmp = None
 
     def _all_done(self, total: int) -> bool:
-        return not self.pending and all(j.done for j in self.jobs) and len(self.jobs) == total
+        return not self.pending and not self.running and len(self.jobs) == total
 
     def _next_time(self, report: TickReport, last_round: float) -> float:
         now = self.clock.now()
@@ -311,6 +312,7 @@ class Engine:
         self._store_ids[job.name] = job_id
         self.files.jobs[sim.run_dir] = sim
         self.jobs.append(sim)
+        self.running.append(sim)
         self.by_slurm[sim.slurm_id] = sim
 
     def _on_signal(self, slurm_id: str) -> None:
@@ -335,8 +337,8 @@ class Engine:
         result.usage.append((now, self.cluster.gpus_in_use()))
         reports: list[tuple[SimJob, Reports]] = []
         finished: list[tuple[SimJob, float]] = []
-        for job in self.jobs:
-            if job.config is None or job.done:
+        for job in self.running:
+            if job.config is None:
                 continue
             rep, end = job.step(now, until, self._speed(job))
             reports.append((job, rep))
@@ -346,13 +348,12 @@ class Engine:
         for job, _end in finished:
             self.cluster.complete(job_id=job.slurm_id)
             job.set_config(None, until)
+        self.running = [j for j in self.running if not j.done]
         self.clock.t = until
 
     def _sync_configs(self, now: float) -> None:
         """Each job's allocation as Slurm holds it now, with its decision's batch/frozen."""
-        for job in self.jobs:
-            if job.done:
-                continue
+        for job in self.running:
             held = self._held(job)
             if not held:
                 job.set_config(None, now)
