@@ -86,7 +86,9 @@ _MAX_PASSES = 8  # state-machine steps per intent per pass (each reads Slurm fir
 
 def record(plan: Plan, tx: StoreTx) -> int:
     """Write the plan's round, state changes and intents (the tick's transaction); returns
-    the number of new intents."""
+    the number of new intents. A job the tick says ``failed`` gets a ``requeue`` intent
+    instead: reconcile requeues it if it checkpointed first, else records it failed."""
+    added = 0
     for job_id, state in plan.state_changes:
         if state == "failed":
             # it may have checkpointed and exited to be requeued (a time limit's signal):
@@ -100,6 +102,7 @@ def record(plan: Plan, tx: StoreTx) -> int:
                 round_no=plan.round_no,
                 supersede=False,  # the tick ends only jobs no intent moves
             )
+            added += 1
             continue
         tx.set_state(job_id=job_id, state=state, now=plan.time)
     if plan.round_no is not None:
@@ -114,7 +117,6 @@ def record(plan: Plan, tx: StoreTx) -> int:
             reasons={j.job_id: j.reason for j in plan.jobs if j.reason},
         )
     open_by_job = {i.job_id: i for i in tx.open_intents() if i.job_id is not None}
-    added = 0
     for job in plan.jobs:
         current = open_by_job.get(job.job_id)
         target = job.target.params()
