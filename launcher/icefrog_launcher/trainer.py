@@ -34,22 +34,19 @@ from __future__ import annotations
 
 import atexit
 import copy
-import dataclasses
 import os
 import random
 import signal
 import socket
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from icefrog_launcher import checkpoint
@@ -59,18 +56,12 @@ from icefrog_launcher.config import JobConfig
 from icefrog_launcher.data import ElasticDataLoader, SizedDataset
 from icefrog_launcher.decision import read_decision
 from icefrog_launcher.launch import REQUEUE_EXIT_CODE
+from icefrog_launcher.model import ElasticModel
 from icefrog_launcher.position import DataPosition
-from icefrog_launcher.profiler import (
-    StepTimer,
-    find_layers,
-    layer_flops,
-    param_bytes,
-    peak_memory_bytes,
-    utilization,
-)
+from icefrog_launcher.probes import StepProbes
+from icefrog_launcher.profiler import find_layers, layer_flops, param_bytes
 from icefrog_launcher.reports import Reporter
 from icefrog_launcher.state import StateRegistry
-from icefrog_launcher.stats import GradStatsCollector
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.protocol import (
@@ -85,42 +76,9 @@ from icefrog_slurm.protocol import (
 from icefrog_slurm.runfiles import CHECKPOINT_MARKER
 from icefrog_slurm.security import write_atomic
 
-if TYPE_CHECKING:  # torch.distributed re-exports it without marking it public
-    from torch._C._distributed_c10d import GradBucket
-
 Finish = Literal["target_reached"] | Limit
 """Why a job ends (FinishedReport.reason): its target, or the limit that ended it
 (icefrog_launcher.budget)."""
-
-
-class ElasticModel:
-    """Calls the current DDP wrapper (or the bare model) and times the forward pass.
-    Other attributes (``train``, ``eval``, ``parameters``...) are the model's own."""
-
-    def __init__(self, trainer: Trainer) -> None:
-        self._trainer = trainer
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        t = self._trainer
-        t.timer.fwd_start = t.now()
-        if t.ddp is not None and not t.accumulation.final:  # all-reduce on the last only
-            with t.ddp.no_sync():
-                out = t.ddp(*args, **kwargs)
-        else:
-            out = (t.ddp or t.module)(*args, **kwargs)
-        t.timer.fwd_end = t.now()
-        if isinstance(out, torch.Tensor) and out.requires_grad:
-            out.register_hook(t.backward_started)
-        return out
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """The model's zero_grad, which does nothing while gradients accumulate (as the
-        optimizer's: icefrog_launcher.accumulate)."""
-        t = self._trainer
-        t.accumulation.zero_grad(t.module.zero_grad, set_to_none)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._trainer.module, name)
 
 
 class Trainer:
@@ -166,7 +124,6 @@ class Trainer:
         self.module = model.to(self.device)
         self.optimizer = optimizer
         self.layers = find_layers(model, layers)
-        self.model = ElasticModel(self)
         # the data position, shared with the loader (which moves it) and checkpointed here
         self.data_position = DataPosition(batch=self.config.batch[0])
         self.loader = ElasticDataLoader(
@@ -181,9 +138,14 @@ class Trainer:
             to_device=self.to_device,
             loader_args=loader_args,
         )
-        self.timer = StepTimer(self.device)
-        self.stats = GradStatsCollector(len(self.layers), stats_every)
-        self._bucket_index: dict[tuple[int, ...], torch.Tensor] = {}  # DDP bucket -> layers
+        self.probes = StepProbes(
+            self.layers,
+            self.device,
+            world=self.world,
+            stats_every=stats_every,
+            profile_every=profile_every,
+        )
+        self.timer, self.stats = self.probes.timer, self.probes.stats
         self.reporter = Reporter(
             inbox=self.config.inbox,
             slurm_job_id=self.config.slurm_job_id,
@@ -199,14 +161,6 @@ class Trainer:
         self.finished: Finish | Literal[""] = ""
         self._stop: int | None = None
         self._said_global: tuple[int, int, int] | None = None  # the (a, m, k) last said
-        self.last_profile: ProfileSample | None = None
-        self.synced_numel = 0  # gradient elements all-reduced so far (frozen ones never are)
-        self._measuring = False  # this step feeds the gradient statistics
-        self._timing = False  # this step is timed (synchronising CUDA at the marks)
-        self.profile_every = max(1, profile_every)
-        self._layer_of = {
-            id(p): i for i, layer in enumerate(self.layers) for p in layer.parameters()
-        }
         self.table = self._measure_layers(dataset)
         self.max_frozen = self.table.max_frozen_from_fraction(self.config.max_frozen)
         self._ckpt_number = checkpoint.latest_number(self.config.checkpoint_dir) + 1
@@ -218,6 +172,7 @@ class Trainer:
         self.accumulation = Accumulation()
         if self.config.global_batch:
             self.accumulation.install(optimizer, [o for o in held.values() if o is not None])
+        self.model = ElasticModel(self.module, lambda: self.ddp, self.accumulation, self.probes)
         self._restore()
         self.set_frozen(self.frozen, force=True)
         optimizer.register_step_pre_hook(self._before_step)
@@ -283,65 +238,35 @@ class Trainer:
         self.psi = self.stats.penalty(frozen)
         self._trainable = [p for p in self.module.parameters() if p.requires_grad]
         self.accumulation.watch(self._trainable)
-        index = [self._layer_of.get(id(p), -1) for p in self._trainable]
-        self._stat_params = [p for p, i in zip(self._trainable, index, strict=True) if i >= 0]
-        self._stat_index = torch.tensor([i for i in index if i >= 0], dtype=torch.long)
+        self.probes.watch(self._trainable)
         self.ddp = None
         if self.world > 1 and self._trainable:
             self.ddp = DistributedDataParallel(
                 self.module, device_ids=[self.device.index] if self.device.type == "cuda" else None
             )
             # DDP checks the hook's annotations at run time: give it an unannotated one
-            self.ddp.register_comm_hook(None, lambda state, bucket: self._comm_hook(bucket))
+            self.ddp.register_comm_hook(None, lambda state, bucket: self.probes.comm_hook(bucket))
 
-    # -- hooks -----------------------------------------------------------------------
-    def now(self) -> float:
-        return self.timer.now() if self._timing else time.perf_counter()
+    # -- hooks (icefrog_launcher.probes) -------------------------------------------------
+    @property
+    def synced_numel(self) -> int:
+        """Gradient elements all-reduced so far (frozen ones never are)."""
+        return self.probes.synced_numel
 
-    def backward_started(self, grad: torch.Tensor) -> None:
-        self.timer.bwd_start = time.perf_counter()
-
-    def _comm_hook(self, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-        self.timer.last_bucket = time.perf_counter()
-        self.synced_numel += bucket.buffer().numel()
-        if self._measuring:
-            pairs = [
-                (self._layer_of[id(p)], g)
-                for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True)
-                if id(p) in self._layer_of
-            ]
-            if pairs:
-                layers = tuple(i for i, _ in pairs)
-                index = self._bucket_index.get(layers)
-                if index is None:
-                    index = self._bucket_index[layers] = torch.tensor(layers, dtype=torch.long)
-                self.stats.add_local(index, [g for _, g in pairs])
-        group = dist.group.WORLD  # the group allreduce_hook takes for None
-        assert group is not None  # DDP exists only in an initialised process group
-        return default_hooks.allreduce_hook(group, bucket)
+    @property
+    def last_profile(self) -> ProfileSample | None:
+        return self.probes.last_profile
 
     def _before_step(
         self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        end = self.now()
-        if self._measuring and self._stat_params:
-            grads = [p.grad for p in self._stat_params if p.grad is not None]
-            if len(grads) == len(self._stat_params):
-                self.stats.finish_step(
-                    self._stat_index,
-                    grads,
-                    step=self.step,
-                    local_batch=self.accumulation.samples,
-                    world=self.world,
-                )
-        self.timer.record(end, self._timing)
+        self.probes.before_step(step=self.step, local_batch=self.accumulation.samples)
 
     def _after_step(
         self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
         self.step += 1
-        self._measuring = self.stats.measuring(self.step, self.world)
-        self._timing = self.step % self.profile_every == 0
+        self.probes.plan(self.step)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stop = signum
@@ -369,7 +294,7 @@ class Trainer:
         )
         # measured: full micro-batches of a step of all its micro-steps
         full = local_count == self.batch and self.accumulation.group == self.accumulation.steps
-        self._measuring, self._timing = self._measuring and full, self._timing and full
+        self.probes.micro_batch(full)
 
     def step_boundary(self) -> None:
         """Between two steps: on a stop signal rank 0 checkpoints; every rank exits 75.
@@ -396,8 +321,7 @@ class Trainer:
         self.registry.close()
         self.apply_decision(first=True)
         while (limit := self._limit()) is None:
-            self._measuring = self.stats.measuring(self.step, self.world)
-            self._timing = self.step % self.profile_every == 0
+            self.probes.plan(self.step)
             yield self.epoch
             if self._end_epoch():
                 return
@@ -482,28 +406,15 @@ class Trainer:
             )
 
     def _send_profile(self) -> None:
-        means = self.timer.take()
-        if means is None or means["iter"] <= 0:
-            return
-        # per micro-step: an optimizer step's iteration and sync (one all-reduce) over its
-        # k micro-steps; forward and backward are the last micro-step's (docs/trainer.md)
-        steps = self.accumulation.steps
-        t_iter = means["iter"] / steps
-        sample = ProfileSample(
-            gpus=self.world,
+        report = self.probes.profile(
             batch=self.batch,
             frozen=self.frozen,
             shared=self.shared,
-            t_fwd_s=means["fwd"],
-            t_bwd_s=max(means["bwd"], 0.0),
-            t_sync_s=max(means["sync"], 0.0) / steps,
-            t_iter_s=t_iter,
-            samples_per_s=self.world * self.batch / t_iter,
-            peak_mem_bytes=peak_memory_bytes(self.device),
-            gpu_util=utilization(self.device, means["cpu"], means["iter"]),
+            device=self.device,
+            micro_steps=self.accumulation.steps,
         )
-        self.last_profile = sample
-        self.reporter.send("profile", {"samples": [dataclasses.asdict(sample)]})
+        if report is not None:
+            self.reporter.send("profile", report)
 
     def _register(self) -> None:
         spec = self.config.declaration.job_spec(
