@@ -410,3 +410,37 @@ def test_accumulation_with_a_grad_scaler(tmp_path: Path) -> None:
     expected = _reference(2, 64, 0.1)
     for got, want in zip(model.parameters(), expected, strict=True):
         assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()
+
+
+def _accumulating_run(workdir: Path, stop_at: int | None = None) -> list[Any]:
+    """--global-batch 64 (4 micro-steps of 16), 2 epochs; ``stop_at``: a real USR1 at that
+    micro-step of epoch 0. The parameters at the end (or at the stop)."""
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    config = _config(workdir, global_batch=64)
+    trainer = Trainer(model, optimizer, _data(220), config=config, env={})
+    for epoch in trainer.epochs():
+        for i, (x, y) in enumerate(trainer.loader):
+            if (epoch, i) == (0, stop_at):
+                os.kill(os.getpid(), signal.SIGUSR1)
+            optimizer.zero_grad()
+            F.cross_entropy(trainer.model(x), y).backward()
+            optimizer.step()
+        trainer.report_metric(0.0)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_stop_signal_waits_for_the_optimizer_step(tmp_path: Path) -> None:
+    """USR1 at the second micro-step of a step: the trainer finishes the step (2 more
+    micro-steps) and checkpoints at its end, never with half a step's gradients; the
+    resumed run ends with the parameters of the uninterrupted one."""
+    whole = _accumulating_run(tmp_path / "whole")
+    with pytest.raises(SystemExit) as stopped:
+        _accumulating_run(tmp_path / "split", stop_at=5)  # step 2's second micro-step
+    assert stopped.value.code == 75
+    found = checkpoint.load_latest(tmp_path / "split" / "checkpoints")
+    assert found is not None
+    assert (found[1]["epoch"], found[1]["position"]) == (0, 2 * 64)
+    resumed = _accumulating_run(tmp_path / "split")
+    for a, b in zip(resumed, whole, strict=True):
+        assert torch.equal(a, b)
