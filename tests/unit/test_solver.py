@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from icefrog_slurm.core.solver import (
     Cluster,
+    Holding,
     JobRequest,
     Option,
     Problem,
@@ -217,3 +218,73 @@ def test_a_memo_re_solves_only_the_partitions_that_changed(monkeypatch: pytest.M
     assert job.id in {j.id for j in solved[-1].jobs} and solved[-1].forbidden == banned.forbidden
     assert again.choices == solve(banned, settings).choices  # same answer as without a memo
     assert again.choices[job.id].index != used or used < 0
+
+
+def _philly_shaped(rng: random.Random, n_jobs: int, gpus: int, shared_p: float) -> Problem:
+    """A round shaped like benchmarks/solver.py's Philly instances: mostly 1-2 GPU jobs with
+    g / (1 + s (g - 1)) scaling, counts g0/4..2 g0, and a shared option (lambda 0.9) on a
+    ``shared_p`` fraction of the jobs that may run on one GPU; some jobs already running."""
+    jobs = []
+    for k in range(n_jobs):
+        g0 = rng.choice([1, 1, 1, 1, 2, 2, 4, 8, 16])
+        s = rng.uniform(0.02, 0.3)
+
+        def x(g: int, s: float = s) -> float:
+            return g / (1 + s * (g - 1))
+
+        work, age = rng.uniform(600, 20000) * x(g0), rng.uniform(0, 3 * 3600)
+        counts = [g for g in (1, 2, 4, 8, 16, 32) if g0 / 4 <= g <= 2 * g0]
+        opts = [Option(g, age + work / x(g)) for g in counts]
+        if counts[0] == 1 and rng.random() < shared_p:
+            util, mem = rng.uniform(0.2, 0.7), rng.uniform(5, 50)
+            opts.append(Option(1, age + work / (0.9 * x(1)), True, util, mem))
+        current = None
+        if rng.random() < 0.3:
+            pick = rng.choice(opts)
+            current = Holding(pick.gpus, pick.shared)
+        weight = rng.choice([1.0, 1.0, 1.0, 1.25, 2.0])
+        jobs.append(JobRequest(f"j{k}", tuple(opts), weight=weight, current=current))
+    return Problem(Cluster(gpus=gpus, gpus_per_node=4, gpu_mem_gb=80), tuple(jobs))
+
+
+def test_fast_and_auto_equal_cbc_on_random_and_philly_shaped_rounds() -> None:
+    """Many rounds, the objective (min, sum, changes) of CBC's proven optimum against the
+    fast path's (whenever it says optimal) and auto's (always optimal)."""
+    rng = random.Random(11)
+    cases = [_random_problem(rng, n, nodes) for n, nodes in [(12, 2), (24, 4), (40, 6)] * 4]
+    cases += [_philly_shaped(rng, n, g, p) for n, g, p in [(30, 12, 0.9), (60, 24, 1.0)] * 4]
+    cases += [_philly_shaped(rng, 120, 48, p) for p in (0.6, 0.9, 1.0)]
+    proven = 0
+    for problem in cases:
+        ref = solve_mip(problem, time_limit_s=60)
+        assert ref.status == "optimal"
+        fast = solve_fast(problem)
+        auto = solve(problem, SolveOptions(method="auto", time_limit_s=60))
+        assert check_solution(problem, fast) == [] and check_solution(problem, auto) == []
+        assert auto.status == "optimal" and _key(problem, auto) == _key(problem, ref)
+        assert _key(problem, fast)[0] == _key(problem, ref)[0]  # stage 1 is always exact
+        if fast.status == "optimal":
+            proven += 1
+            assert _key(problem, fast) == _key(problem, ref)
+    assert proven >= len(cases) // 2  # the exact path answers most rounds without CBC
+
+
+def test_shared_options_that_can_pair_with_nobody_are_proven_by_the_fast_path() -> None:
+    """Every shared option uses 0.8 of a GPU: no two may share (eq 8). The DP charges each a
+    whole GPU from the start, so its bound is attained and no CBC is needed."""
+    jobs = tuple(
+        JobRequest(
+            f"j{k}",
+            (
+                Option(1, 1800.0),
+                Option(2, 1300.0),
+                Option(4, 960.0),
+                Option(1, 1970.0, True, 0.8, 2),
+            ),
+        )
+        for k in range(30)
+    )
+    problem = Problem(Cluster(gpus=12, gpus_per_node=4, gpu_mem_gb=80), jobs)
+    fast = solve_fast(problem)
+    assert fast.status == "optimal" and fast.bound == fast.sum_share
+    assert _key(problem, fast) == _key(problem, solve_mip(problem, time_limit_s=30))

@@ -214,6 +214,21 @@ def _pair_up(problem: Problem, picks: dict[str, int]) -> tuple[int, list[tuple[s
     return excl + len(shared_ids) - len(pairs), pairs
 
 
+def _partnerless(problem: Problem, t: int) -> frozenset[str]:
+    """Jobs whose shared option scores ``>= t`` but admits no partner among the other such
+    options: they can only share a GPU alone, so the DP charges them a whole GPU from the
+    start (exact, and a tighter relaxation than pairing them with anyone)."""
+    rows = [
+        (job.id, job.options[i])
+        for job in problem.jobs
+        for i, o in enumerate(job.options)
+        if o.shared and problem.usable(job, i) and job.score(i) >= t
+    ]
+    adj = admissible_matrix(problem.cluster, [o for _, o in rows])
+    partners = adj.sum(axis=1).tolist() if rows else []
+    return frozenset(jid for (jid, _), n in zip(rows, partners, strict=True) if n == 0)
+
+
 def _repair(
     problem: Problem, t: int, max_repairs: int
 ) -> tuple[int | None, tuple[int, dict[str, int], list[tuple[str, str]]] | None]:
@@ -222,7 +237,7 @@ def _repair(
     After each DP whose shared jobs do not all find partners, the unmatched ones are
     charged a whole GPU for sharing and the DP runs again (a restriction, so each answer
     is no better than the last; at least one more job is charged each time)."""
-    alone: frozenset[str] = frozenset()
+    alone = _partnerless(problem, t)
     bound: int | None = None
     cache: dict[tuple[str, bool], _Cands] = {}
     for _ in range(max_repairs):

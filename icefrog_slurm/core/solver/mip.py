@@ -63,9 +63,12 @@ def _build(problem: Problem, allowed: Mapping[str, list[int]], threads: int) -> 
     m = _Model(model)
     jobs = {j.id: j for j in problem.jobs}
     shared_of = m.shared_of
+    owned: dict[str, list[tuple[int, mip.Var]]] = {}
     for job in problem.jobs:
+        own = owned[job.id] = []
         for i in allowed[job.id]:
-            m.choice[job.id, i] = model.add_var(var_type=mip.BINARY)
+            var = m.choice[job.id, i] = model.add_var(var_type=mip.BINARY)
+            own.append((i, var))
             if i != WAIT and job.options[i].shared:
                 shared_of[job.id] = i
     ids = list(shared_of)
@@ -80,7 +83,7 @@ def _build(problem: Problem, allowed: Mapping[str, list[int]], threads: int) -> 
     gpus: list[mip.LinExpr] = []
     keep_terms: list[mip.LinExpr] = []
     for job in problem.jobs:
-        own = [(i, v) for (jid, i), v in m.choice.items() if jid == job.id]
+        own = owned[job.id]
         model += mip.xsum(v for _, v in own) + mip.xsum(in_pair.get(job.id, [])) == 1
         paired = mip.xsum(in_pair.get(job.id, []))
         m.value[job.id] = mip.xsum(job.score(i) * v for i, v in own) + (
