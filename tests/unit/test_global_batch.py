@@ -1,5 +1,5 @@
 """A job's fixed global batch (JobSpec.global_batch): its validation, its declaration, the
-one per-GPU batch rule, and the estimator and simulator planning and training with it."""
+one per-GPU batch rule, and the estimator, the simulator and the trainer following it."""
 
 from __future__ import annotations
 
@@ -158,3 +158,42 @@ def test_a_fixed_batch_job_s_predicted_throughput_is_what_it_really_trains_at() 
         real = truth.throughput(gpus=gpus, batch=batch, frozen=frozen, nodes=1)
         if measured:
             assert predicted == pytest.approx(real, rel=0.1)
+
+
+@pytest.mark.torch
+def test_the_trainer_accumulates_by_the_same_rule(tmp_path: Any) -> None:
+    """The trainer's m and k are the protocol's, and an optimizer step takes k loader
+    batches: for B = 40 on one process with batches of 8-16, 3 micro-steps of 16 (48
+    samples, the nearest above 40); B = 8: one of 8; B = 100: 7 of 16."""
+    import signal
+
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import TensorDataset
+
+    from icefrog_launcher.trainer import Trainer
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        for wanted, m, k in ((40, 16, 3), (8, 8, 1), (100, 16, 7)):
+            assert fixed_per_gpu_batch(wanted, 1, 8, 16) == m
+            assert accumulation_steps(wanted, 1, m) == k
+            model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            workdir = str(tmp_path / str(wanted))
+            config = JobConfig(batch=(8, 16), global_batch=wanted, workdir=workdir)
+            data = TensorDataset(torch.randn(400, 4), torch.randint(0, 2, (400,)))
+            trainer = Trainer(model, optimizer, data, config=config, env={})
+            next(trainer.epochs())
+            sizes = []
+            for x, y in trainer.loader:
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(trainer.model(x), y).backward()
+                optimizer.step()
+                sizes.append(len(x))
+                if trainer.step == 2:
+                    break
+            assert (trainer.batch, trainer.accumulation.steps) == (m, k)
+            assert sizes == [m] * 2 * k  # two optimizer steps of k micro-batches
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
