@@ -19,6 +19,7 @@ from icefrog_launcher.launch import (
     build_command,
     child_env,
     environ,
+    is_managed,
     layout_from_env,
     rendezvous_host,
     resolves,
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         job_name=args.job_name or env.get("SLURM_JOB_NAME", "job"),
         slurm_job_id=env.get("SLURM_JOB_ID", "0"),
         seed=args.seed,
+        managed=is_managed(env),
     )
     config.validate()
     layout = layout_from_env(env, args.procs_per_node)

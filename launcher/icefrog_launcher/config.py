@@ -41,6 +41,9 @@ class JobConfig:
     seed: int = 0
     parallelism: Parallelism = DDP  # --parallelism and --gpu-unit (spec section 7)
     global_batch: int = 0  # --global-batch: samples an optimizer step; 0 = free
+    # submitted with icefrog submit (the launcher's MANAGED_ENV): False = an unmanaged job
+    # (a plain sbatch), which trains on the allocation Slurm gave it and reads no decision
+    managed: bool = True
 
     @property
     def decision_path(self) -> str:
@@ -69,6 +72,7 @@ class JobConfig:
             "SEED": str(self.seed),
             "PARALLELISM": json.dumps(self.parallelism.to_json()),
             "GLOBAL_BATCH": str(self.global_batch),
+            "MANAGED": "1" if self.managed else "0",
         }
         if self.target is not None:
             env["TARGET"] = str(self.target)
@@ -90,6 +94,9 @@ class JobConfig:
         except ValueError as exc:
             raise InputError(f"{ENV_PREFIX}*: {exc}") from None
         target_text = get("TARGET", "")
+        managed = get("MANAGED", "1")  # unset: a trainer started without the launcher
+        if managed not in ("0", "1"):
+            raise InputError(f"{ENV_PREFIX}MANAGED: must be 0 or 1, got {managed!r}")
         config = cls(
             gpus=parse_range(get("GPUS", "1"), "gpus"),
             batch=parse_range(get("BATCH", "32"), "batch"),
@@ -105,6 +112,7 @@ class JobConfig:
             seed=seed,
             parallelism=_env_parallelism(get("PARALLELISM", "")),
             global_batch=global_batch,
+            managed=managed == "1",
         )
         config.validate()
         return config

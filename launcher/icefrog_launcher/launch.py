@@ -50,9 +50,17 @@ from icefrog_slurm.runfiles import CHECKPOINT_MARKER
 REQUEUE_EXIT_CODE = 75  # sysexits EX_TEMPFAIL: checkpointed, please requeue
 DEFAULT_PORT = 29500
 # Exported (=1) by the batch script ``icefrog submit`` writes: the job was submitted to the
-# controller. A hint for the notice below only: the controller itself adopts a job only by
-# its Slurm record (the icefrog tag), so exporting it in a plain sbatch job changes nothing.
+# controller. For the job side only: without it the launcher prints the notice below and
+# tells the trainer (JobConfig.managed, the same variable) to read no decision.json. The
+# controller itself adopts a job only by its Slurm record (the icefrog tag), so exporting
+# it in a plain sbatch job gains nothing but the reading of the job's own workdir's file.
 MANAGED_ENV = "ICEFROG_MANAGED"
+
+
+def is_managed(env: Mapping[str, str]) -> bool:
+    """Whether this job was submitted with ``icefrog submit`` (the marker), or runs outside
+    Slurm (no SLURM_JOB_ID: a test or a local run, whose decision.json is its caller's)."""
+    return not env.get("SLURM_JOB_ID", "") or env.get(MANAGED_ENV) == "1"
 
 
 def unmanaged_notice(env: Mapping[str, str]) -> str | None:
@@ -60,9 +68,9 @@ def unmanaged_notice(env: Mapping[str, str]) -> str | None:
     ordinary Slurm job (nothing sizes it; it trains with its declared limits on the
     allocation it has) and how to submit a managed one. None inside such a job, and
     outside Slurm (no SLURM_JOB_ID). The caller has checked SLURM_JOB_ID is a number."""
-    job_id = env.get("SLURM_JOB_ID", "")
-    if not job_id or env.get(MANAGED_ENV) == "1":
+    if is_managed(env):
         return None
+    job_id = env["SLURM_JOB_ID"]
     return (
         f"icefrog launch: Slurm job {job_id} was not submitted with icefrog "
         "submit: it runs unmanaged, as an ordinary Slurm job (no controller resizes or "

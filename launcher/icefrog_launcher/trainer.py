@@ -428,10 +428,10 @@ class Trainer:
     def apply_decision(self, first: bool) -> None:
         """Adopt the controller's batch and freeze depth (rank 0 reads, all agree). A new
         round asking for another GPU count stops the job for a requeue (after the
-        checkpoint just written) unless this is the start of the run."""
-        box: list[Decision | None] = [
-            read_decision(self.config.decision_path) if self.rank == 0 else None
-        ]
+        checkpoint just written) unless this is the start of the run. An unmanaged job
+        (``config.managed`` False) reads none: its allocation is what Slurm gave it."""
+        reads = self.rank == 0 and self.config.managed
+        box: list[Decision | None] = [read_decision(self.config.decision_path) if reads else None]
         if self.world > 1:
             dist.broadcast_object_list(box, src=0)
         decision = box[0]
