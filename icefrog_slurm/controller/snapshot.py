@@ -9,6 +9,7 @@ hands the results in; the simulator hands in its own.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import lru_cache
 
 from icefrog_slurm.domain.cluster import PartitionCapacity, SlurmJobState
 from icefrog_slurm.domain.records import StoreSnapshot
@@ -21,10 +22,17 @@ def current_of(state: SlurmJobState | None) -> Current:
     job holds one shared GPU; a job that holds nothing (pending, finished) holds 0."""
     if state is None or not state.holds_resources or state.gres is None:
         return Current()
-    nodes = tuple(expand_hostlist(state.nodelist)) if state.nodelist else ()
+    nodes = _nodes(state.nodelist) if state.nodelist else ()
     if state.gres.kind == "shard":
         return Current(gpus=1, shared=True, nodes=nodes)
     return Current(gpus=state.gres.count * max(state.num_nodes, 1), nodes=nodes)
+
+
+@lru_cache(maxsize=4096)
+def _nodes(nodelist: str) -> tuple[str, ...]:
+    """A node list's names; memoized: the same few lists come back every tick, and parsing
+    one (ClusterShell) costs about a millisecond."""
+    return tuple(expand_hostlist(nodelist))
 
 
 def build_snapshot(

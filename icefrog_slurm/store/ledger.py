@@ -328,12 +328,12 @@ def columns(model: type[Any]) -> list[Any]:
 
 def record(cls: type[_T], row: Any, **override: Any) -> _T:
     """An immutable record from an ORM row: same-named fields copied, some converted."""
-    values = {name: getattr(row, name) for name in _field_names(cls) if name not in override}  # type: ignore[arg-type]
+    values = {name: getattr(row, name) for name in field_names(cls) if name not in override}  # type: ignore[arg-type]
     return cls(**values, **override)
 
 
 @cache
-def _field_names(cls: type[Any]) -> tuple[str, ...]:
+def field_names(cls: type[Any]) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls))
 
 

@@ -45,6 +45,7 @@ from icefrog_slurm.extras import require
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.store.leader import SqlLease, lock_path, try_lead
 from icefrog_slurm.store.readonly import make_readonly_engine
+from icefrog_slurm.store.snapcache import SnapshotCache
 from icefrog_slurm.store.tx import SqlStoreTx
 
 _BEGIN_OPTION = "icefrog_sqlite_begin"
@@ -107,6 +108,7 @@ class SqlStore:
         self._is_sqlite = self.engine.dialect.name == "sqlite"
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._lease: SqlLease | None = None
+        self._cache = SnapshotCache()  # what this store's snapshots read, by job
         if check_schema:
             try:
                 self.check_schema()
@@ -178,7 +180,7 @@ class SqlStore:
             conn = self._first_connection(session, write=True, consistent=consistent)
             if self._lease is not None:
                 self._lease.check(conn)
-            yield SqlStoreTx(session)
+            yield SqlStoreTx(session, self._cache)
 
     def snapshot(self, *, include_finished: bool = False) -> StoreSnapshot:
         """One consistent read of everything a tick needs."""

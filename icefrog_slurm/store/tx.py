@@ -8,12 +8,13 @@ the earlier row, so they are idempotent.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from functools import cache
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import Text, bindparam, cast, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import identity_key
@@ -30,7 +31,7 @@ from icefrog_slurm.domain.records import (
     StoreSnapshot,
 )
 from icefrog_slurm.protocol import FinishedReport, GradStats, JobSpec, MetricReport, ProgressReport
-from icefrog_slurm.store.ledger import LedgerTx, StoreError, columns, record
+from icefrog_slurm.store.ledger import LedgerTx, StoreError, columns, field_names, record
 from icefrog_slurm.store.models import (
     GradStatsRow,
     JobRow,
@@ -38,10 +39,18 @@ from icefrog_slurm.store.models import (
     ProfileSampleRow,
     SlurmJobRow,
 )
+from icefrog_slurm.store.snapcache import SnapshotCache
 
 
 class SqlStoreTx(LedgerTx):
-    """The operations of one transaction (see :class:`SqlStore.transaction`)."""
+    """The operations of one transaction (see :class:`SqlStore.transaction`).
+
+    ``cache``: what earlier snapshots read (the store's, kept between its transactions;
+    store/snapcache.py); none: everything is read and decoded afresh."""
+
+    def __init__(self, session: Session, cache: SnapshotCache | None = None) -> None:
+        super().__init__(session)
+        self._cache = SnapshotCache() if cache is None else cache
 
     # ----- jobs and their Slurm chain -------------------------------------------------
     def create_job(
@@ -116,8 +125,9 @@ class SqlStoreTx(LedgerTx):
         return None if link is None else _orm_job_record(link.job)
 
     def jobs(self, *, states: Iterable[str] | None = None) -> list[JobRecord]:
-        """Jobs (in ``states``), read as plain rows: no ORM object per job."""
-        query = select(*columns(JobRow)).order_by(JobRow.id)
+        """Jobs (in ``states``), read as plain rows: no ORM object per job; a job's spec is
+        decoded only when its columns changed since the cache last decoded it."""
+        query = select(*_JOB_COLUMNS).order_by(JobRow.id)
         chains = select(SlurmJobRow.job_id, SlurmJobRow.slurm_job_id).order_by(
             SlurmJobRow.job_id, SlurmJobRow.position
         )
@@ -125,7 +135,15 @@ class SqlStoreTx(LedgerTx):
             query = query.where(JobRow.state.in_(tuple(states)))
             chains = chains.join(JobRow).where(JobRow.state.in_(tuple(states)))
         chain = _group(self._s.execute(chains), lambda r: r.slurm_job_id)
-        return [_job_record(row, chain.get(row.id, ())) for row in self._s.execute(query)]
+        out = [self._job_record(row, chain.get(row.id, ())) for row in self._s.execute(query)]
+        if states is not None and set(states) >= set(ACTIVE_STATES):
+            self._cache.forget_specs(j.id for j in out)
+        return out
+
+    def _job_record(self, row: Any, chain: Sequence[str]) -> JobRecord:
+        text = tuple(row[i] for i in _SPEC_AT)
+        spec = self._cache.spec(row.id, text, lambda: _spec(row))
+        return _job_record(row, chain, spec)
 
     # ----- what jobs measured -----------------------------------------------------------
     def add_profile_samples(
@@ -199,44 +217,13 @@ class SqlStoreTx(LedgerTx):
         ids = select(JobRow.id)  # a subquery, not a list: no bound-parameter limit
         if states is not None:
             ids = ids.where(JobRow.state.in_(states))
-        samples = _group(
-            self._s.execute(
-                select(*columns(ProfileSampleRow))
-                .where(ProfileSampleRow.job_id.in_(ids))
-                .order_by(ProfileSampleRow.id)
-            ),
-            lambda r: record(ProfileSample, r),
-        )
-        metrics = _group(
-            self._s.execute(
-                select(*columns(MetricRow))
-                .where(MetricRow.job_id.in_(ids))
-                .order_by(MetricRow.epoch, MetricRow.id)
-            ),
-            lambda r: record(MetricReport, r),
-        )
-        latest = (
-            select(GradStatsRow.job_id, func.max(GradStatsRow.epoch).label("epoch"))
-            .where(GradStatsRow.job_id.in_(ids))
-            .group_by(GradStatsRow.job_id)
-            .subquery()
-        )
-        grads = {
-            r.job_id: record(GradStats, r, grad_var=tuple(r.grad_var), grad_sqr=tuple(r.grad_sqr))
-            for r in self._s.execute(
-                select(*columns(GradStatsRow)).join(
-                    latest,
-                    (GradStatsRow.job_id == latest.c.job_id)
-                    & (GradStatsRow.epoch == latest.c.epoch),
-                )
-            )
-        }
+        samples, metrics, grads = self._cache.measurements(self._s, ids)
         views = tuple(
             JobView(
                 job=j,
-                samples=tuple(samples.get(j.id, ())),
+                samples=samples.get(j.id) or (),
                 grad_stats=grads.get(j.id),
-                metrics=tuple(metrics.get(j.id, ())),
+                metrics=metrics.get(j.id) or (),
             )
             for j in jobs
         )
@@ -319,17 +306,33 @@ def _speccolumns(spec: JobSpec) -> dict[str, Any]:
 
 
 def _orm_job_record(row: JobRow) -> JobRecord:
-    return _job_record(row, [link.slurm_job_id for link in row.slurm_jobs])
+    return _job_record(row, [link.slurm_job_id for link in row.slurm_jobs], _spec(row))
 
 
-def _job_record(row: Any, chain: Sequence[str]) -> JobRecord:
-    layers = {
-        n: tuple(getattr(row, n)) for n in ("layer_flops", "layer_param_bytes", "layer_boundaries")
-    }
+_LAYERS = ("layer_flops", "layer_param_bytes", "layer_boundaries")
+_JSON_SPEC = (*_LAYERS, "parallelism")
+# the jobs query: every column, the spec's JSON ones as their text (decoded only on change)
+_JOB_COLUMNS = [cast(c, Text).label(c.key) if c.key in _JSON_SPEC else c for c in columns(JobRow)]
+_SPEC_AT = [i for i, c in enumerate(_JOB_COLUMNS) if c.key in field_names(JobSpec)]
+
+
+def _spec(row: Any) -> JobSpec:
+    """A row's spec; the JSON columns either decoded (an ORM row) or as text (jobs())."""
+
+    def value(name: str) -> Any:
+        v = getattr(row, name)
+        return json.loads(v) if isinstance(v, str) else v
+
+    layers = {n: tuple(value(n)) for n in _LAYERS}
+    parallelism = Parallelism.from_json(value("parallelism"))
+    return record(JobSpec, row, parallelism=parallelism, **layers)
+
+
+def _job_record(row: Any, chain: Sequence[str], spec: JobSpec) -> JobRecord:
     return record(
         JobRecord,
         row,
-        spec=record(JobSpec, row, parallelism=Parallelism.from_json(row.parallelism), **layers),
+        spec=spec,
         slurm_job_ids=tuple(chain),
         progress=record(Progress, row, time=row.progress_time),
     )
