@@ -78,6 +78,15 @@ _UNAVAILABLE = (
 _NOT_FOUND = ("invalid job id specified",)
 _ALREADY_DONE = ("already completing or completed", "job has already finished")
 
+# What differs between Slurm versions and changes a command the backend runs (the rest is
+# read by parse.py; docs/controller.md, "Slurm versions", has the whole table).
+VERSION_COMMAND: Argv = ("scontrol", "--version")
+TASKS_WITH_RESIZE = frozenset({(24, 11)})
+"""Versions where an update of a requeued job's GRES or node count must also set NumTasks
+(one task a node, as sbatch gave it): without it 24.11 leaves a job that ran with more GPUs
+(DefCpuPerGPU) pending for ever, reason Resources. 22.05 refuses NumTasks beside a NumNodes
+change (BadConstraints); 26.05 does not need it."""
+
 
 @dataclass(frozen=True)
 class CliSettings:
@@ -110,6 +119,7 @@ class SlurmCliBackend:
             raise ValueError("CliSettings.attempts must be >= 1")
         self.signer = signer or TagSigner.ephemeral()
         self._sleep = sleep
+        self._version: tuple[int, int] | None = None
 
     # ---- running commands -------------------------------------------------------------
 
@@ -257,7 +267,17 @@ class SlurmCliBackend:
         num_nodes: int | None = None,
         nodes: tuple[str, ...] | None = None,
     ) -> None:
-        self._run(commands.update_job(job_id, gres=gres, num_nodes=num_nodes, nodes=nodes))
+        argv = commands.update_job(job_id, gres=gres, num_nodes=num_nodes, nodes=nodes)
+        if (gres, num_nodes) != (None, None) and self.slurm_version() in TASKS_WITH_RESIZE:
+            tasks = num_nodes if num_nodes is not None else self.job_detail(job_id=job_id).num_nodes
+            argv = (*argv, f"NumTasks={tasks}")
+        self._run(argv)
+
+    def slurm_version(self) -> tuple[int, int]:
+        """(major, minor) of the Slurm the client commands belong to, asked once."""
+        if self._version is None:
+            self._version = parse.parse_version(self._run(VERSION_COMMAND))
+        return self._version
 
     def signal_batch(self, *, job_id: str, signal: str = "USR1") -> None:
         self._run(commands.signal_batch(job_id, signal))

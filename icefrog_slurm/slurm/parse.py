@@ -401,6 +401,14 @@ def parse_hostnames(text: str) -> tuple[str, ...]:
     return tuple(ln.strip() for ln in text.splitlines() if ln.strip())
 
 
+def parse_version(text: str) -> tuple[int, int]:
+    """``scontrol --version`` (``slurm 24.11.5``; Debian's ``slurm-wlm 24.11.5``) -> (24, 11)."""
+    m = re.fullmatch(r"slurm(?:-wlm)? ([0-9]{1,4})\.([0-9]{1,4})\.[0-9A-Za-z.-]+", text.strip())
+    if not m:
+        raise ParseError(f"not a Slurm version: {text[:80]!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
 def parse_sbatch_parsable(text: str) -> str:
     """``sbatch --parsable`` prints ``<id>`` or ``<id>;<cluster>``."""
     first = text.strip().splitlines()[-1] if text.strip() else ""
