@@ -17,8 +17,10 @@ and rejects it otherwise with a logged and recorded reason, changing nothing els
 3. its munge credential decodes (``unmunge``) to that same owner uid and to
    ``body_digest(envelope.body())``, so it was made by the owner for exactly this content;
 4. the Slurm job is bound to an icefrog job of that owner and name, or, for ``register``,
-   to none yet and Slurm says it carries the icefrog tag (its comment starts ``icefrog:``):
-   a new icefrog job is created, owned by that uid;
+   to none yet, Slurm says it carries the icefrog tag (its comment starts ``icefrog:``) and
+   it is pending held (``icefrog submit`` registers its job before releasing it; a job
+   running unheld, a plain ``sbatch`` with a hand-written tag, stays unmanaged): a new
+   icefrog job is created, owned by that uid;
 5. (Slurm job, seq) was not accepted before with other content. The same content again is
    a duplicate: it is archived and changes nothing.
 
@@ -93,10 +95,12 @@ _IDLE_FOLDERS_A_DRAIN = 1000  # folders with nothing to read looked up a drain
 
 @dataclass(frozen=True)
 class SlurmJobFacts:
-    """What Slurm says of a job: its owner's uid and whether it carries the icefrog tag."""
+    """What Slurm says of a job: its owner's uid, whether it carries the icefrog tag and
+    whether it is pending held (True where a stand-in lookup does not say)."""
 
     uid: int
     icefrog: bool
+    held: bool = True
 
 
 SlurmJobsLookup = Callable[[Collection[str]], Mapping[str, SlurmJobFacts]]
@@ -108,6 +112,8 @@ class _PolledJob(Protocol):
     def user_id(self) -> int: ...
     @property
     def is_icefrog(self) -> bool: ...
+    @property
+    def held(self) -> bool: ...
 
 
 class _Polls(Protocol):
@@ -119,7 +125,10 @@ def slurm_jobs_of(cluster: _Polls) -> SlurmJobsLookup:
 
     def lookup(job_ids: Collection[str]) -> dict[str, SlurmJobFacts]:
         polled = cluster.poll(job_ids=job_ids)
-        return {k: SlurmJobFacts(uid=j.user_id, icefrog=j.is_icefrog) for k, j in polled.items()}
+        return {
+            k: SlurmJobFacts(uid=j.user_id, icefrog=j.is_icefrog, held=j.held)
+            for k, j in polled.items()
+        }
 
     return lookup
 
@@ -142,6 +151,7 @@ class _Owner:
 
     uid: int | None
     icefrog: bool  # Slurm shows the icefrog tag
+    held: bool  # Slurm shows it pending held
     ended: bool  # the store says it ended, or nobody knows it
 
 
@@ -265,7 +275,8 @@ class ReportInbox:
             fact, rec = facts.get(job_id), recorded.get(job_id)
             uid = fact.uid if fact is not None else (None if rec is None else rec[0])
             ended = rec[1] not in ACTIVE_STATES if rec is not None else fact is None
-            owners[job_id] = _Owner(uid, fact is not None and fact.icefrog, ended)
+            icefrog, held = (False, False) if fact is None else (fact.icefrog, fact.held)
+            owners[job_id] = _Owner(uid, icefrog, held, ended)
         return owners
 
     def _warn_squatters(self, folders: list[Folder], owners: dict[str, _Owner]) -> None:
@@ -312,7 +323,9 @@ class ReportInbox:
                     raw, size = self._read(job_fd, item, owner)
                     claim = self._check(raw, item, owner, now)
                     with self.store.transaction() as tx:
-                        outcome, job_id = apply_report(tx, claim, icefrog=owner.icefrog, now=now)
+                        outcome, job_id = apply_report(
+                            tx, claim, icefrog=owner.icefrog, held=owner.held, now=now
+                        )
                 except Rejected as exc:
                     self._quarantine(job_fd, item, str(exc), size, claim)
                     return "rejected"

@@ -3,8 +3,11 @@
 The inbox (``inbox.py``) has proven who sent which content for which Slurm job (a
 :class:`Claim`); :func:`apply_report` checks it against the store's ledger and jobs and
 applies it: a ``register`` creates the icefrog job (only for a Slurm job that carries the
-icefrog tag), every other kind updates the job it is bound to, and the ledger records the
-report so a replay of its (Slurm job, seq) changes nothing.
+icefrog tag and is pending held: the first register is ``icefrog submit``'s, sent before it
+releases its job; a resubmission the controller made is linked to its job before it is
+released, so its register is never a first one), every other kind updates the job it is
+bound to, and the ledger records the report so a replay of its (Slurm job, seq) changes
+nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ class Claim:
 
 
 def apply_report(
-    tx: SqlStoreTx, claim: Claim, *, icefrog: bool, now: float
+    tx: SqlStoreTx, claim: Claim, *, icefrog: bool, held: bool, now: float
 ) -> tuple[str, int | None]:
     """Apply a checked report in ``tx``: ("accepted", the icefrog job's id), or
     ("duplicate", None) for a duplicate of an accepted one; raises Rejected when the store
@@ -45,7 +48,7 @@ def apply_report(
     payload = protocol.parse_payload(env.kind, env.payload)
     job = tx.job_by_slurm_id(env.slurm_job_id)
     if job is None:
-        job_id = _register(tx, claim, icefrog, payload, now)
+        job_id = _register(tx, claim, icefrog, held, payload, now)
     else:
         if job.owner_uid != claim.uid or job.name != env.job_name:
             raise Rejected(
@@ -68,8 +71,12 @@ def apply_report(
     return "accepted", job_id
 
 
-def _register(tx: SqlStoreTx, claim: Claim, icefrog: bool, payload: Any, now: float) -> int:
-    """A new icefrog job for a ``register`` report of an icefrog-tagged Slurm job."""
+def _register(
+    tx: SqlStoreTx, claim: Claim, icefrog: bool, held: bool, payload: Any, now: float
+) -> int:
+    """A new icefrog job for a ``register`` report of an icefrog-tagged, pending-held Slurm
+    job (``icefrog submit``'s); a job already running (or released) was started outside
+    the plan, and runs unmanaged whatever its comment says."""
     env = claim.envelope
     if env.kind != "register":
         raise Rejected(f"Slurm job {env.slurm_job_id} has no icefrog job: register first")
@@ -77,6 +84,11 @@ def _register(tx: SqlStoreTx, claim: Claim, icefrog: bool, payload: Any, now: fl
         raise Rejected(
             f"Slurm job {env.slurm_job_id} does not carry the icefrog tag (comment "
             "icefrog:...): only jobs submitted by icefrog are adopted"
+        )
+    if not held:
+        raise Rejected(
+            f"Slurm job {env.slurm_job_id} is not pending held: only icefrog submit registers "
+            "a job first (while it holds it); a job started outside the plan runs unmanaged"
         )
     return tx.create_job(
         name=env.job_name,
