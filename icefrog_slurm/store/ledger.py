@@ -7,7 +7,7 @@ records what the controller decided and did, and which reports it accepted or re
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any, TypeVar
 
@@ -95,9 +95,10 @@ class LedgerTx:
         self._s.flush()
         if allocations:  # one bulk INSERT, not one ORM object a job
             why = reasons or {}
+            names = field_names(Allocation)  # asdict would deep-copy every field
             rows = [
                 {
-                    **asdict(a),
+                    **{n: getattr(a, n) for n in names},
                     "round_no": round_no,
                     "nodes": list(a.nodes),
                     "reason": why.get(a.job_id, ""),
