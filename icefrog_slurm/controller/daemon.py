@@ -228,10 +228,17 @@ class Controller:
         return report
 
     def snapshot(self, store_snapshot: StoreSnapshot, now: float) -> Snapshot:
-        """Join the store's snapshot with one batched Slurm poll and the capacity."""
+        """Join the store's snapshot with one batched Slurm poll and the capacity. Every
+        Slurm job but the store's own (by id and owner, whatever its comment says now) is
+        foreign to the capacity: a managed job whose owner rewrote its comment is still
+        planned by its Slurm id and counted once, and a job that carries a tag the store
+        never adopted holds foreign GPUs."""
         ids = [v.job.slurm_job_id for v in store_snapshot.jobs]
         states = self.cluster.poll(job_ids=ids)
-        capacity = self.cluster.partition_capacity(partition=self.settings.slurm.partition)
+        managed = {v.job.slurm_job_id: v.job.owner_uid for v in store_snapshot.jobs}
+        capacity = self.cluster.partition_capacity(
+            partition=self.settings.slurm.partition, managed=managed
+        )
         return build_snapshot(store=store_snapshot, states=states, capacity=capacity, now=now)
 
     def _log_round(self, plan: Plan, snapshot: Snapshot, tick_s: float) -> None:

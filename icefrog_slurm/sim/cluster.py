@@ -233,7 +233,10 @@ class SimCluster:
             for n, i in by_node.items()
         )
 
-    def partition_capacity(self, *, partition: str) -> PartitionCapacity:
+    def partition_capacity(
+        self, *, partition: str, managed: Mapping[str, int] | None = None
+    ) -> PartitionCapacity:
+        # the simulated jobs' comments never change: the foreign ones are those it was given
         running = [self._jobs[sid] for sid in self._foreign if self._jobs[sid].held_on]
         if not running:  # the simulator's own case: no foreign job ever
             return PartitionCapacity(
@@ -255,6 +258,7 @@ class SimCluster:
             nodes=nodes,
             jobs=[self._state(j) for j in running],
             shard_gpus=shard_gpus,
+            managed=managed,
         )
 
     def resubmit(

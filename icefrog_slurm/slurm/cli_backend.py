@@ -316,12 +316,14 @@ class SlurmCliBackend:
     def gres_allocation(self, *, job_id: str) -> tuple[GresAllocation, ...]:
         return parse.parse_gres_detail(self._run(commands.show_job_detail(job_id)))
 
-    def partition_capacity(self, *, partition: str) -> PartitionCapacity:
+    def partition_capacity(
+        self, *, partition: str, managed: Mapping[str, int] | None = None
+    ) -> PartitionCapacity:
         nodes = parse.parse_sinfo_nodes(self._run(commands.sinfo_partition(partition)))
         details = self._details()
         jobs = [d.state_view() for d in details.values()]
         shard_gpus: dict[str, dict[str, int]] = {}
-        for jid in capacity.foreign_shard_jobs(jobs):
+        for jid in capacity.foreign_shard_jobs(jobs, managed):
             if details[jid].multiline_text:  # its -d text could be spoofed: count by shards
                 continue
             try:
@@ -336,7 +338,7 @@ class SlurmCliBackend:
                         per_node.setdefault(n, set()).update(a.indices)
             shard_gpus[jid] = {n: len(ix) for n, ix in per_node.items() if ix}
         return capacity.partition_capacity(
-            partition=partition, nodes=nodes, jobs=jobs, shard_gpus=shard_gpus
+            partition=partition, nodes=nodes, jobs=jobs, shard_gpus=shard_gpus, managed=managed
         )
 
     def hostnames(self, *, nodelist: str) -> tuple[str, ...]:

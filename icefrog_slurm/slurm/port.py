@@ -190,8 +190,12 @@ class ClusterPort(Protocol):
         """Which GPU indices a running job holds on which nodes."""
         ...
 
-    def partition_capacity(self, *, partition: str) -> PartitionCapacity:
-        """The partition's usable GPUs minus those held by foreign (non-icefrog) jobs."""
+    def partition_capacity(
+        self, *, partition: str, managed: Mapping[str, int] | None = None
+    ) -> PartitionCapacity:
+        """The partition's usable GPUs minus those held by foreign jobs: all but the
+        ``managed`` ones (Slurm job id -> owner uid, the store's), whatever their comments
+        say; with ``managed`` None, those without the icefrog tag (``capacity``)."""
         ...
 
     def resubmit(

@@ -274,8 +274,10 @@ class SlurmPyslurmBackend:
     def gres_allocation(self, *, job_id: str) -> tuple[GresAllocation, ...]:
         return self._cli.gres_allocation(job_id=job_id)
 
-    def partition_capacity(self, *, partition: str) -> PartitionCapacity:
-        return self._cli.partition_capacity(partition=partition)
+    def partition_capacity(
+        self, *, partition: str, managed: Mapping[str, int] | None = None
+    ) -> PartitionCapacity:
+        return self._cli.partition_capacity(partition=partition, managed=managed)
 
     def hostnames(self, *, nodelist: str) -> tuple[str, ...]:
         return self._cli.hostnames(nodelist=nodelist)
