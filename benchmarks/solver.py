@@ -1,7 +1,8 @@
 """Solve-time benchmark of IceShare on Philly-trace rounds (docs/solver.md has the table).
 
 Usage: .venv/bin/python -m benchmarks.solver [--sizes 48,240,480,960] [--rounds N] [--seeds N]
-       [--mip-limit S] [--partition-gpus N] [--workers N] [--no-mip]
+       [--mip-limit S] [--partition-gpus N] [--workers N] [--no-mip] [--shared P]
+       [--whole-max-gpus N]
 
 Instances. Jobs are sampled (seeded) from the repository's data/pollux/traces/philly.csv like
 the paper's trace: submissions in hours 3-6 of a day, duration >= 60 s, < 1000 GPU-hours;
@@ -12,8 +13,8 @@ model (NOT measured; the Layer Tuner/TTA models replace it in the real system):
 - remaining work ``W = D * u * X(g0)`` with progress left ``u`` ~ U(0.1, 1), age
   ``T_age`` ~ U(0, 3 h); ``T_acc(g) = T_age + W / X(g)`` (eq 16's shape);
 - legal counts: powers of two with ``g0/4 <= g <= 2*g0`` (and <= 64);
-- jobs with ``g0 <= 2`` get a shared option with probability 0.6: ``T_age + W/(0.9 X(1))``
-  (lambda = 0.9, eq 8), util ~ U(0.2, 0.7), memory ~ U(5, 50) GB.
+- jobs with ``g0 <= 2`` get a shared option with probability ``--shared`` (0.6):
+  ``T_age + W/(0.9 X(1))`` (lambda = 0.9, eq 8), util ~ U(0.2, 0.7), memory ~ U(5, 50) GB.
 Each instance is solved for ``--rounds`` rounds: between rounds every job's remaining work
 shrinks by its progress and the previous round's placed allocation becomes ``current``
 (so stage 3 and the warm start matter, as in the controller).
@@ -22,7 +23,11 @@ Printed per size: median and max solve time of ``auto`` on the whole problem (wi
 status: ``optimal`` = proven), of ``auto`` on partitions of ``--partition-gpus``, of the
 reference MIP on 48-GPU partitions (the paper's way, first round of each seed) and of the
 reference MIP on the whole problem (``--mip-limit`` per stage, up to ``--mip-max-gpus``),
-each with its gap to the whole ``auto`` answer on min_share and sum_share.
+each with its gap to the whole ``auto`` answer on min_share and sum_share. ``fast proven``
+counts the rounds ``auto`` answered by the fast path alone (proven optimal, no CBC); the
+``cpu`` columns are the process CPU time of the solves (median; the partitions' with
+``--workers 1``: in this process), less noisy than wall time on a shared machine. Above
+``--whole-max-gpus`` the whole problem is not solved (only the partitions, without a gap).
 """
 
 from __future__ import annotations
@@ -85,12 +90,16 @@ def load_trace() -> list[tuple[float, int]]:
     return rows
 
 
-def make_jobs(trace: list[tuple[float, int]], n: int, rng: random.Random) -> list[SimJob]:
+def make_jobs(
+    trace: list[tuple[float, int]], n: int, rng: random.Random, shared_p: float = 0.6
+) -> list[SimJob]:
     jobs = []
-    for k, (dur, gpus) in enumerate(rng.sample(trace, n)):
+    # more jobs than the trace window holds (9600 GPUs): drawn with replacement
+    drawn = rng.sample(trace, n) if n <= len(trace) else rng.choices(trace, k=n)
+    for k, (dur, gpus) in enumerate(drawn):
         g0 = min(max(1, gpus), 32)
         shared = None
-        if g0 <= 2 and rng.random() < 0.6:
+        if g0 <= 2 and rng.random() < shared_p:
             shared = (rng.uniform(0.2, 0.7), rng.uniform(5, 50))
         jobs.append(
             SimJob(
@@ -126,10 +135,14 @@ def advance(jobs: list[SimJob], sol: Solution, problem: Problem) -> dict[str, Ho
     return current
 
 
-def timed(problem: Problem, settings: SolveOptions) -> tuple[Solution, float]:
-    t0 = time.perf_counter()
+CPU: dict[str, list[float]] = {}  # process CPU seconds of each timed solve, by column
+
+
+def timed(problem: Problem, settings: SolveOptions, key: str = "") -> tuple[Solution, float]:
+    t0, c0 = time.perf_counter(), time.process_time()
     sol = solve(problem, settings)
     elapsed = time.perf_counter() - t0
+    CPU.setdefault(key, []).append(time.process_time() - c0)
     bad = check_solution(problem, sol)
     if bad:
         raise SystemExit(f"invalid solution: {bad}")
@@ -162,23 +175,32 @@ def run_size(
     )
     mip_whole = SolveOptions(method="mip", time_limit_s=args.mip_limit)
     t: dict[str, list[float]] = {k: [] for k in ("fast", "part", "mpart", "mip")}
+    CPU.clear()
+    proven = 0
     g: dict[str, list[tuple[float, float]]] = {k: [] for k in ("part", "mpart", "mip")}
     statuses: set[str] = set()
     mip_statuses: set[str] = set()
     for seed in range(args.seeds):
-        jobs = make_jobs(trace, n_jobs, random.Random(seed * 1000 + gpus))
+        jobs = make_jobs(trace, n_jobs, random.Random(seed * 1000 + gpus), args.shared)
         current: dict[str, Holding] = {}
+        whole = gpus <= args.whole_max_gpus
         for rnd in range(args.rounds):
             problem = problem_of(jobs, gpus, current)
-            sol, dt = timed(problem, fast)
-            t["fast"].append(dt)
-            statuses.add(sol.status)
-            runs = [("part", parted, gpus > args.partition_gpus)]
+            if whole:
+                sol, dt = timed(problem, fast, "fast")
+                t["fast"].append(dt)
+                statuses.add(sol.status)
+                proven += sol.solver == "fast" and sol.status == "optimal"
+            else:
+                sol, dt = timed(problem, parted, "part")
+                t["part"].append(dt)
+                statuses.add(sol.status)
+            runs = [("part", parted, whole and gpus > args.partition_gpus)]
             runs.append(("mpart", mip_parted, gpus > 48 and rnd == 0 and not args.no_mip))
             runs.append(("mip", mip_whole, gpus <= args.mip_max_gpus and (rnd == 0 or gpus <= 48)))
             for key, settings, wanted in runs:
                 if wanted:
-                    other, dt = timed(problem, settings)
+                    other, dt = timed(problem, settings, key)
                     t[key].append(dt)
                     g[key].append(
                         (gap(sol.min_share, other.min_share), gap(sol.sum_share, other.sum_share))
@@ -186,10 +208,15 @@ def run_size(
                     if key == "mip":
                         mip_statuses.add(other.status)
             current = advance(jobs, sol, problem)
+
+    def cpu(key: str) -> str:
+        return f"{statistics.median(CPU[key]):7.3f}" if CPU.get(key) else "      -"
+
     print(
-        f"{gpus:5d} {n_jobs:5d} {len(t['fast']):4d} | "
-        f"{fmt(t['fast'])} {','.join(sorted(statuses)):8s} | "
-        f"{fmt(t['part'])} {fmt_gap(g['part'])} | {fmt(t['mpart'])} {fmt_gap(g['mpart'])} | "
+        f"{gpus:5d} {n_jobs:5d} {len(t['fast']) or len(t['part']):4d} | "
+        f"{fmt(t['fast'])} {cpu('fast')} {','.join(sorted(statuses)):8s} {proven:3d} | "
+        f"{fmt(t['part'])} {cpu('part')} {fmt_gap(g['part'])} | "
+        f"{fmt(t['mpart'])} {fmt_gap(g['mpart'])} | "
         f"{fmt(t['mip'])} {fmt_gap(g['mip'])} {','.join(sorted(mip_statuses)) or '-'}",
         flush=True,
     )
@@ -206,13 +233,17 @@ def main() -> None:
     parser.add_argument("--no-mip", action="store_true", help="skip the partitioned MIP")
     parser.add_argument("--mip-max-gpus", type=int, default=240, help="largest whole MIP run")
     parser.add_argument("--loads", default="1", help="jobs per GPU relative to 120/48")
+    parser.add_argument("--shared", type=float, default=0.6, help="P(shared option | g0 <= 2)")
+    parser.add_argument(
+        "--whole-max-gpus", type=int, default=4800, help="largest whole (unpartitioned) solve"
+    )
     args = parser.parse_args()
     trace = load_trace()
     print("times in s (median max); gap = (auto whole - other)/auto whole, min_share and")
     print("sum_share, worst over runs (negative: the other is better)")
     print(
-        " GPUs  jobs runs | auto whole (status)      | auto partitioned "
-        f"{args.partition_gpus} + gaps        | MIP partitioned 48 + gaps              | "
+        " GPUs  jobs runs | auto whole, cpu (status, fast proven) | auto partitioned "
+        f"{args.partition_gpus}, cpu + gaps        | MIP partitioned 48 + gaps              | "
         "MIP whole + gaps (status)"
     )
     for load in (float(x) for x in args.loads.split(",")):
