@@ -66,6 +66,7 @@ class TickReport:
     reconcile_s: float = 0.0  # the reconcile pass after it
     last_round_time: float | None = None  # when the last round was decided (this one's too)
     drain: DrainCounts | None = None  # what this tick's inbox drain did (None: no drain)
+    tick_cpu_s: float = 0.0  # the process CPU time of the tick's own work (as tick_s)
 
 
 class Controller:
@@ -195,7 +196,7 @@ class Controller:
         ):
             drained = self.drain()
             self._last_drain = now
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         with self.store.transaction(consistent=True) as tx:
             store_snapshot = tx.snapshot(  # between rounds: the jobs alone
                 measurements=lambda last: round_due(last, now, self.settings)
@@ -204,7 +205,7 @@ class Controller:
             plan = tick(snapshot, self.policy, self.settings)
             if not self.dry_run:
                 record(plan, tx)
-        tick_s = time.perf_counter() - started
+        tick_s, tick_cpu_s = time.perf_counter() - started, time.process_time() - cpu
         self._log_round(plan, snapshot, tick_s)  # what was decided, before it is enacted
         result = ReconcileResult() if self.dry_run else self.reconciler.enact(plan)
         reconcile_s = time.perf_counter() - started - tick_s
@@ -220,6 +221,7 @@ class Controller:
             reconcile_s=reconcile_s,
             last_round_time=plan.time if plan.new_round else None if last is None else last.time,
             drain=drained if isinstance(drained, DrainCounts) else None,
+            tick_cpu_s=tick_cpu_s,
         )
         self._log_reconcile(result)
         self.last = report
