@@ -39,7 +39,8 @@ cleanup() {
         kill -0 "$CONTROLLER_PID" 2>/dev/null && kill -KILL "$CONTROLLER_PID" 2>/dev/null
     fi
     if [[ -n ${SLURM_CONF:-} ]]; then  # what is left of the demo's own jobs, if it stopped early
-        scancel --name="$JOB_NAMES" 2>/dev/null || true
+        # (again a few times: a slurmctld that is restarting refuses it for a moment)
+        for _ in 1 2 3 4 5; do scancel --name="$JOB_NAMES" 2>/dev/null && break; sleep 3; done
     fi
     if ((STARTED_CLUSTER)) && [[ ${DEMO_KEEP_CLUSTER:-0} != 1 ]]; then
         say "bringing the cluster down"
