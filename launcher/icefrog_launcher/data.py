@@ -22,6 +22,8 @@ three callables it is given.
 from __future__ import annotations
 
 import inspect
+import os
+import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -50,6 +52,28 @@ LOADER_ARGS = frozenset(inspect.signature(DataLoader.__init__).parameters) - {
     *MANAGED,
 }
 """DataLoader arguments a user may pass (``loader_args``), as this torch names them."""
+
+
+class _WorkerInit:
+    """A DataLoader worker's ``worker_init_fn``: keep the job's stop signals from killing
+    the worker, then run the user's (picklable, as the spawn and forkserver contexts need).
+
+    A worker killed by a signal makes the DataLoader raise in the training process before
+    it reaches the step boundary where it checkpoints. torchrun stops a trainer by sending
+    TERM to its process group, which holds its workers: the worker leaves that group (the
+    DataLoader's own ``terminate()``, sent to the worker itself, still ends it; ignoring TERM
+    would make the interpreter's exit wait for it forever). Slurm sends USR1 to every
+    process of a multi-node step: the worker ignores it. The training process shuts its
+    workers down itself, and a worker whose training process is gone exits on its own."""
+
+    def __init__(self, then: Callable[[int], None] | None) -> None:
+        self.then = then
+
+    def __call__(self, worker_id: int) -> None:
+        os.setpgid(0, 0)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        if self.then is not None:
+            self.then(worker_id)
 
 
 def _mix(values: Sequence[int]) -> int:
@@ -155,7 +179,10 @@ class ElasticDataLoader:
 
     Without a ``generator`` of the user's, the DataLoader gets one seeded by (seed, epoch,
     position, rank) at each iteration: its workers' seeds then follow the data position,
-    and reading data draws nothing from the training process's global RNG."""
+    and reading data draws nothing from the training process's global RNG. A worker leaves
+    the training process's process group and ignores USR1 before the user's
+    ``worker_init_fn`` runs (:class:`_WorkerInit`: the job's stop signals must reach the
+    training process, not kill its workers)."""
 
     def __init__(
         self,
@@ -178,6 +205,7 @@ class ElasticDataLoader:
                 "at a sample"
             )
         args = check_loader_args(loader_args or {})
+        args["worker_init_fn"] = _WorkerInit(args.get("worker_init_fn"))
         self.dataset = dataset
         self.position = position
         self.rank, self.world, self.seed = rank, world, seed

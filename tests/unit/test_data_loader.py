@@ -5,8 +5,11 @@ also when torch DataLoader workers read ahead of the training loop."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -344,3 +347,66 @@ def test_workers_are_seeded_from_the_position_and_leave_the_training_rng_alone()
     assert seeds(0, 0) == first and len(set(first)) == 2  # two workers, the same seeds again
     assert not set(seeds(1, 0)) & set(first)  # another rank's workers: other seeds
     assert not set(seeds(0, 4)) & set(first)  # resumed mid-epoch: other seeds
+
+
+def mark_worker(worker_id: int) -> None:
+    os.environ["TEST_WORKER_INIT"] = str(worker_id)
+
+
+def with_pid_and_init(samples: list[tuple[Any, ...]]) -> tuple[torch.Tensor, int, str]:
+    return torch.stack([s[0] for s in samples]), os.getpid(), os.environ["TEST_WORKER_INIT"]
+
+
+def stop_signals_child() -> None:
+    """In a session of its own, as torchrun starts a trainer: at the first batch TERM to its
+    whole process group (torchrun's stop) and USR1 to each worker (Slurm's); two epochs with
+    persistent workers; prints what it saw, then exits as a trainer does."""
+    got: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    at = DataPosition(batch=2)
+    args = {
+        "num_workers": 2,
+        "persistent_workers": True,
+        "collate_fn": with_pid_and_init,
+        "worker_init_fn": mark_worker,
+    }
+    loader = ElasticDataLoader(Indexed(40), at, loader_args=args)
+    seen: list[int] = []
+    pids: set[int] = set()
+    inits: set[str] = set()
+    for epoch in range(2):
+        at.epoch, at.samples = epoch, 0
+        for x, pid, init in loader:
+            seen += x.tolist()
+            inits.add(init)
+            if not pids:
+                os.killpg(0, signal.SIGTERM)
+            if pid not in pids:
+                pids.add(pid)
+                os.kill(pid, signal.SIGUSR1)
+                time.sleep(0.2)  # delivered before the next batch is asked for
+    print(
+        json.dumps({"seen": sorted(seen), "pids": len(pids), "inits": sorted(inits), "term": got})
+    )
+
+
+def test_workers_outlive_the_stop_signals_and_the_process_still_exits(tmp_path: Path) -> None:
+    """torchrun's TERM to the trainer's process group and Slurm's USR1 to the workers: the
+    epoch goes on to the step boundary where the trainer would checkpoint (no DataLoader
+    error), the user's worker_init_fn ran, and the process exits without waiting forever for
+    its persistent workers."""
+    code = "from tests.unit.test_data_loader import stop_signals_child; stop_signals_child()"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        start_new_session=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["seen"] == sorted(list(range(40)) * 2) and out["pids"] == 2
+    assert out["inits"] == ["0", "1"] and out["term"] == [signal.SIGTERM]
