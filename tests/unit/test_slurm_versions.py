@@ -13,6 +13,7 @@ from icefrog_slurm.domain.cluster import Gres
 from icefrog_slurm.slurm import cli_backend, parse
 from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
 from icefrog_slurm.slurm.commands import Argv
+from icefrog_slurm.slurm.port import SlurmRejected
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
@@ -61,3 +62,27 @@ def test_an_update_sets_tasks_only_where_slurm_needs_it(version: str, tasks: boo
     assert updates[0][-1] == "NumTasks=2" if tasks else "NumTasks=2" not in updates[0]
     assert not any(a.startswith("NumTasks") for a in updates[1])
     assert backend.ran.count(cli_backend.VERSION_COMMAND) == 1  # asked once
+
+
+class _StartsOnRelease(_Recorder):
+    """Slurm that starts a job as it is released (26.05), or refuses the update otherwise."""
+
+    def __init__(self, answer: str) -> None:
+        super().__init__("slurm-wlm 26.05.5")
+        self.answer = answer
+
+    def _refuse_admin_hold(self, job_id: str) -> None:
+        pass
+
+    def _run(
+        self, argv: Argv, *, stdin: str | None = None, env: Mapping[str, str] | None = None
+    ) -> str:
+        if "StartTime=now" in argv:
+            raise SlurmRejected(f"{' '.join(argv)}: {self.answer} for job 9")
+        return super()._run(argv, stdin=stdin, env=env)
+
+
+def test_release_now_of_a_job_that_started_as_it_was_released() -> None:
+    _StartsOnRelease("Job is no longer pending execution").release_now(job_id="9")
+    with pytest.raises(SlurmRejected, match="Access/permission denied"):
+        _StartsOnRelease("Access/permission denied").release_now(job_id="9")
