@@ -50,9 +50,12 @@ marker() { echo "$1/etc/icefrog-slurm-root"; }
 build() {
     local want=$1 root=$2 suite script tmp got
     suite=$(suite_of "$want")
-    if [[ -f $(marker "$root") ]] && [[ $(cat "$(marker "$root")") == "$want $PACKAGES" ]]; then
-        return 0
-    fi
+    built() { [[ -f $(marker "$root") ]] && [[ $(cat "$(marker "$root")") == "$want $PACKAGES" ]]; }
+    built && return 0
+    mkdir -p "$(dirname "$root")"
+    exec 9>"$root.lock"
+    flock 9  # another `up` building the same root: wait for it, then use its root
+    built && return 0
     command -v debootstrap >/dev/null || {
         log "installing debootstrap"
         apt-get update -qq
@@ -61,7 +64,6 @@ build() {
     # an older debootstrap has no script for a newer suite: they all follow sid's
     script=/usr/share/debootstrap/scripts/$suite
     [[ -e $script ]] || script=/usr/share/debootstrap/scripts/sid
-    mkdir -p "$(dirname "$root")"
     tmp="$root.build"
     rm -rf "$tmp"
     log "building $root: Debian $suite with Slurm $want (a few minutes, ~300 MB)"
