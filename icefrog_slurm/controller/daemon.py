@@ -39,7 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from icefrog_slurm.controller.ports import Clock, DrainCounts, JobFiles, Lease, StorePort
-from icefrog_slurm.controller.reconcile import Reconciler, ReconcileResult, StepHook, record
+from icefrog_slurm.controller.reconcile import Reconciler, ReconcileResult, StepHook
+from icefrog_slurm.controller.record import record
 from icefrog_slurm.controller.snapshot import build_snapshot
 from icefrog_slurm.controller.tick import round_due, tick
 from icefrog_slurm.domain.plan import Plan, Policy

@@ -1,43 +1,32 @@
 """Reconcile: enact a plan on Slurm, idempotently and safely killable at any instant.
 
-``record(plan, tx)`` runs inside the tick's transaction: the round's decision, the jobs'
-new store states, and one *intent* per job action (its target resources), written before
-anything happens on Slurm. An open intent whose target equals the new plan's is kept (its
-progress, e.g. "already asked to checkpoint", lives in the audit log); a different one is
-superseded. A move whose job was already asked to checkpoint is never superseded as
-"converged": the job is exiting (or has exited, status 75) to be requeued, so a new round
-turns it into a move to the new target that inherits the signal time (no second signal),
-and the job is requeued and restarted, never recorded as failed.
-
-``Reconciler.enact(plan)`` then advances every open intent (also those a killed controller
-left behind) through one state machine that reads the job's real Slurm state before each
-step, so repeating a step never does harm:
+The tick's transaction has recorded the plan (``record.py``: one *intent* per job action,
+its target resources, written before anything happens on Slurm). ``Reconciler.enact(plan)``
+then advances every open intent (also those a killed controller left behind) through one
+state machine that reads the job's real Slurm state before each step, so repeating a step
+never does harm:
 
 - running with the target resources: done;
 - running otherwise: ask it to checkpoint (``scancel --batch --signal=USR1``, logged as
   ``signal``), then wait (the loop comes back every ``reconcile_poll_s``) for its
   checkpoint marker, its exit, or ``checkpoint_timeout_s``; then requeue it held;
 - finished while an intent moves it (it checkpointed and exited): requeue it held;
-- ended on its own, with no intent moving it (the tick says ``failed``; ``record`` opens a
-  ``requeue`` intent instead of recording that): requeued held when its checkpoint marker
-  is newer than the controller's last release or requeue of that Slurm job (it was
-  signalled before its time limit, ``--signal=B:USR1@N``, and exited 75), and then
-  released by the plan like any held job; recorded ``failed`` otherwise (also when Slurm
-  has forgotten it);
-- a ``requeue_hold`` Slurm refuses because it already requeued the job itself (a site's
-  ``RequeueExit=75``: pending, held here with a user hold; ``RequeueExitHold=75``: pending
-  held) is done, not failed;
+- ended on its own, with no intent moving it (a ``requeue`` intent): requeued held if it
+  checkpointed before its time limit, recorded ``failed`` otherwise (``requeue.py``); a
+  requeue Slurm already did itself (``RequeueExit`` / ``RequeueExitHold``) is done;
 - cancelled or gone: look for the job resubmitted in its place (a resubmission the
   controller was killed in) and link it to the icefrog job; with none, the intent fails (a
   job its owner cancelled is never brought back);
 - pending and held after slurmd refused its launch ("Job credential revoked": requeued
   and released at once on the same node), or ended so: requeued held if it ended, and
-  released again only ``launch_retry_s`` after the refused release; never failed;
+  released again only ``launch_retry_s`` after the refused release; never failed
+  (``release_timing.py``);
 - pending and held: gpu<->shard needs a resubmission as the job's owner (Slurm 22.05 cannot
   change a pending job's GRES type), linked into the icefrog job's chain (a job released but
   not started yet is held first: ``scontrol uhold``, a user hold); otherwise update
-  GRES / NumNodes=N-N / ReqNodeList; then release with StartTime=now (also a requeued job
-  found released but with no release logged: the controller stopped inside that step);
+  GRES / NumNodes=N-N / ReqNodeList; then release with StartTime=now, ``release_gap_s``
+  after its last requeue (also a requeued job found released but with no release logged:
+  the controller stopped inside that step);
 - pending and told to wait: done (it stays held; a job released but not started yet is
   held again first).
 
@@ -55,6 +44,9 @@ from typing import Any
 
 from icefrog_slurm.controller.decisions import DecisionWriter
 from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort, StoreTx
+from icefrog_slurm.controller.record import signalled_at
+from icefrog_slurm.controller.release_timing import ReleaseTiming
+from icefrog_slurm.controller.requeue import REQUEUE, EndedJobs, requeue_ended, requeue_hold
 from icefrog_slurm.controller.tick import launch_refused, matches, run_dir_of
 from icefrog_slurm.domain.cluster import SlurmJobState
 from icefrog_slurm.domain.plan import Plan, SlurmRequest
@@ -67,7 +59,6 @@ from icefrog_slurm.slurm.port import ClusterPort, SlurmRejected, SlurmUnavailabl
 log = logging.getLogger(__name__)
 
 StepHook = Callable[[str], None]
-REQUEUE = "requeue"  # a job that ended on its own: requeued if it checkpointed, else failed
 _ORDER = {"stop": 0, "change": 1, "start": 2}  # free GPUs before taking them
 _SETTLING = frozenset(
     {
@@ -82,96 +73,6 @@ _SETTLING = frozenset(
     }
 )
 _MAX_PASSES = 8  # state-machine steps per intent per pass (each reads Slurm first)
-
-
-def record(plan: Plan, tx: StoreTx) -> int:
-    """Write the plan's round, state changes and intents (the tick's transaction); returns
-    the number of new intents. A job the tick says ``failed`` gets a ``requeue`` intent
-    instead: reconcile requeues it if it checkpointed first, else records it failed."""
-    added = 0
-    for job_id, state in plan.state_changes:
-        if state == "failed":
-            # it may have checkpointed and exited to be requeued (a time limit's signal):
-            # the reconcile pass looks first (Reconciler._requeue_ended)
-            sid = tx.job(job_id).slurm_job_id
-            tx.add_intent(
-                action=REQUEUE,
-                params={"target": {}, "slurm_job_id": sid, "round": plan.round_no},
-                now=plan.time,
-                job_id=job_id,
-                round_no=plan.round_no,
-                supersede=False,  # the tick ends only jobs no intent moves
-            )
-            added += 1
-            continue
-        tx.set_state(job_id=job_id, state=state, now=plan.time)
-    if plan.round_no is not None:
-        tx.record_round(
-            round_no=plan.round_no,
-            now=plan.time,
-            policy=plan.policy,
-            capacity_gpus=plan.capacity_gpus,
-            allocations=[j.allocation for j in plan.jobs],
-            solve_s=plan.solve_s,
-            min_share=plan.min_share,
-            reasons={j.job_id: j.reason for j in plan.jobs if j.reason},
-        )
-    open_by_job = {i.job_id: i for i in tx.open_intents() if i.job_id is not None}
-    for job in plan.jobs:
-        current = open_by_job.get(job.job_id)
-        target = job.target.params()
-        signalled = None if current is None else signalled_at(tx, current)
-        action: str = job.action
-        if action == "none" and signalled is not None:
-            # Asked to checkpoint, it is exiting (or has exited) to be requeued: the move
-            # must go on to the new target, never end as "converged" (the job would then
-            # be recorded as failed once it exits).
-            action = "stop" if job.target.gres is None else "change"
-        if action == "none":
-            if current is not None and plan.round_no is not None:
-                tx.finish_intent(
-                    intent_id=current.id, status="superseded", now=plan.time, detail="converged"
-                )
-            continue
-        if current is not None and current.params.get("target") == target:
-            continue  # the same goal is already in flight: keep its progress
-        if current is not None:
-            tx.finish_intent(
-                intent_id=current.id, status="superseded", now=plan.time, detail="new target"
-            )
-        params: dict[str, Any] = {
-            "target": target,
-            "slurm_job_id": job.slurm_job_id,
-            "round": plan.round_no,
-        }
-        if signalled is not None:
-            params["signalled_at"] = signalled  # not signalled twice: wait for that one
-        tx.add_intent(
-            action=action,
-            params=params,
-            now=plan.time,
-            job_id=job.job_id,
-            round_no=plan.round_no,
-            supersede=False,  # done above, without one UPDATE a job
-        )
-        added += 1
-    return added
-
-
-def signalled_at(tx: StoreTx, intent: Intent) -> float | None:
-    """When the job was asked to checkpoint for this move (its own ``signal`` action, or
-    the one inherited from the intent it superseded); None when it was not."""
-    if intent.action not in ("change", "stop"):
-        return None
-    times = [
-        a.time
-        for a in tx.actions(intent_id=intent.id)
-        if a.action == "signal" and a.outcome == "ok"
-    ]
-    inherited = intent.params.get("signalled_at")
-    if isinstance(inherited, (int, float)):
-        times.append(float(inherited))
-    return max(times) if times else None
 
 
 def _kind_changes(state: SlurmJobState, target: SlurmRequest) -> bool:
@@ -218,6 +119,8 @@ class Reconciler:
         self.files, self.settings = files, settings
         self.after_step = after_step or (lambda _what: None)
         self._workdirs: dict[str, str] = {}  # Slurm job id -> WorkDir
+        self.timing = ReleaseTiming(store=store, clock=clock, settings=settings)
+        self.ended = EndedJobs(cluster, store, files, clock, self._run_dir)
         self.decisions = DecisionWriter(
             files=files, store=store, clock=clock, job_dir=self._job_dir
         )
@@ -348,64 +251,15 @@ class Reconciler:
         self._do(intent, job_id, sid, "requeue_hold", r, partial(self._requeue_hold, sid))
 
     def _requeue_hold(self, sid: str) -> str:
-        """``requeue_hold``, done also when Slurm already requeued the job itself (a site's
-        ``RequeueExit=75``: pending, held here with a user hold as ``requeuehold`` would
-        have; ``RequeueExitHold=75``: pending held already). Returns the logged detail."""
-        try:
-            self.cluster.requeue_hold(job_id=sid)
-        except SlurmRejected:
-            state = self.cluster.poll(job_ids=[sid]).get(sid)
-            if state is None or state.state != "PENDING" or state.admin_held:
-                raise
-            if state.held:
-                return "already requeued held by Slurm"
-            self.cluster.hold(job_id=sid)
-            return "already requeued by Slurm (RequeueExit): held"
-        return ""
+        """:func:`~icefrog_slurm.controller.requeue.requeue_hold` on this cluster."""
+        return requeue_hold(self.cluster, sid)
 
     def _requeue_ended(self, intent: Intent, job_id: int, sid: str, r: ReconcileResult) -> str:
-        """A job that ended on its own, with no intent moving it (the tick would record it
-        failed): requeued held when it checkpointed to be requeued -- its checkpoint marker
-        is newer than the controller's last release or requeue of this Slurm job (a time
-        limit's ``--signal=B:USR1@N``: the launcher exits 75); the next round releases it
-        like any held job. Otherwise it is recorded failed here."""
-        state = self.cluster.poll(job_ids=[sid]).get(sid)
-        if state is not None and not state.finished:
-            return f"Slurm job {sid} is {state.state} again (requeued by Slurm)"
-        why = self._not_requeueable(job_id, sid, state)
-        if why:
-            with self.store.transaction() as tx:
-                tx.set_state(job_id=job_id, state="failed", now=self.clock.now())
-            log.warning("job=%d slurm_job=%s: failed (%s)", job_id, sid, why)
-            return f"recorded failed: {why}"
-        self._do(intent, job_id, sid, "requeue_hold", r, partial(self._requeue_hold, sid))
-        log.info(
-            "job=%d slurm_job=%s: ended %s after its checkpoint (time limit): requeued held",
-            job_id, sid, state.state if state else "",
-        )  # fmt: skip
-        return f"ended {state.state if state else ''} after its checkpoint: requeued held"
-
-    def _not_requeueable(self, job_id: int, sid: str, state: SlurmJobState | None) -> str:
-        """Why an ended Slurm job is not requeued (module docstring); "" when it is."""
-        if state is None:
-            return f"Slurm job {sid} is gone from Slurm (its record outlived MinJobAge)"
-        with self.store.transaction() as tx:
-            starts = [
-                a.time
-                for a in tx.actions(job_id=job_id)
-                if a.slurm_job_id == sid
-                and a.outcome == "ok"
-                and a.action in ("release", "requeue_hold")
-            ]
-        if not starts:
-            return f"Slurm job {sid} ended {state.state}; the controller never released it"
-        try:
-            run_dir, owner = self._run_dir(job_id, sid)
-        except SlurmRejected as exc:
-            return f"Slurm job {sid} ended {state.state}; its folder is unknown ({exc})"
-        if not self.files.checkpoint_marked(run_dir=run_dir, since=max(starts), owner_uid=owner):
-            return f"Slurm job {sid} ended {state.state} with no checkpoint since its start"
-        return ""
+        """A job that ended on its own, with no intent moving it (``requeue.py``)."""
+        requeue = partial(self._do, intent, job_id, sid, "requeue_hold", r)
+        return requeue_ended(
+            self.ended, job_id, sid, requeue=lambda: requeue(partial(self._requeue_hold, sid))
+        )
 
     def _resubmit(
         self, intent: Intent, job_id: int, sid: str, target: SlurmRequest, r: ReconcileResult
@@ -434,10 +288,12 @@ class Reconciler:
         target: SlurmRequest,
         r: ReconcileResult,
     ) -> str:
-        release = state.held or self._release_unfinished(job_id, sid)
-        if release:  # both raise _Waiting: look again next pass, before any update
-            self._retry_later(job_id, state)
-            self._after_requeue_gap(job_id, sid)
+        release = state.held or self.timing.release_unfinished(job_id, sid)
+        if release and not (
+            self.timing.launch_retry_due(job_id, state)
+            and self.timing.after_requeue_gap(job_id, sid)
+        ):
+            raise _Waiting  # look again next pass, before any update
         if state.held or target.nodes or not matches(state, target):
             # (an unheld pending job is moved to the round's nodes: see tick.action_for)
             nodes = target.nodes or None
@@ -456,60 +312,6 @@ class Reconciler:
                 intent, job_id, sid, "release", r, lambda: self.cluster.release_now(job_id=sid)
             )
         return f"released as {target.gres} on {','.join(target.nodes) or 'any node'}"
-
-    def _release_unfinished(self, job_id: int, sid: str) -> bool:
-        """Whether the Slurm job was requeued and not released since, by the audit log: a
-        controller stopped inside ``release_now`` released it without ``StartTime=now``, and
-        Slurm would start it only ~2 minutes after the requeue."""
-        with self.store.transaction() as tx:
-            done = [
-                a
-                for a in tx.actions(job_id=job_id)
-                if a.slurm_job_id == sid
-                and a.outcome == "ok"
-                and a.action in ("requeue_hold", "release")
-            ]
-        return bool(done) and max(done, key=lambda a: a.time).action == "requeue_hold"
-
-    def _after_requeue_gap(self, job_id: int, sid: str) -> None:
-        """Raise _Waiting inside ``release_gap_s`` of the Slurm job's last requeue: a release
-        in the same second as the requeue's credential revocation is refused by slurmd."""
-        with self.store.transaction() as tx:
-            requeues = [
-                a.time
-                for a in tx.actions(job_id=job_id)
-                if a.action == "requeue_hold" and a.outcome == "ok" and a.slurm_job_id == sid
-            ]
-        wait = retry_wait_s(
-            last_release=max(requeues, default=None),
-            now=self.clock.now(),
-            retry_s=self.settings.controller.release_gap_s,
-        )
-        if wait > 0:
-            raise _Waiting
-
-    def _retry_later(self, job_id: int, state: SlurmJobState) -> None:
-        """Raise _Waiting while a job whose launch slurmd refused is inside
-        ``launch_retry_s`` of its refused release (the credential is still revoked)."""
-        if not launch_refused(state):
-            return
-        with self.store.transaction() as tx:
-            releases = [
-                a.time
-                for a in tx.actions(job_id=job_id)
-                if a.action == "release" and a.outcome == "ok"
-            ]
-        wait = retry_wait_s(
-            last_release=max(releases, default=None),
-            now=self.clock.now(),
-            retry_s=self.settings.controller.launch_retry_s,
-        )
-        if wait > 0:
-            log.info(
-                "job=%d slurm_job=%s: launch refused (%s); released again in %.0f s",
-                job_id, state.job_id, printable(state.reason, 200), wait,
-            )  # fmt: skip
-            raise _Waiting
 
     # ----- bookkeeping -------------------------------------------------------------------
     def _do(
@@ -593,11 +395,3 @@ class Reconciler:
         self.decisions.write(plan)
         live = {j.slurm_job_id for j in plan.jobs}
         self._workdirs = {s: d for s, d in self._workdirs.items() if s in live}
-
-
-def retry_wait_s(*, last_release: float | None, now: float, retry_s: float) -> float:
-    """Seconds left before a job may be released again: ``retry_s`` after ``last_release``
-    (its refused release, or its requeue), 0 when there was none or that has passed."""
-    if last_release is None:
-        return 0.0
-    return max(0.0, last_release + retry_s - now)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from icefrog_slurm.controller.reconcile import retry_wait_s
+from icefrog_slurm.controller.release_timing import retry_wait_s
 from icefrog_slurm.controller.snapshot import build_snapshot
 from icefrog_slurm.controller.tick import EVICTED, launch_refused, run_dir_of, target_of, tick
 from icefrog_slurm.core.samples import ProfileSample

@@ -1,0 +1,112 @@
+"""Record: write a plan into the store, inside the tick's transaction, before anything
+happens on Slurm (the :class:`~icefrog_slurm.controller.reconcile.Reconciler` enacts it).
+
+``record(plan, tx)`` writes the round's decision, the jobs' new store states, and one
+*intent* per job action (its target resources). An open intent whose target equals the new
+plan's is kept (its progress, e.g. "already asked to checkpoint", lives in the audit log); a
+different one is superseded. A move whose job was already asked to checkpoint is never
+superseded as "converged": the job is exiting (or has exited, status 75) to be requeued, so
+a new round turns it into a move to the new target that inherits the signal time (no second
+signal), and the job is requeued and restarted, never recorded as failed. A job the tick
+says ``failed`` gets a ``requeue`` intent instead (``requeue.py``: it may have checkpointed
+before its time limit).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from icefrog_slurm.controller.ports import StoreTx
+from icefrog_slurm.controller.requeue import REQUEUE
+from icefrog_slurm.domain.plan import Plan
+from icefrog_slurm.domain.records import Intent
+
+
+def record(plan: Plan, tx: StoreTx) -> int:
+    """Write the plan's round, state changes and intents (the tick's transaction); returns
+    the number of new intents. A job the tick says ``failed`` gets a ``requeue`` intent
+    instead: reconcile requeues it if it checkpointed first, else records it failed."""
+    added = 0
+    for job_id, state in plan.state_changes:
+        if state == "failed":
+            # it may have checkpointed and exited to be requeued (a time limit's signal):
+            # the reconcile pass looks first (requeue.requeue_ended)
+            sid = tx.job(job_id).slurm_job_id
+            tx.add_intent(
+                action=REQUEUE,
+                params={"target": {}, "slurm_job_id": sid, "round": plan.round_no},
+                now=plan.time,
+                job_id=job_id,
+                round_no=plan.round_no,
+                supersede=False,  # the tick ends only jobs no intent moves
+            )
+            added += 1
+            continue
+        tx.set_state(job_id=job_id, state=state, now=plan.time)
+    if plan.round_no is not None:
+        tx.record_round(
+            round_no=plan.round_no,
+            now=plan.time,
+            policy=plan.policy,
+            capacity_gpus=plan.capacity_gpus,
+            allocations=[j.allocation for j in plan.jobs],
+            solve_s=plan.solve_s,
+            min_share=plan.min_share,
+            reasons={j.job_id: j.reason for j in plan.jobs if j.reason},
+        )
+    open_by_job = {i.job_id: i for i in tx.open_intents() if i.job_id is not None}
+    for job in plan.jobs:
+        current = open_by_job.get(job.job_id)
+        target = job.target.params()
+        signalled = None if current is None else signalled_at(tx, current)
+        action: str = job.action
+        if action == "none" and signalled is not None:
+            # Asked to checkpoint, it is exiting (or has exited) to be requeued: the move
+            # must go on to the new target, never end as "converged" (the job would then
+            # be recorded as failed once it exits).
+            action = "stop" if job.target.gres is None else "change"
+        if action == "none":
+            if current is not None and plan.round_no is not None:
+                tx.finish_intent(
+                    intent_id=current.id, status="superseded", now=plan.time, detail="converged"
+                )
+            continue
+        if current is not None and current.params.get("target") == target:
+            continue  # the same goal is already in flight: keep its progress
+        if current is not None:
+            tx.finish_intent(
+                intent_id=current.id, status="superseded", now=plan.time, detail="new target"
+            )
+        params: dict[str, Any] = {
+            "target": target,
+            "slurm_job_id": job.slurm_job_id,
+            "round": plan.round_no,
+        }
+        if signalled is not None:
+            params["signalled_at"] = signalled  # not signalled twice: wait for that one
+        tx.add_intent(
+            action=action,
+            params=params,
+            now=plan.time,
+            job_id=job.job_id,
+            round_no=plan.round_no,
+            supersede=False,  # done above, without one UPDATE a job
+        )
+        added += 1
+    return added
+
+
+def signalled_at(tx: StoreTx, intent: Intent) -> float | None:
+    """When the job was asked to checkpoint for this move (its own ``signal`` action, or
+    the one inherited from the intent it superseded); None when it was not."""
+    if intent.action not in ("change", "stop"):
+        return None
+    times = [
+        a.time
+        for a in tx.actions(intent_id=intent.id)
+        if a.action == "signal" and a.outcome == "ok"
+    ]
+    inherited = intent.params.get("signalled_at")
+    if isinstance(inherited, (int, float)):
+        times.append(float(inherited))
+    return max(times) if times else None

@@ -1,0 +1,92 @@
+"""When a held job may be released, read from the audit log (``slurm_actions``).
+
+- A release in the same second as the requeue's credential revocation is refused by
+  slurmd: a job is released only ``release_gap_s`` after its last requeue.
+- A job whose launch slurmd refused ("Job credential revoked": requeued and released at
+  once on the same node) is released again only ``launch_retry_s`` after the refused
+  release (the credential is still revoked until then).
+- A requeued job found released but with no release logged (a controller stopped inside
+  ``release_now`` released it without ``StartTime=now``, and Slurm would start it only ~2
+  minutes after the requeue) is released again.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from icefrog_slurm.controller.ports import Clock, StorePort
+from icefrog_slurm.controller.tick import launch_refused
+from icefrog_slurm.domain.cluster import SlurmJobState
+from icefrog_slurm.jsonio import printable
+from icefrog_slurm.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class ReleaseTiming:
+    """The release rules above, for the reconcile pass: each reads the job's audit log."""
+
+    def __init__(self, *, store: StorePort, clock: Clock, settings: Settings) -> None:
+        self.store, self.clock, self.settings = store, clock, settings
+
+    def release_unfinished(self, job_id: int, sid: str) -> bool:
+        """Whether the Slurm job was requeued and not released since, by the audit log: a
+        controller stopped inside ``release_now`` released it without ``StartTime=now``, and
+        Slurm would start it only ~2 minutes after the requeue."""
+        with self.store.transaction() as tx:
+            done = [
+                a
+                for a in tx.actions(job_id=job_id)
+                if a.slurm_job_id == sid
+                and a.outcome == "ok"
+                and a.action in ("requeue_hold", "release")
+            ]
+        return bool(done) and max(done, key=lambda a: a.time).action == "requeue_hold"
+
+    def after_requeue_gap(self, job_id: int, sid: str) -> bool:
+        """Whether ``release_gap_s`` has passed since the Slurm job's last requeue: a release
+        in the same second as the requeue's credential revocation is refused by slurmd."""
+        with self.store.transaction() as tx:
+            requeues = [
+                a.time
+                for a in tx.actions(job_id=job_id)
+                if a.action == "requeue_hold" and a.outcome == "ok" and a.slurm_job_id == sid
+            ]
+        wait = retry_wait_s(
+            last_release=max(requeues, default=None),
+            now=self.clock.now(),
+            retry_s=self.settings.controller.release_gap_s,
+        )
+        return wait <= 0
+
+    def launch_retry_due(self, job_id: int, state: SlurmJobState) -> bool:
+        """False while a job whose launch slurmd refused is inside ``launch_retry_s`` of its
+        refused release (the credential is still revoked; logged); True otherwise."""
+        if not launch_refused(state):
+            return True
+        with self.store.transaction() as tx:
+            releases = [
+                a.time
+                for a in tx.actions(job_id=job_id)
+                if a.action == "release" and a.outcome == "ok"
+            ]
+        wait = retry_wait_s(
+            last_release=max(releases, default=None),
+            now=self.clock.now(),
+            retry_s=self.settings.controller.launch_retry_s,
+        )
+        if wait > 0:
+            log.info(
+                "job=%d slurm_job=%s: launch refused (%s); released again in %.0f s",
+                job_id, state.job_id, printable(state.reason, 200), wait,
+            )  # fmt: skip
+            return False
+        return True
+
+
+def retry_wait_s(*, last_release: float | None, now: float, retry_s: float) -> float:
+    """Seconds left before a job may be released again: ``retry_s`` after ``last_release``
+    (its refused release, or its requeue), 0 when there was none or that has passed."""
+    if last_release is None:
+        return 0.0
+    return max(0.0, last_release + retry_s - now)
