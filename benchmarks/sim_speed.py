@@ -47,7 +47,7 @@ class BothFits:
         analytic, params = self._fit, self._params
 
         def finite(*args: Any, **kwargs: Any) -> fit.FitResult:
-            return params(*args, **{**kwargs, "jacobian": None, "vectorised": True})
+            return params(*args, **{**kwargs, "jacobian": None})
 
         def both(
             samples: Sequence[ProfileSample], layers: LayerTable, **kwargs: Any

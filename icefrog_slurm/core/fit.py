@@ -18,9 +18,8 @@ The DDP model (``throughput.py``) and the SDP/PP/HP models (``parallel.py``) bui
 
 from __future__ import annotations
 
-import inspect
 import math
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -45,9 +44,6 @@ from icefrog_slurm.errors import InputError
 FloatArray = npt.NDArray[np.float64]
 Residuals = Callable[[Mapping[str, Any]], FloatArray]
 Jacobian = Callable[[Mapping[str, Any]], FloatArray]
-
-_LSQ_WORKERS = "workers" in inspect.signature(least_squares).parameters
-"""scipy >= 1.16: ``least_squares`` takes ``workers`` (older: one point at a time, same fit)."""
 
 DEFAULT_PRIOR_WEIGHT = 1e-3
 """Weight of one prior residual against one data residual (a log-ratio of a time)."""
@@ -94,7 +90,6 @@ def fit_params(
     fixed: Collection[str] = (),
     prior_weight: float = DEFAULT_PRIOR_WEIGHT,
     starts: Sequence[Mapping[str, float]] = (),
-    vectorised: bool = False,
     jacobian: Jacobian | None = None,
 ) -> FitResult:
     """Minimise ``sum(residuals(p)^2) + prior_weight x sum(((p - default) / scale)^2)`` over
@@ -106,10 +101,6 @@ def fit_params(
     again.
     ``jacobian``: the residuals' derivatives at a parameter point, one column a parameter
     in ``params`` order (fixed ones included); without it scipy's finite differences.
-    ``vectorised``: ``residuals`` also accepts a mapping whose free values are columns
-    (k x 1 arrays) of k parameter points and returns k rows of residuals; the Jacobian's
-    finite differences (scipy's steps) are then evaluated in one call instead of one a
-    parameter (the same numbers, about 2x faster; scipy >= 1.16, else one at a time).
     """
     names = [p.name for p in params]
     if len(set(names)) != len(names):
@@ -136,15 +127,6 @@ def fit_params(
         data = np.asarray(residuals(values_of(x)), dtype=float)
         return np.concatenate([data, weight * (x - centre) / scale], axis=-1)
 
-    def total_map(_fun: object, points: Iterable[FloatArray]) -> list[FloatArray]:
-        """scipy's finite-difference points, evaluated in one call of ``residuals`` on
-        columns of candidates (``workers``: scipy's own steps, one vectorised evaluation)."""
-        xs = np.array(list(points), dtype=float)
-        values: dict[str, Any] = dict(defaults)
-        values.update({p.name: xs[:, i : i + 1] for i, p in enumerate(free)})
-        data = np.asarray(residuals(values), dtype=float)
-        return list(np.concatenate([data, weight * (xs - centre) / scale], axis=1))
-
     free_columns = [i for i, p in enumerate(params) if p.name not in fixed]
     prior_rows = np.diag(weight / scale)
 
@@ -153,10 +135,7 @@ def fit_params(
         data = np.asarray(jacobian(values_of(x)), dtype=float)[:, free_columns]
         return np.concatenate([data, prior_rows], axis=0)
 
-    if jacobian is not None:
-        how: dict[str, Any] = {"jac": total_jacobian}
-    else:
-        how = {"workers": total_map} if vectorised and _LSQ_WORKERS else {}
+    how: dict[str, Any] = {"jac": total_jacobian} if jacobian is not None else {}
     best: FitResult | None = None
     solved: list[FloatArray] = []
     for start in [{}, *starts]:

@@ -1,14 +1,11 @@
 """The throughput models and the Layer Tuner evaluated over a whole (batch, frozen) grid in one
 call equal the scalar formulas, configuration by configuration (random models and inputs)."""
 
-import itertools
 import random
-from typing import Any
 
 import numpy as np
 import pytest
 
-from icefrog_slurm.core import fit
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.parallel import (
     Kind,
@@ -174,37 +171,3 @@ def test_tune_grid_breaks_ties_as_the_tuner_does() -> None:
         current_frozen=4,
     )
     assert pick is not None and (pick.batch, pick.frozen) == (8, 4)
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_vectorised_fit_jacobian_gives_the_same_fit(
-    seed: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """fit_ddp_model with the Jacobian's points evaluated in one call (``vectorised``) ends
-    at the same model as evaluating them one at a time."""
-    rng = random.Random(seed)
-    table = _table(rng)
-    true = _ddp(rng)
-    configs = [
-        (rng.choice((1, 2, 4, 8, 16)), rng.choice((8, 32, 128)), rng.randint(0, table.num_layers))
-        for _ in range(rng.randint(1, 8))
-    ]
-    samples = [
-        true.profile_sample(
-            gpus=g, batch=m, frozen=k, layers=table, noise=(rng.uniform(0.9, 1.1),) * 3
-        )
-        for g, m, k in configs
-    ]
-    models = []
-    original = fit.fit_params
-    for vectorised in (True, False):
-
-        def forced(*args: Any, _v: bool = vectorised, **kwargs: Any) -> fit.FitResult:
-            return original(*args, **{**kwargs, "vectorised": _v})
-
-        monkeypatch.setattr(fit, "fit_params", forced)
-        models.append(fit.fit_ddp_model(samples, table))
-    fast, slow = models
-    for g, m, k in itertools.product((1, 2, 8, 16), (8, 64), (0, table.num_layers // 2)):
-        one = fast.throughput(gpus=g, batch=m, frozen=k, layers=table)
-        assert one == pytest.approx(slow.throughput(gpus=g, batch=m, frozen=k, layers=table))
