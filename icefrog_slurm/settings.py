@@ -208,7 +208,7 @@ class SolverSettings:
 
     max_fits_per_round: int = field(default=8, metadata=_bounds(minimum=1))
     """Throughput models refitted at most this many a round (oldest jobs first; a fit costs
-    0.1-0.3 s); the others keep their last model until a later round."""
+    about 15 ms on average); the others keep their last model until a later round."""
 
 
 @dataclass(frozen=True)
