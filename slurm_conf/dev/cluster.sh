@@ -195,12 +195,32 @@ EOF
     chmod 0644 "$CONF" "$DIR/etc/gres.conf"  # job users (not only root) read the config
 }
 
-# pid of a daemon from its pid file, when that process is alive.
+# The command line `up` starts the daemon of a pid file with (slurmctld.pid, slurmd-NODE.pid).
+daemon_cmd() {
+    local name
+    name=$(basename "$1" .pid)
+    case $name in
+        slurmctld) echo "slurmctld -f $CONF -i" ;;
+        slurmd-*) echo "slurmd -f $CONF -N ${name#slurmd-}" ;;
+    esac
+}
+
+# pid of a daemon from its pid file, when that process is alive. A pid file can be stale
+# while the daemon runs: a second start that lost the race for the port writes its own pid
+# there before it dies. Then the daemon is found by its exact command line (the oldest such
+# process) and the file repaired, so that `up` never starts a second one and `down` and
+# `status` see the one that runs.
 alive() {
-    local pid
-    [[ -s $1 ]] || return 1
-    pid=$(cat "$1")
-    kill -0 "$pid" 2>/dev/null && echo "$pid"
+    local pid cmd
+    if [[ -s $1 ]]; then
+        pid=$(cat "$1")
+        if kill -0 "$pid" 2>/dev/null; then echo "$pid"; return 0; fi
+    fi
+    cmd=$(daemon_cmd "$1")
+    [[ -n $cmd ]] || return 1
+    pid=$(pgrep -o -x -f "$cmd") || return 1
+    echo "$pid" >"$1"
+    echo "$pid"
 }
 
 ctld_answers() { scontrol ping 2>/dev/null | grep -q 'is UP'; }

@@ -41,11 +41,14 @@ def slurm_cluster(slurm_version: str) -> Iterator[str]:
     """Path of the running cluster's slurm.conf (its environment exported while tests run)."""
     version = ("--slurm", slurm_version)
     started = False
-    if cluster_sh("status", *version).returncode != 0:
+    status = cluster_sh("status", *version)
+    if status.returncode != 0:
         up = cluster_sh("up", *version)
         if up.returncode != 0:
             pytest.fail(f"cluster.sh up {slurm_version} failed:\n{up.stdout}\n{up.stderr}")
-        started = True
+        # ours to bring down only if its slurmctld was not running: a node that was down
+        # (a test stopped its slurmd) does not make another session's cluster this one's
+        started = "slurmctld:  up" not in status.stdout
     conf = cluster_sh("conf", *version).stdout.strip()
     env = {"SLURM_CONF": conf, "ICEFROG_SLURM": slurm_version}
     if slurm_version != "host":
