@@ -9,7 +9,7 @@ EXTRAS := dev,launcher,postgres,metrics
 # torch 2.13.0's CPU build lies on this machine's disk; an unpinned torch pulls a CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: setup test lint typecheck importlint pytest demo cluster-up cluster-down clean
+.PHONY: setup test lint typecheck importlint pytest slurm-versions demo cluster-up cluster-down clean
 
 $(VENV)/.installed: pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,8 +37,24 @@ importlint: $(VENV)/.installed
 pytest: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The Slurm version matrix: the ClusterPort contract, the controller on the real cluster
+# (release, resize through requeue, gpu<->shard, foreign jobs, slurmctld frozen, killed
+# controllers) and the end-to-end resize again on each newer Slurm (`pytest` runs them on
+# the host's), in one pytest session, each test once a version (test_x[24.11],
+# test_x[26.05]). Each version's cluster runs from a Debian root (slurm_conf/dev/cluster.sh
+# --slurm), built the first time.
+SLURM_VERSIONS ?= 24.11,26.05
+comma := ,
+SLURM_MATRIX := tests/integration/test_slurm_contract.py \
+	tests/integration/controller/test_controller_slurm.py \
+	tests/integration/controller/test_slurm_outage.py tests/integration/controller/test_kill.py \
+	tests/e2e/test_resize.py
+slurm-versions: setup
+	for v in $(subst $(comma), ,$(SLURM_VERSIONS)); do bash slurm_conf/dev/cluster.sh install --slurm $$v; done
+	ICEFROG_TEST_SLURM=$(SLURM_VERSIONS) $(PY) -m pytest $(SLURM_MATRIX) $(PYTEST_ARGS)
+
 # The README's test command.
-test: setup lint typecheck importlint pytest
+test: setup lint typecheck importlint pytest slurm-versions
 
 # The README's main job: a local cluster, the controller, four real training jobs.
 demo: setup
