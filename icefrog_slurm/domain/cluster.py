@@ -5,7 +5,8 @@ Plain values with no I/O: the Slurm adapters (icefrog_slurm.slurm) build them, t
 and the plan carry them. Icefrog identity inside Slurm: an icefrog job carries the comment
 ``icefrog:<key>`` (``<key>`` is the store's job key), and a job resubmitted in place of an
 older one carries ``icefrog:<key>;prev=<old slurm id>``. Every other job is *foreign*: its
-GPUs are subtracted from the capacity icefrog may plan with.
+GPUs are subtracted from the capacity icefrog may plan with, and so are the free GPUs its
+memory or cores leave unusable.
 """
 
 from __future__ import annotations
@@ -111,15 +112,19 @@ class SlurmJobState:
 
 @dataclass(frozen=True)
 class NodeCapacity:
-    """GPUs of one usable node and how many of them foreign jobs hold."""
+    """GPUs of one usable node, how many of them foreign jobs hold, and how many of the rest
+    are blocked: free, but the memory or cores foreign jobs hold on the node leave too little
+    for a job to use them (``blocked_by``: "cores", "memory" or "cores and memory")."""
 
     name: str
     gpus: int
     foreign_gpus: int
+    blocked_gpus: int = 0
+    blocked_by: str = ""
 
     @property
     def available(self) -> int:
-        return max(self.gpus - self.foreign_gpus, 0)
+        return max(self.gpus - self.foreign_gpus - self.blocked_gpus, 0)
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,10 @@ class PartitionCapacity:
     @property
     def foreign_gpus(self) -> int:
         return sum(min(n.foreign_gpus, n.gpus) for n in self.nodes)
+
+    @property
+    def blocked_gpus(self) -> int:
+        return sum(n.blocked_gpus for n in self.nodes)
 
     @property
     def available_gpus(self) -> int:

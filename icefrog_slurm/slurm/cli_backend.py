@@ -86,6 +86,16 @@ TASKS_WITH_RESIZE = frozenset({(24, 11)})
 (one task a node, as sbatch gave it): without it 24.11 leaves a job that ran with more GPUs
 (DefCpuPerGPU) pending for ever, reason Resources. 22.05 refuses NumTasks beside a NumNodes
 change (BadConstraints); 26.05 does not need it."""
+# What capacity reads besides sinfo and squeue: nodes' cores and memory, and the per-GPU
+# defaults a job gets without asking (capacity.py, "Memory and cores").
+SHOW_NODES: Argv = ("scontrol", "-o", "show", "node")
+SHOW_CONFIG: Argv = ("scontrol", "show", "config")
+
+
+def show_partition(partition: str) -> Argv:
+    return ("scontrol", "-o", "show", "partition", partition)
+
+
 STARTED_ON_RELEASE = "no longer pending execution"
 """What ``scontrol update StartTime=now`` says of a job that started, or ended, before it:
 26.05 may start a job as it is released, so there is nothing left to bring forward."""
@@ -326,7 +336,11 @@ class SlurmCliBackend:
     def partition_capacity(
         self, *, partition: str, managed: Mapping[str, int] | None = None
     ) -> PartitionCapacity:
-        nodes = parse.parse_sinfo_nodes(self._run(commands.sinfo_partition(partition)))
+        nodes = capacity.with_resources(
+            parse.parse_sinfo_nodes(self._run(commands.sinfo_partition(partition))),
+            self._run(SHOW_NODES),
+        )
+        need = capacity.site_need(self._run(SHOW_CONFIG), self._run(show_partition(partition)))
         details = self._details()
         jobs = [d.state_view() for d in details.values()]
         shard_gpus: dict[str, dict[str, int]] = {}
@@ -344,8 +358,19 @@ class SlurmCliBackend:
                     for n in a.nodes:
                         per_node.setdefault(n, set()).update(a.indices)
             shard_gpus[jid] = {n: len(ix) for n, ix in per_node.items() if ix}
+        asked = {  # a shard job's asks are per node or per task: the need stands in
+            jid: (d.mem_per_gpu_mb, d.cpus_per_gpu)
+            for jid, d in details.items()
+            if d.gres is not None and d.gres.kind == "gpu"
+        }
         return capacity.partition_capacity(
-            partition=partition, nodes=nodes, jobs=jobs, shard_gpus=shard_gpus, managed=managed
+            partition=partition,
+            nodes=nodes,
+            jobs=jobs,
+            shard_gpus=shard_gpus,
+            managed=managed,
+            need=need,
+            asked=asked,
         )
 
     def hostnames(self, *, nodelist: str) -> tuple[str, ...]:

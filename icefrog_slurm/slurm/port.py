@@ -100,12 +100,18 @@ class SlurmJobDetail:
 
 @dataclass(frozen=True)
 class NodeGpus:
-    """One node of a partition as ``sinfo -N`` shows it: state, GPUs and GRES shards."""
+    """One node of a partition as ``sinfo -N`` shows it: state, GPUs and GRES shards; and,
+    where the adapter read them (``scontrol show node``), its cores and memory (MB) and how
+    much of each jobs hold (None: not read)."""
 
     name: str
     state: str
     gpus: int
     shards: int
+    cpus: int | None = None
+    alloc_cpus: int | None = None
+    memory_mb: int | None = None
+    alloc_memory_mb: int | None = None
 
     @property
     def usable(self) -> bool:
