@@ -309,13 +309,15 @@ down() {
     echo "cluster down (state kept under $DIR)"
 }
 
-# Processes this folder's daemons started that are still in the Debian root (a job step
-# that outlived its slurmd): killed, so that the root's mount namespaces go with them.
+# Processes this folder's cluster started that are still in the Debian root (a job step
+# that outlived its slurmd, a job's child that outlived its job): killed, so that the root's
+# mount namespaces go with them. Ours: the daemons' mark, or a job's SLURM_CONF.
 stop_leftovers() {
     local p pids=()
     for p in /proc/[0-9]*; do
         [[ $(readlink "$p/root" 2>/dev/null) == "$ROOT" ]] || continue
-        tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qxF "ICEFROG_CLUSTER_DIR=$DIR" || continue
+        tr '\0' '\n' <"$p/environ" 2>/dev/null |
+            grep -qxF -e "ICEFROG_CLUSTER_DIR=$DIR" -e "SLURM_CONF=$CONF" || continue
         pids+=("${p#/proc/}")
     done
     ((${#pids[@]})) || return 0
