@@ -9,7 +9,9 @@ updated while pending, resubmitted with a new GRES kind (the old job cancelled, 
 one tagged ``prev=<old id>``), completed by the engine when training ends. Administrators'
 holds and foreign jobs (:meth:`SimCluster.admin_hold`, :meth:`SimCluster.run_foreign`: the
 simulator itself makes neither) behave as on Slurm: icefrog never lifts the one, and the
-other's GPUs leave the capacity icefrog plans with (``slurm/capacity.py``'s arithmetic).
+other's GPUs leave the capacity icefrog plans with (``slurm/capacity.py``'s arithmetic); a
+foreign job holding its node's whole memory keeps every other job off that node, and its
+free GPUs count as blocked. Memory is modelled only that far.
 The semantic half of the ClusterPort contract (``tests/contract``) runs over this class.
 
 Nothing here knows about training: ``on_signal`` tells the engine a job was asked to
@@ -28,7 +30,7 @@ from icefrog_slurm.domain.cluster import (
     PartitionCapacity,
     SlurmJobState,
 )
-from icefrog_slurm.slurm.capacity import partition_capacity
+from icefrog_slurm.slurm.capacity import HostNeed, partition_capacity
 from icefrog_slurm.slurm.parse import expand_hostlist
 from icefrog_slurm.slurm.port import (
     GresAllocation,
@@ -67,6 +69,7 @@ class _Job:
     reason: str = HELD_REASON
     restarts: int = 0
     held_on: list[tuple[str, int]] = field(default_factory=list)  # (node, GPU index)
+    whole_memory: bool = False  # holds its nodes' whole memory (``--mem=0``)
 
 
 class SimCluster:
@@ -92,6 +95,7 @@ class SimCluster:
         }
         self._jobs: dict[str, _Job] = {}
         self._foreign: list[str] = []  # ids of foreign jobs, in submission order
+        self._memory_taken: set[str] = set()  # nodes a running job holds the whole memory of
         self._next_id = 1
         self.on_signal = on_signal or (lambda _sid: None)
 
@@ -244,10 +248,13 @@ class SimCluster:
                 nodes=tuple(NodeCapacity(n, len(g), 0) for n, g in self._nodes.items()),
                 foreign_job_ids=(),
             )
-        nodes = [
-            NodeGpus(name=n, state="mixed", gpus=len(g), shards=len(g) * self.shards_per_gpu)
+        nodes = [  # memory in one unit, all of it held or none
+            NodeGpus(
+                name=n, state="mixed", gpus=len(g), shards=len(g) * self.shards_per_gpu,
+                memory_mb=1, alloc_memory_mb=int(self._memory_held(n)),
+            )
             for n, g in self._nodes.items()
-        ]
+        ]  # fmt: skip
         shard_gpus = {
             j.job_id: {n: len({i for m, i in j.held_on if m == n}) for n, _ in j.held_on}
             for j in running
@@ -259,6 +266,7 @@ class SimCluster:
             jobs=[self._state(j) for j in running],
             shard_gpus=shard_gpus,
             managed=managed,
+            need=HostNeed(memory=True),
         )
 
     def resubmit(
@@ -309,13 +317,22 @@ class SimCluster:
             raise SlurmRejected(f"job {job_id} is {job.state}, not pending: cannot hold")
         job.reason = ADMIN_HELD_REASON
 
-    def run_foreign(self, *, name: str, gres: Gres, nodes: tuple[str, ...], user_id: int) -> str:
+    def run_foreign(
+        self,
+        *,
+        name: str,
+        gres: Gres,
+        nodes: tuple[str, ...],
+        user_id: int,
+        whole_memory: bool = False,
+    ) -> str:
         """A job submitted to Slurm without icefrog (no icefrog comment), not held: it starts
-        at once on ``nodes`` when its request fits there, else waits for the next pass."""
+        at once on ``nodes`` when its request fits there, else waits for the next pass;
+        ``whole_memory``: it asks for its nodes' whole memory (``--mem=0``)."""
         job = _Job(
             job_id=str(self._next_id), name=name, tag=None, user_id=user_id,
             work_dir=f"/sim/{name}", gres=gres, num_nodes=len(nodes) or 1, req_nodes=nodes,
-            reason="Priority",
+            reason="Priority", whole_memory=whole_memory,
         )  # fmt: skip
         self._next_id += 1
         self._jobs[job.job_id] = job
@@ -352,11 +369,24 @@ class SimCluster:
             if gpu.owner == job.job_id:
                 gpu.owner = None
             gpu.shards.pop(job.job_id, None)
+        if job.whole_memory:
+            self._memory_taken.difference_update(n for n, _ in job.held_on)
         job.held_on = []
+
+    def _memory_held(self, node: str) -> bool:
+        """Whether a running job holds the node's whole memory."""
+        return node in self._memory_taken
 
     def _try_start(self, job: _Job) -> bool:
         """Start the job when its request fits now (pinned nodes first, else any)."""
         pool = [n for n in job.req_nodes if n in self._nodes] or list(self._nodes)
+        if self._memory_taken or job.whole_memory:  # a node's whole memory: no job beside it
+            pool = [
+                n
+                for n in pool
+                if n not in self._memory_taken
+                and not (job.whole_memory and any(g.busy for g in self._nodes[n]))
+            ]
         if job.gres.kind == "shard":
             taken = self._fit_shard(pool, job)
         else:
@@ -365,6 +395,8 @@ class SimCluster:
             job.reason = "Resources"
             return False
         job.held_on = taken
+        if job.whole_memory:
+            self._memory_taken.update(n for n, _ in taken)
         job.state, job.reason = "RUNNING", "None"
         return True
 

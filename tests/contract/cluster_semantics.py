@@ -52,9 +52,10 @@ class ClusterHarness(Protocol):
         """Give the scheduler a pass: what would start by itself has started."""
         ...
 
-    def foreign_job(self, *, gpus: int, node: str) -> str:
+    def foreign_job(self, *, gpus: int, node: str, whole_memory: bool = False) -> str:
         """Start a job of another user, without an icefrog comment, on ``node`` (running
-        when this returns)."""
+        when this returns); ``whole_memory``: it holds the node's whole memory
+        (``--mem=0``)."""
         ...
 
     def owned_held_job(self, key: str, gres: Gres) -> tuple[str, int]:
@@ -198,6 +199,35 @@ class ClusterSemantics:
         h.port.cancel(job_id=foreign)
         assert h.wait(
             "the foreign GPUs back",
+            lambda: (
+                h.port.partition_capacity(partition=h.partition).available_gpus
+                == before.available_gpus
+            ),
+        )
+
+    def test_a_foreign_job_holding_a_nodes_memory_leaves_its_gpus_unusable(
+        self, harness: ClusterHarness
+    ) -> None:
+        h = harness
+        node = h.nodes[3]
+        before = h.port.partition_capacity(partition=h.partition)
+        assert {n.name: n for n in before.nodes}[node].available == h.gpus_per_node
+        foreign = h.foreign_job(gpus=1, node=node, whole_memory=True)
+        after = h.port.partition_capacity(partition=h.partition)
+        cap = {n.name: n for n in after.nodes}[node]
+        assert (cap.foreign_gpus, cap.blocked_gpus, cap.available) == (1, h.gpus_per_node - 1, 0)
+        assert cap.blocked_by == "memory" and foreign in after.foreign_job_ids
+        assert after.available_gpus == before.available_gpus - h.gpus_per_node
+        # the scheduler agrees: an icefrog job sent to one of the free GPUs waits
+        jid = h.port.submit_held(request=h.request("mem", Gres("gpu", 1), nodes=(node,)))
+        h.port.release(job_id=jid)
+        h.settle()
+        assert state(h, jid).state == "PENDING"
+        h.port.cancel(job_id=foreign)
+        running(h, jid)  # and runs once the memory is free
+        h.port.cancel(job_id=jid)
+        assert h.wait(
+            "the node's GPUs back",
             lambda: (
                 h.port.partition_capacity(partition=h.partition).available_gpus
                 == before.available_gpus

@@ -49,10 +49,11 @@ class SimHarness:
     def settle(self) -> None:
         self.sim.schedule()
 
-    def foreign_job(self, *, gpus: int, node: str) -> str:
+    def foreign_job(self, *, gpus: int, node: str, whole_memory: bool = False) -> str:
         jid = self.sim.run_foreign(
-            name="ct-foreign", gres=Gres("gpu", gpus), nodes=(node,), user_id=OTHER_UID
-        )
+            name="ct-foreign", gres=Gres("gpu", gpus), nodes=(node,), user_id=OTHER_UID,
+            whole_memory=whole_memory,
+        )  # fmt: skip
         assert self.sim.poll(job_ids=[jid])[jid].state == "RUNNING"
         return jid
 

@@ -151,10 +151,12 @@ class SlurmHarness:
     def settle(self) -> None:
         time.sleep(1)
 
-    def foreign_job(self, *, gpus: int, node: str) -> str:
+    def foreign_job(self, *, gpus: int, node: str, whole_memory: bool = False) -> str:
+        memory = ("--mem=0",) if whole_memory else ()
         jid = _submit_as_nobody(
-            self.script.parent, "-J", "ct-foreign", f"--gres=gpu:{gpus}", "-w", node, "-p", "gpu"
-        )
+            self.script.parent, "-J", "ct-foreign", f"--gres=gpu:{gpus}", "-w", node, "-p", "gpu",
+            *memory,
+        )  # fmt: skip
         _running(self.port, jid)
         return jid
 
