@@ -1,4 +1,4 @@
-"""Pure capacity arithmetic: a partition's usable GPUs minus the GPUs foreign jobs hold.
+"""Pure capacity arithmetic: a partition's usable GPUs minus those foreign jobs hold or block.
 
 A job is foreign when the controller's store does not manage it: ``managed`` maps the Slurm
 job ids of the store's active jobs to their owners' uids, and a job is the controller's own
@@ -20,13 +20,13 @@ node's GPUs usable by icefrog are min(free GPUs, free cores / cores per GPU, fre
 memory per GPU), the rest counted as ``blocked_gpus``. Free means not held by foreign
 jobs: the node's allocated cores and memory less what the managed jobs running there were
 given (their own ``--mem-per-gpu``/``--cpus-per-gpu``, else the per-GPU need, a GPU's
-worth for each GPU they hold), since those are planned. The per-GPU need is what a job of
-the controller gets without asking: the ``[submit]`` settings' or slurm.conf's
-DefMemPerGPU (the partition's, else the site's; else DefMemPerCPU times the cores per
-GPU) and DefCpuPerGPU. Where a resource is scheduled but has no per-GPU default, a node
-with none of it free has no usable GPU (every job takes a core and some memory). A site
-that does not schedule memory (CR_Core) ignores memory; one that schedules neither, or a
-node whose resources were not read, keeps the GPU count alone.
+worth for each GPU they hold), since those are planned. The per-GPU need is what a job
+gets without asking (``site_need``): slurm.conf's DefCpuPerGPU and DefMemPerGPU (the
+partition's, else the site's; else DefMemPerCPU times the cores per GPU). Where a
+resource is scheduled but has no per-GPU default, a node with none of it free has no
+usable GPU (every job takes a core and some memory). A site that does not schedule memory
+(CR_Core) ignores memory; one that schedules neither, or a node whose resources were not
+read, keeps the GPU count alone.
 """
 
 from __future__ import annotations
