@@ -93,10 +93,13 @@ class Rig:
         return None
 
     def submit_digits(self, workdir: Path, name: str, model: str, target: str = "0.95") -> str:
-        """A real digits job (examples/train_digits.py) on 1-2 GPUs to val_acc >= target."""
+        """A real digits job (examples/train_digits.py) on 1-2 GPUs to val_acc >= target,
+        slowed a little (``--step-delay``: on an idle machine, or a Slurm that starts a
+        released job at once, it could reach its target before the round that moves it)."""
         return self.submit(
             workdir, "--gpus", "1-2", "--batch", "16", "--target", f"val_acc>={target}",
             "--max-epochs", "40", "--job-name", name, "--", str(DIGITS), "--model", model,
+            "--step-delay", "0.02",
         )  # fmt: skip
 
     def submit(self, workdir: Path, *options: str) -> str:
