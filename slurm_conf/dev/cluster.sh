@@ -28,17 +28,26 @@
 # so the three can run at once. $ICEFROG_CLUSTER_DIR, $ICEFROG_CLUSTER_CTLD_PORT,
 # $ICEFROG_CLUSTER_NODE_PORT (first slurmd port) and $ICEFROG_SLURM_ROOTS (the folder of the
 # Debian roots) override these. The host's munged serves every version.
+#
+# --accounting (or ICEFROG_CLUSTER_ACCOUNTING=1): Slurm accounting (slurm_conf/dev/accounting.sh):
+# `install` adds slurmdbd and mariadb-server, `up` starts a private MariaDB and a slurmdbd
+# (ports $ICEFROG_CLUSTER_DBD_PORT and $ICEFROG_CLUSTER_DB_PORT, default the slurmctld port
+# + 1 and + 2) before slurmctld, with accounts physics and vision; `down` stops them too.
+# Give such a cluster its own folder and ports, e.g. ICEFROG_CLUSTER_DIR=<repo>/var/cluster-acct
+# ICEFROG_CLUSTER_CTLD_PORT=16847 ICEFROG_CLUSTER_NODE_PORT=17031.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 SLURM_ROOT_SH=$REPO/slurm_conf/dev/slurm-root.sh
 COMMAND=${1:-}
 SLURM=${ICEFROG_SLURM:-host}
+ACCOUNTING=${ICEFROG_CLUSTER_ACCOUNTING:-0}
 shift || true
 while (($#)); do
     case "$1" in
         --slurm) SLURM=${2:-}; shift 2 || shift ;;
         --slurm=*) SLURM=${1#--slurm=}; shift ;;
+        --accounting) ACCOUNTING=1; shift ;;
         *) echo "cluster.sh: unknown argument '$1'" >&2; exit 2 ;;
     esac
 done
@@ -54,6 +63,10 @@ export SLURM_CONF=$CONF
 NODES=(node1 node2 node3 node4)
 CTLD_PORT=${ICEFROG_CLUSTER_CTLD_PORT:-${default_ports[0]}}
 NODE_PORT0=${ICEFROG_CLUSTER_NODE_PORT:-${default_ports[1]}}
+[[ $ACCOUNTING == 1 ]] || ACCOUNTING=0
+export ICEFROG_ACCT_DIR=$DIR ICEFROG_ACCT_DBD_PORT=${ICEFROG_CLUSTER_DBD_PORT:-$((CTLD_PORT + 1))}
+export ICEFROG_ACCT_DB_PORT=${ICEFROG_CLUSTER_DB_PORT:-$((CTLD_PORT + 2))}
+ACCOUNTING_SH=$REPO/slurm_conf/dev/accounting.sh
 if [[ $SLURM != host ]]; then
     ROOT=${ICEFROG_SLURM_ROOTS:-$REPO/var/slurm-roots}/slurm-$SLURM
     export PATH=$DIR/bin:$PATH  # this version's clients for everything below
@@ -73,6 +86,7 @@ install() {
     command -v sbatch >/dev/null || missing+=(slurm-client)
     command -v munged >/dev/null || missing+=(munge)
     if ((${#missing[@]})); then install_packages "${missing[@]}"; fi
+    if ((ACCOUNTING)); then "$ACCOUNTING_SH" install; fi
 }
 
 install_packages() {
@@ -127,7 +141,8 @@ start_munge() {
 }
 
 write_conf() {
-    local version task_line tmp
+    local version task_line tmp acct_lines=AccountingStorageType=accounting_storage/none
+    if ((ACCOUNTING)); then acct_lines=$("$ACCOUNTING_SH" slurm-conf); fi
     version=$(slurm_version)
     case "$version" in
         22.05) task_line="TaskPlugin=task/none" ;;  # removed in 23.11
@@ -166,7 +181,7 @@ DefCpuPerGPU=1
 DefMemPerCPU=400
 GresTypes=gpu,shard
 ReturnToService=2
-AccountingStorageType=accounting_storage/none
+$acct_lines
 JobCompType=jobcomp/none
 KillWait=5
 MinJobAge=600
@@ -271,6 +286,7 @@ up() {
     write_conf
     refuse_foreign_ctld
     if [[ $SLURM != host ]]; then "$SLURM_ROOT_SH" clients "$ROOT" "$DIR/bin"; fi
+    if ((ACCOUNTING)); then "$ACCOUNTING_SH" up; fi
     if [[ -z $(alive "$DIR/run/slurmctld.pid") ]]; then
         daemon slurmctld -f "$CONF" -i
     elif ((CONF_CHANGED)); then
@@ -306,6 +322,9 @@ down() {
         rm -f "$pidfile"
     done
     [[ $SLURM == host ]] || stop_leftovers
+    if ((ACCOUNTING)) || [[ -e $DIR/run/slurmdbd.pid || -e $DIR/run/mysqld.pid ]]; then
+        "$ACCOUNTING_SH" down
+    fi
     echo "cluster down (state kept under $DIR)"
 }
 
@@ -346,6 +365,7 @@ status() {
         if pid=$(alive "$DIR/run/slurmd-$n.pid"); then echo "slurmd $n: up (pid $pid)"
         else echo "slurmd $n: DOWN"; rc=1; fi
     done
+    if ((ACCOUNTING)); then "$ACCOUNTING_SH" status || rc=1; fi
     if ((rc == 0)); then
         sinfo -N -p gpu -o '%N %t %G' || rc=1
         echo "jobs: $(squeue -h -o %i | wc -l)"
