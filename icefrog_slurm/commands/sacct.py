@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
             "-A/--accounts: icefrog records no Slurm account per job; select with -u/--user"
         )
     text, option = _format(args)
-    columns = parse_format(text, field_index(sacct.FIELDS), option=option)
+    columns = sacct.sacct_columns(parse_format(text, field_index(sacct.FIELDS), option=option))
     delimiter = _delimiter(args.delimiter)
     t = storeargs.now()
     start, end = _window(args, t)

@@ -8,13 +8,14 @@ figure is computed: ``report/jobs.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 from icefrog_slurm.report import jobs
 from icefrog_slurm.report.envelope import seconds
 from icefrog_slurm.report.jobs import JobFacts
-from icefrog_slurm.report.table import Field
+from icefrog_slurm.report.table import Column, Field
 from icefrog_slurm.report.timefmt import format_duration, format_time
 
 DEFAULT_FORMAT = (
@@ -100,6 +101,56 @@ FIELDS: tuple[Field[AcctRow], ...] = (
     Field("Reached", 7, lambda r: "yes" if r.reached else "no", help="target reached"),
     Field("FinishReason", 19, lambda r: r.facts.job.finish_reason or "", help="why it ended"),
 )
+
+
+Cut = Literal["mark", "plain", "never"]
+
+# How sacct 22.05 fits a value longer than its column (checked against it:
+# tests/integration/accounting/): text is cut, its last kept character `+`; a time is cut
+# plainly; a number or a duration is printed whole, past its column. Titles are cut plainly.
+_CUTS: dict[str, Cut] = {
+    **dict.fromkeys(("Submit", "Start", "End"), "plain"),
+    **dict.fromkeys(
+        (
+            "UID",
+            "Elapsed",
+            "JCT",
+            "TTA",
+            "GPUHours",
+            "AllocGPUs",
+            "Restarts",
+            "Reallocations",
+            "Epoch",
+            "FinalMetric",
+        ),
+        "never",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class SacctColumn(Column[AcctRow]):
+    """A column that fits its values as sacct does (``_CUTS``)."""
+
+    cut: Cut = "mark"
+
+    def fit(self, value: str, *, mark: bool = True) -> str:
+        if not mark or self.cut == "mark":  # a title, or text
+            return super().fit(value, mark=mark)
+        if self.cut == "plain" or len(value) <= self.width:
+            return super().fit(value, mark=False)
+        return self.prefix + value + self.suffix
+
+
+def sacct_columns(columns: Sequence[Column[AcctRow]]) -> list[Column[AcctRow]]:
+    """``columns`` as sacct fits them."""
+    return [
+        SacctColumn(
+            **{f.name: getattr(c, f.name) for f in fields(c)},
+            cut=_CUTS.get(c.field.name, "mark"),
+        )
+        for c in columns
+    ]
 
 
 def acct_json(row: AcctRow) -> dict[str, Any]:

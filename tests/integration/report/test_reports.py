@@ -56,7 +56,7 @@ def test_sacct_parsable_format_and_widths(
     assert out == (
         "JobNa Use          End         Target\n"
         "----- --- ------------ --------------\n"
-        "cnn   al+ 2026-11-20T+  val_acc>=0.94\n"
+        "cnn   al+ 2026-11-20T1  val_acc>=0.94\n"  # a time is cut plainly, as sacct
         "ncf   al+      Unknown  val_acc>=0.94\n"
     )
 
