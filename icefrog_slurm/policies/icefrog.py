@@ -132,7 +132,7 @@ class IcefrogPolicy:
 def _cluster(snapshot: Snapshot, settings: Settings) -> Cluster:
     nodes = snapshot.capacity.nodes
     gpn = max((n.gpus for n in nodes), default=1) or 1
-    whole = tuple(n.name for n in nodes if n.gpus == gpn and n.foreign_gpus == 0)
+    whole = tuple(n.name for n in nodes if n.gpus == gpn and n.available == n.gpus)
     return Cluster(
         gpus=len(whole) * gpn,
         gpus_per_node=gpn,

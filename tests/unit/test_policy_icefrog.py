@@ -85,6 +85,19 @@ def test_a_node_partly_held_by_a_foreign_job_is_not_planned() -> None:
     assert all("node1" not in a.nodes for a in allocs.values())  # type: ignore[attr-defined]
 
 
+def test_a_node_whose_gpus_a_foreign_jobs_memory_blocks_is_not_planned() -> None:
+    """A foreign job holding no GPU but the node's memory (or cores) leaves its GPUs
+    unusable: the node is not whole, as if the job held GPUs."""
+    jobs = [_job(i, _spec(), _small(i)) for i in range(1, 4)]
+    nodes = (NodeCapacity("node1", 4, 0, blocked_gpus=4, blocked_by="memory"),)
+    nodes += (NodeCapacity("node2", 4, 0),)
+    snapshot = Snapshot(
+        time=1000.0, jobs=tuple(jobs), capacity=PartitionCapacity("gpu", nodes, ()), last_round=None
+    )
+    allocs = _check(snapshot)
+    assert all("node1" not in a.nodes for a in allocs.values())  # type: ignore[attr-defined]
+
+
 def test_overload_packs_small_jobs_onto_shared_gpus_on_one_node() -> None:
     jobs = [_job(i, _spec(1, 1), _small(i, util=0.3)) for i in range(1, 13)]
     allocs = _check(_snap(jobs))
