@@ -15,6 +15,7 @@ from typing import Any, Literal
 from icefrog_slurm.report import jobs
 from icefrog_slurm.report.envelope import seconds
 from icefrog_slurm.report.jobs import JobFacts
+from icefrog_slurm.report.squeue import node_list
 from icefrog_slurm.report.table import Column, Field
 from icefrog_slurm.report.timefmt import format_duration, format_time
 
@@ -22,6 +23,8 @@ DEFAULT_FORMAT = (
     "JobID,JobName,User,State,Submit,Start,End,JCT,TTA,GPUHours,Restarts,Reallocations,"
     "FinalMetric,Reached"
 )
+
+NONE_ASSIGNED = "None assigned"
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,13 @@ class AcctRow:
     def alloc_gpus(self) -> int:
         history = self.facts.history
         return history[-1].allocation.gpus if history else 0
+
+    @property
+    def node_list(self) -> str:
+        """The nodes of the job's last decision that gave it GPUs, folded as Slurm prints
+        them; sacct's ``None assigned`` when none did."""
+        held = [d.allocation.nodes for d in self.facts.history if d.allocation.nodes]
+        return node_list(held[-1]) if held else NONE_ASSIGNED
 
 
 def acct_row(facts: JobFacts, *, now: float, partition: str = "") -> AcctRow:
@@ -85,6 +95,7 @@ FIELDS: tuple[Field[AcctRow], ...] = (
     Field("UID", 6, lambda r: str(r.facts.job.owner_uid), help="owner's uid"),
     Field("Partition", 10, lambda r: r.partition, help="the controller's partition"),
     Field("State", 10, lambda r: jobs.state_name(r.facts.job.state), help="job state"),
+    Field("NodeList", 15, lambda r: r.node_list, help="nodes of the last decision with GPUs"),
     Field("Submit", 19, lambda r: format_time(r.facts.job.submit_time), help="submitted"),
     Field("Start", 19, lambda r: format_time(r.facts.job.start_time), help="first ran"),
     Field("End", 19, lambda r: format_time(r.facts.job.end_time), help="ended"),
@@ -163,6 +174,7 @@ def acct_json(row: AcctRow) -> dict[str, Any]:
         "uid": job.owner_uid,
         "partition": row.partition,
         "state": jobs.state_name(job.state),
+        "nodes": row.node_list,
         "submit_time": seconds(job.submit_time),
         "start_time": seconds(job.start_time),
         "end_time": seconds(job.end_time),
