@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,9 +130,9 @@ def _submit(name: str, opts: tuple[str, ...], command: str, user: str | None) ->
     return slurm(*argv).strip().split(";")[0]
 
 
-def _wait(what: str, fn: object, timeout: float = 60.0) -> None:
+def _wait(what: str, fn: Callable[[], bool], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
-    while not fn():  # type: ignore[operator]
+    while not fn():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}\n{_logs()}")
         time.sleep(0.5)
