@@ -84,6 +84,12 @@ def _logs() -> str:
     return "\n".join(parts)
 
 
+@pytest.fixture(autouse=True)
+def _cluster_for_slurm_tests() -> None:
+    """These tests use their own cluster (``acct_cluster``), never the shared one: the
+    integration suite's fixture of that name, which brings the shared one up, is replaced."""
+
+
 @pytest.fixture(scope="session")
 def acct_cluster() -> Iterator[Path]:
     """The accounting cluster's slurm.conf (module docstring)."""
