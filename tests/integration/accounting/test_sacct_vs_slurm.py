@@ -2,8 +2,8 @@
 same jobs, flag by flag where icefrog's flag has a Slurm twin.
 
 Equal: the header names and their order, the delimiters of ``-P``, ``-p`` and
-``--delimiter``, ``-n``, ``-X``, the rows ``--name``, ``-r``, ``-u``, ``-j`` and root's
-default (every user's jobs) select, the fields both have (``JobName``, ``User``, ``UID``,
+``--delimiter``, ``-n``, ``-X``, the rows ``--name``, ``-r``, ``-u``, ``-a``, ``-s``, ``-j``
+and root's default (every user's jobs) select, the fields both have (``JobName``, ``User``, ``UID``,
 ``Submit``, ``Start``, ``End``, ``Elapsed``, ``Partition``, ``State``, ``NodeList``: a
 2-node job's folded) with and without widths (``%N``, ``%-N``: justification, how a long
 value is cut or not, the dash line),
@@ -17,7 +17,8 @@ with sacct's ``JobID``) and is right-justified; a cancelled job's State is ``CAN
 records neither) and refuses ``-A`` (exit 2); a table drops the trailing
 space sacct keeps; ``--json`` has icefrog's own job fields (``state`` a string, times as
 plain numbers), ``meta.plugin.type`` ``icefrog``, an ``icefrog`` version in ``meta`` and a
-``warnings`` list (sacct 22.05 has none), and ``meta.Slurm.version.micro`` 0.
+``warnings`` list (sacct 22.05 has none), and ``meta.Slurm.version.micro`` 0; with ``-s``
+and no ``-E`` sacct's window ends where it starts (it prints nothing), icefrog's ends now.
 """
 
 from __future__ import annotations
@@ -168,6 +169,35 @@ def sacct_time(jobs: AcctJobs) -> str:
 
 def time_text(epoch: int) -> str:
     return datetime.fromtimestamp(epoch).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+@pytest.mark.parametrize("states", ["CA,F", "CD", "cancelled", "F,CD,CA"])
+def test_states(
+    acct_jobs: AcctJobs,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    states: str,
+) -> None:
+    # -E given: sacct with -s and no -E ends the window where it starts (prints nothing);
+    # icefrog's window ends now
+    window = ["-S", sacct_time(acct_jobs), "-E", "now"]
+    real = [
+        line
+        for line in sacct("-X", "-P", "-n", *window, "-s", states, "-o", "JobName").splitlines()
+        if line in names(acct_jobs)
+    ]
+    assert real
+    code, out, _ = icefrog(
+        capsys, monkeypatch, acct_jobs, "-P", "-n", *window, "-s", states, "-o", "JobName"
+    )
+    assert code == 0
+    assert out.splitlines() == real
+    ids = ",".join(acct_jobs.ids)
+    real = sacct("-X", "-P", "-n", "-j", ids, "-s", states, "-o", "JobName").splitlines()
+    code, out, _ = icefrog(
+        capsys, monkeypatch, acct_jobs, "-P", "-n", "-j", ids, "-s", states, "-o", "JobName"
+    )
+    assert out.splitlines() == real
 
 
 def test_root_default_is_every_user(
