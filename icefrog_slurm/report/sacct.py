@@ -82,12 +82,19 @@ def _target(row: AcctRow) -> str:
 
 
 FIELDS: tuple[Field[AcctRow], ...] = (
-    Field("JobID", 8, lambda r: str(r.facts.job.id), help="icefrog job id"),
-    Field("SlurmJobID", 12, lambda r: r.facts.job.slurm_job_id, help="current Slurm job id"),
+    Field("JobID", 8, lambda r: str(r.facts.job.id), left=True, help="icefrog job id"),
+    Field(
+        "SlurmJobID",
+        12,
+        lambda r: r.facts.job.slurm_job_id,
+        left=True,
+        help="current Slurm job id",
+    ),
     Field(
         "SlurmJobIDs",
         20,
         lambda r: ",".join(r.facts.job.slurm_job_ids),
+        left=True,
         help="every Slurm job id the job has had, oldest first",
     ),
     Field("JobName", 10, lambda r: r.facts.job.name, help="job name"),

@@ -12,7 +12,7 @@ version keys, ``errors``, the types of ``name``, ``user``, ``partition``, ``job_
 ``nodes``, and the values of the fields both have.
 
 Different on purpose: ``JobID`` is the icefrog job's id (``SlurmJobID`` is Slurm's, compared
-with sacct's ``JobID``) and is right-justified; a cancelled job's State is ``CANCELLED``
+with sacct's ``JobID``), in 8 columns, not 12; a cancelled job's State is ``CANCELLED``
 (sacct: ``CANCELLED by UID``); icefrog has no ``ExitCode`` or ``Account`` field (it
 records neither) and refuses ``-A`` (exit 2); a table drops the trailing
 space sacct keeps; ``--json`` has icefrog's own job fields (``state`` a string, times as
@@ -89,6 +89,12 @@ def test_slurm_job_id_is_sacct_job_id(
     )
     assert code == 0
     assert out.splitlines() == real
+    # in a table: left-justified in 12 columns, as sacct's JobID
+    real = sacct("-X", "-n", "-j", ids, "-o", "JobID,JobName").splitlines()
+    code, out, _ = icefrog(
+        capsys, monkeypatch, acct_jobs, "-n", "-j", ids, "-o", "SlurmJobID,JobName"
+    )
+    assert out.splitlines() == [line.rstrip() for line in real]
 
 
 @pytest.mark.parametrize(

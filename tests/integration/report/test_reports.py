@@ -18,12 +18,12 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 SACCT_DEFAULT = """\
-   JobID    JobName      User      State              Submit               Start                 End        JCT        TTA GPUHours Restarts Reallocations FinalMetric Reached
+JobID       JobName      User      State              Submit               Start                 End        JCT        TTA GPUHours Restarts Reallocations FinalMetric Reached
 -------- ---------- --------- ---------- ------------------- ------------------- ------------------- ---------- ---------- -------- -------- ------------- ----------- -------
-       1        cnn     alice  COMPLETED 2026-11-20T08:00:00 2026-11-20T08:01:00 2026-11-20T11:00:00   03:00:00   02:30:00     8.97        2             2       0.951     yes
-       2       bert       bob    PENDING 2026-11-20T08:01:40             Unknown             Unknown   03:18:20                0.00        0             0                  no
-       3        ncf     alice    RUNNING 2026-11-20T09:56:40 2026-11-20T10:01:40             Unknown   01:23:20                1.31        0             0        0.61      no
-       5        new     alice    PENDING 2026-11-20T10:00:50             Unknown             Unknown   01:19:10                0.00        0             0                  no
+1               cnn     alice  COMPLETED 2026-11-20T08:00:00 2026-11-20T08:01:00 2026-11-20T11:00:00   03:00:00   02:30:00     8.97        2             2       0.951     yes
+2              bert       bob    PENDING 2026-11-20T08:01:40             Unknown             Unknown   03:18:20                0.00        0             0                  no
+3               ncf     alice    RUNNING 2026-11-20T09:56:40 2026-11-20T10:01:40             Unknown   01:23:20                1.31        0             0        0.61      no
+5               new     alice    PENDING 2026-11-20T10:00:50             Unknown             Unknown   01:19:10                0.00        0             0                  no
 """  # noqa: E501
 
 
