@@ -2,7 +2,7 @@
 # A real local Slurm cluster on this host: munge, slurmctld and four slurmd (node1..node4,
 # `slurmd -N`), each with 4 fake A800 GPUs (character devices) and 8 GRES shards, partition gpu.
 #
-# Usage: cluster.sh install|up|down|status|conf|env [--slurm host|24.11|26.05]
+# Usage: cluster.sh install|up|down|status|conf|env [--slurm host|24.11|26.05] [--accounting]
 #   install  the host's Slurm: the Debian packages slurmctld slurmd slurm-client munge, when
 #            missing; 24.11 or 26.05: the Debian root holding it (slurm-root.sh build)
 #   up       install what is missing, write the config, start what is not running, wait
@@ -380,5 +380,5 @@ case "$COMMAND" in
     status) status ;;
     conf) echo "$CONF" ;;
     env) env_lines ;;
-    *) echo "usage: $0 install|up|down|status|conf|env [--slurm host|24.11|26.05]" >&2; exit 2 ;;
+    *) echo "usage: $0 install|up|down|status|conf|env [--slurm host|24.11|26.05] [--accounting]" >&2; exit 2 ;;
 esac
