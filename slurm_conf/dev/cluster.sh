@@ -64,6 +64,9 @@ NODES=(node1 node2 node3 node4)
 CTLD_PORT=${ICEFROG_CLUSTER_CTLD_PORT:-${default_ports[0]}}
 NODE_PORT0=${ICEFROG_CLUSTER_NODE_PORT:-${default_ports[1]}}
 [[ $ACCOUNTING == 1 ]] || ACCOUNTING=0
+if ((ACCOUNTING)) && [[ $SLURM != host ]]; then
+    echo "cluster.sh: --accounting runs the host's slurmdbd: only with --slurm host" >&2; exit 2
+fi
 export ICEFROG_ACCT_DIR=$DIR ICEFROG_ACCT_DBD_PORT=${ICEFROG_CLUSTER_DBD_PORT:-$((CTLD_PORT + 1))}
 export ICEFROG_ACCT_DB_PORT=${ICEFROG_CLUSTER_DB_PORT:-$((CTLD_PORT + 2))}
 ACCOUNTING_SH=$REPO/slurm_conf/dev/accounting.sh
