@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,11 +17,9 @@ from icefrog_slurm.slurm.parse import expand_hostlist
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.controller.support import (
     OffsetClock,
-    backend,
     converge,
     make_controller,
     make_settings,
-    make_store,
     running,
     submit_job,
 )
@@ -30,20 +27,8 @@ from tests.integration.controller.support import (
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
 
 
-@pytest.fixture
-def cluster() -> Iterator[SlurmCliBackend]:
-    be = backend()
-    yield be
-    for j in be._jobs().values():
-        if not j.finished and j.tag is not None and j.tag.key.startswith("cap-"):
-            be.cancel(job_id=j.job_id)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[SqlStore]:
-    s = make_store(make_settings(tmp_path))
-    yield s
-    s.close()
+TAG_PREFIX = "cap-"
+"""The tags of this module's jobs (the ``cluster`` fixture cancels them: conftest.py)."""
 
 
 def test_a_foreign_job_holding_a_nodes_memory_takes_all_its_gpus_out(

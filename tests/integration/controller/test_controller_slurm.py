@@ -35,7 +35,6 @@ from tests.integration.controller.support import (
     live_tagged,
     make_controller,
     make_settings,
-    make_store,
     running,
     state_of,
     submit_job,
@@ -44,21 +43,8 @@ from tests.integration.controller.support import (
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
 
 
-@pytest.fixture
-def cluster() -> Iterator[SlurmCliBackend]:
-    be = backend()
-    yield be
-
-    for j in be._jobs().values():
-        if not j.finished and j.tag is not None and j.tag.key.startswith("ctl-"):
-            be.cancel(job_id=j.job_id)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[SqlStore]:
-    s = make_store(make_settings(tmp_path))
-    yield s
-    s.close()
+TAG_PREFIX = "ctl-"
+"""The tags of this module's jobs (the ``cluster`` fixture cancels them: conftest.py)."""
 
 
 @pytest.fixture

@@ -22,7 +22,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,10 +35,8 @@ from tests.integration.controller import support
 from tests.integration.controller.support import (
     FixedPolicy,
     OffsetClock,
-    backend,
     make_controller,
     make_settings,
-    make_store,
     running,
     state_of,
     submit_job,
@@ -56,20 +53,8 @@ exit 0
 """
 
 
-@pytest.fixture
-def cluster() -> Iterator[SlurmCliBackend]:
-    be = backend()
-    yield be
-    for j in be._jobs().values():
-        if not j.finished and j.tag is not None and j.tag.key.startswith("tl-"):
-            be.cancel(job_id=j.job_id)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[SqlStore]:
-    s = make_store(make_settings(tmp_path))
-    yield s
-    s.close()
+TAG_PREFIX = "tl-"
+"""The tags of this module's jobs (the ``cluster`` fixture cancels them: conftest.py)."""
 
 
 def _run_on_its_own(
