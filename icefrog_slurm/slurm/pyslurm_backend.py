@@ -40,6 +40,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from icefrog_slurm.domain.cluster import FINISHED_STATES, Gres, PartitionCapacity, SlurmJobState
+from icefrog_slurm.errors import InputError
 from icefrog_slurm.extras import MissingExtra, require
 from icefrog_slurm.slurm import commands, parse
 from icefrog_slurm.slurm.cli_backend import CliSettings, SlurmCliBackend
@@ -69,15 +70,29 @@ PyslurmMissing = MissingExtra
 """pyslurm cannot be imported (it builds only against Slurm 25.11): exit code 2."""
 
 
+PYSLURM_SERIES = "25.11"
+"""The pyslurm release series (= the Slurm release it is built against) whose API this
+adapter is written for; pyslurm's API changes between series."""
+
+
 def load_pyslurm() -> ModuleType:
-    """Import pyslurm, or raise ``MissingExtra`` saying why and what to use instead."""
+    """Import pyslurm, or raise ``MissingExtra`` saying why and what to use instead; a
+    pyslurm of another series than :data:`PYSLURM_SERIES` is refused (InputError, exit 2)."""
     require(
         "pyslurm",
         "pyslurm",
         "slurm.backend = 'pyslurm'",
-        hint="it builds only against Slurm 25.11; elsewhere use slurm.backend = 'cli'",
+        hint=f"it builds only against Slurm {PYSLURM_SERIES}; elsewhere use slurm.backend = 'cli'",
     )
-    return importlib.import_module("pyslurm")
+    module = importlib.import_module("pyslurm")
+    version = str(getattr(module, "__version__", "unknown"))
+    if version.split(".")[:2] != PYSLURM_SERIES.split("."):
+        raise InputError(
+            f"slurm.backend = 'pyslurm': pyslurm {version[:40]} is installed, but this adapter "
+            f"is written for pyslurm {PYSLURM_SERIES} (built against Slurm {PYSLURM_SERIES}); "
+            "install that one, or use slurm.backend = 'cli'"
+        )
+    return module
 
 
 def _gres(per_node: Mapping[str, Any] | None) -> Gres | None:

@@ -37,6 +37,27 @@ def test_missing_pyslurm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> No
     assert isinstance(make_cluster("cli"), SlurmCliBackend)
 
 
+@pytest.mark.parametrize("version", ["24.5.3", "25.5.0", "26.05.1", "unknown"])
+def test_a_pyslurm_of_another_series_is_refused(
+    monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    """pyslurm's API changes between series: one built for another Slurm is refused in one
+    line (exit 2) naming the series the adapter is written for, never half-used."""
+    module = ModuleType("pyslurm")
+    if version != "unknown":
+        module.__version__ = version  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pyslurm", module)
+    with pytest.raises(InputError, match=r"written for pyslurm 25\.11.*slurm.backend = 'cli'") as e:
+        make_cluster("pyslurm")
+    assert e.value.exit_code == 2 and version in str(e.value)
+
+
+def test_the_series_the_adapter_is_written_for_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _stand_in()  # __version__ "25.11.0-icefrog-test-stand-in"
+    monkeypatch.setitem(sys.modules, "pyslurm", module)
+    assert isinstance(make_cluster("pyslurm"), SlurmPyslurmBackend)
+
+
 def test_backend_setting() -> None:
     assert settings_from_mapping({}).slurm.backend == "cli"
     assert settings_from_mapping({"slurm": {"backend": "pyslurm"}}).slurm.backend == "pyslurm"
