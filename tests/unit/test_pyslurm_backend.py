@@ -94,3 +94,29 @@ def test_rpc_errors_map_to_port_errors(errno: int, msg: str, error: type[Excepti
     else:  # a refusal is not retried
         assert len(calls) == 1 and slept == []
         assert not isinstance(got.value, SlurmUnavailable)
+
+
+@pytest.mark.parametrize(
+    ("refusal", "done"),
+    [("Job is no longer pending execution", True), ("Invalid job id specified", False)],
+)
+def test_release_now_of_a_job_that_started_as_it_was_released(
+    monkeypatch: pytest.MonkeyPatch, refusal: str, done: bool
+) -> None:
+    """Slurm 26.05 may start a job as it is released: bringing its start forward is then
+    refused ("no longer pending"), which is the job running, as the CLI backend takes it;
+    any other refusal is still an error."""
+    backend = SlurmPyslurmBackend(CliSettings(attempts=1), module=_stand_in())
+    released: list[str] = []
+    monkeypatch.setattr(backend, "release", lambda *, job_id: released.append(job_id))
+
+    def refuse(job_id: str, what: str, **changes: object) -> None:
+        raise SlurmRejected(f"{what}: {refusal}")
+
+    monkeypatch.setattr(backend, "_modify", refuse)
+    if done:
+        backend.release_now(job_id="42")
+    else:
+        with pytest.raises(SlurmRejected, match=refusal):
+            backend.release_now(job_id="42")
+    assert released == ["42"]
