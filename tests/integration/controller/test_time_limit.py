@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from icefrog_slurm.slurm import parse
 from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
 from icefrog_slurm.slurm.port import SlurmRejected
 from icefrog_slurm.store.sql import SqlStore
@@ -145,13 +146,15 @@ TIME_LIMIT_MIN = 2
 
 
 def _run_window_s(sid: str) -> int | None:
-    """end_time - start_time of the Slurm job's current run (squeue --json), when running."""
+    """end_time - start_time of the Slurm job's current run (squeue --json, in any version's
+    layout: the parser's own readers), when running."""
     out = subprocess.run(
         ["squeue", "--json"], capture_output=True, text=True, timeout=30, check=True
     ).stdout
     for job in json.loads(out)["jobs"]:
-        if str(job["job_id"]) == sid and job["job_state"] == "RUNNING":
-            return int(job["end_time"]) - int(job["start_time"])
+        if str(job["job_id"]) == sid and parse._state(job["job_state"]) == "RUNNING":
+            end, start = parse._number(job["end_time"]), parse._number(job["start_time"])
+            return None if end is None or start is None else end - start
     return None
 
 
