@@ -28,6 +28,7 @@ from typing import TypeVar
 import pytest
 
 from icefrog_slurm.domain.cluster import Gres, IcefrogTag, SlurmJobState
+from icefrog_slurm.settings import ControllerSettings
 from icefrog_slurm.slurm.cli_backend import CliSettings, SlurmCliBackend
 from icefrog_slurm.slurm.port import (
     ClusterPort,
@@ -223,6 +224,10 @@ def test_a_requeued_job_restarts_at_once_and_sees_its_new_gpus(
     port.requeue_hold(job_id=jid)
     wait_for("requeued and held", lambda: _state(port, jid).held, timeout=20)
     port.update_pending(job_id=jid, gres=Gres("gpu", 2))
+    # as the controller does (settings' release_gap_s): a launch credential made in the
+    # second the requeue revoked the last one is refused ("Job credential revoked"), which
+    # 24.11 and 26.05, starting a released job at once, meet more often than 22.05
+    time.sleep(ControllerSettings().release_gap_s)
     started = time.monotonic()
     port.release_now(job_id=jid)
     _running(port, jid, timeout=30)  # without StartTime=now it would wait ~120 s
