@@ -40,7 +40,12 @@ import numpy as np
 
 from icefrog_slurm.core.fit import ape, ddp_model_from, fit_ddp_model
 from icefrog_slurm.core.layers import LayerTable
-from icefrog_slurm.core.throughput import DdpThroughputModel, LinearCurve, SyncCurve
+from icefrog_slurm.core.throughput import (
+    PARAMETERS,
+    DdpThroughputModel,
+    LinearCurve,
+    SyncCurve,
+)
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.jsonio import expect_object, get_number, get_str
 from icefrog_slurm.sim.catalog import Catalog, Task, shipped_catalog
@@ -64,20 +69,6 @@ SIZE_THRESHOLDS_H = (1.0, 10.0, 100.0)
 CHECKOUT_POLLUX_DIR = Path(__file__).resolve().parents[2] / "data" / "pollux" / "traces"
 """Pollux's measured traces in a source checkout (absent from an installed package)."""
 ONE_LAYER = LayerTable.uniform(1)
-_MODEL_KEYS = (
-    "fwd_intercept",
-    "fwd_slope",
-    "bwd_intercept",
-    "bwd_slope",
-    "alpha_intra",
-    "beta_intra",
-    "alpha_inter",
-    "beta_inter",
-    "alpha_flop",
-    "gamma_flop",
-    "alpha_sync",
-    "gamma",
-)
 
 
 @dataclass(frozen=True)
@@ -268,7 +259,7 @@ def from_document(doc: Any) -> dict[str, TaskCalibration]:
         where = f"calibration.tasks.{name}"
         item = expect_object(raw, where)
         values = expect_object(item.get("a800_unfrozen_model"), f"{where}.a800_unfrozen_model")
-        model = ddp_model_from({k: get_number(values, k, where) for k in _MODEL_KEYS}, 4)
+        model = ddp_model_from({k: get_number(values, k, where) for k in PARAMETERS}, 4)
         conv = expect_object(item.get("convergence"), f"{where}.convergence")
         batches = tuple(int(b) for b in conv.get("global_batch", ()))
         samples = tuple(float(s) for s in conv.get("samples", ()))
