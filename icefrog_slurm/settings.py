@@ -27,6 +27,7 @@ from icefrog_slurm.userfiles import read_text
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 SlurmBackendName = Literal["cli", "pyslurm"]
 Freezing = Literal["penalty", "freezeout"]
+SharingGres = Literal["shard", "mps"]
 
 
 def _bounds(**kw: float) -> dict[str, float]:
@@ -138,6 +139,11 @@ class SlurmSettings:
     """GRES shards a GPU has in gres.conf (``Name=shard Count=`` / GPUs of the node); a
     shared job asks for ``shards_per_gpu / sharing.max_jobs_per_gpu`` shards."""
 
+    mps_per_gpu: int = field(default=100, metadata=_bounds(minimum=1))
+    """GRES MPS a GPU has in gres.conf (``Name=mps Count=`` / GPUs of the node; 100: one
+    per percent); with ``sharing.gres = "mps"`` a shared job asks for its predicted
+    utilisation's share of it."""
+
     backend: SlurmBackendName = "cli"
     """How icefrog talks to Slurm: ``cli`` (sbatch/scontrol/squeue) or ``pyslurm`` (needs
     pyslurm, which builds only against Slurm 25.11; tested against a stand-in only)."""
@@ -176,6 +182,12 @@ class SharingSettings:
 
     util_window: int = field(default=5, metadata=_bounds(minimum=2))
     """Shared profile samples the utilization check looks at."""
+
+    gres: SharingGres = "shard"
+    """The GRES a shared job asks for: ``shard`` (``--gres=shard:K``, the jobs' kernels
+    time-sliced, no limit enforced) or ``mps`` (``--gres=mps:N``, CUDA MPS: kernels run
+    concurrently, each job capped at its predicted utilisation and memory). It must match
+    the GRES the partition's nodes have (``icefrog check`` compares it with sinfo)."""
 
 
 @dataclass(frozen=True)

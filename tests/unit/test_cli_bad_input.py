@@ -241,6 +241,8 @@ CASES = [
     # --- settings files (controller, db upgrade, submit and simulate read them) ----------
     case("config-not-utf8", "controller --dry-run --config {d}/c.toml", 2, "not UTF-8",
          {"c.toml": b'[slurm]\npartition = "\xff"\n'}),
+    case("config-sharing-gres", "controller --dry-run --config {d}/c.toml", 2,
+         "sharing.gres: must be one of shard, mps", {"c.toml": b'[sharing]\ngres = "mig"\n'}),
     case("config-deep-array", "controller --dry-run --config {d}/c.toml", 2, "nested",
          {"c.toml": b"a = " + b"[" * 5000 + b"]" * 5000 + b"\n"}),
     case("config-deep-table", "controller --dry-run --config {d}/c.toml", 2, "nested",

@@ -36,6 +36,7 @@ def test_defaults() -> None:
         2,
     )
     assert s.metrics.port is None and s.logging.level == "INFO"
+    assert (s.sharing.gres, s.slurm.shards_per_gpu, s.slurm.mps_per_gpu) == ("shard", 2, 100)
 
 
 def test_derived_paths_follow_the_state_dir() -> None:
@@ -79,7 +80,7 @@ def test_every_field_has_a_docstring() -> None:
     [
         (
             {"sharing": {"lamda": 0.9}},
-            "sharing.lamda: unknown field; allowed: max_jobs_per_gpu, memory_safety, speed_factor",
+            "sharing.lamda: unknown field; allowed: gres, max_jobs_per_gpu, memory_safety",
         ),
         ({"metric": {}}, "metric: unknown field; allowed: controller, inbox, logging"),
         (
@@ -99,6 +100,9 @@ def test_every_field_has_a_docstring() -> None:
             "policy.freezing: must be one of penalty, freezeout",
         ),
         ({"slurm": "gpu"}, "slurm: must be a table"),
+        ({"sharing": {"gres": "gpu"}}, "sharing.gres: must be one of shard, mps, got 'gpu'"),
+        ({"sharing": {"gres": 1}}, "sharing.gres: must be a"),
+        ({"slurm": {"mps_per_gpu": 0}}, "slurm.mps_per_gpu: must be >= 1"),
         ({"store": {"url": ""}}, "store.url: must be a non-empty string"),
     ],
 )
