@@ -187,9 +187,37 @@ class Envelope:
         return json.dumps({**self.body(), "credential": self.credential}, sort_keys=True)
 
 
+SharingKind = Literal["shard", "mps"]
+SHARING_KINDS: tuple[SharingKind, ...] = get_args(SharingKind)
+
+
+@dataclass(frozen=True)
+class SharedLoad:
+    """A shared job's predicted footprint on its GPU, as the admission rule (spec eq 8:
+    memory x safety <= capacity, utilisation sum <= 100 %) used it, and the GRES kind that
+    shares the GPU. Under ``mps`` the launcher turns it into the job's CUDA MPS limits
+    (icefrog_launcher.launch.mps_env): a thread percentage from ``util`` and a pinned
+    memory limit of ``memory_safety x peak_mem_bytes``."""
+
+    kind: SharingKind
+    util: float  # predicted GPU utilisation, 0..1
+    peak_mem_bytes: float  # predicted peak device memory
+    memory_safety: float = 1.1  # the admission rule's factor (settings sharing.memory_safety)
+
+    @property
+    def mem_limit_bytes(self) -> float:
+        return self.memory_safety * self.peak_mem_bytes
+
+
+MAX_DEVICE_BYTES = 2.0**50
+"""Largest peak memory a decision may name (1 PiB: far beyond any GPU)."""
+
+
 @dataclass(frozen=True)
 class Decision:
-    """What the controller wants a job to run with, written to ``decision.json``."""
+    """What the controller wants a job to run with, written to ``decision.json``.
+    ``load``: a shared job's predicted footprint (None for an exclusive job, or when the
+    round had no prediction for it)."""
 
     round: int
     gpus: int
@@ -197,9 +225,13 @@ class Decision:
     frozen: int
     shared: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
+    load: SharedLoad | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self) | {"extra": dict(self.extra)}, sort_keys=True)
+        data = asdict(self) | {"extra": dict(self.extra)}
+        if self.load is None:
+            data.pop("load")
+        return json.dumps(data, sort_keys=True)
 
 
 def parse_decision(raw: str | bytes) -> Decision:
@@ -209,13 +241,14 @@ def parse_decision(raw: str | bytes) -> Decision:
     data = _loads(raw, "decision")
     if not isinstance(data, dict):
         raise InputError("decision: must be a JSON object")
-    _only(data, ("round", "gpus", "batch", "frozen", "shared", "extra"), "decision")
+    _only(data, ("round", "gpus", "batch", "frozen", "shared", "extra", "load"), "decision")
     extra = data.get("extra", {})
     if not isinstance(extra, dict):
         raise InputError("decision.extra: must be an object")
     shared = data.get("shared", False)
     if not isinstance(shared, bool):
         raise InputError("decision.shared: must be true or false")
+    load = data.get("load")
     return Decision(
         round=_int32(data.get("round"), "decision.round"),
         gpus=_int32(data.get("gpus"), "decision.gpus"),
@@ -223,6 +256,29 @@ def parse_decision(raw: str | bytes) -> Decision:
         frozen=_int32(data.get("frozen"), "decision.frozen"),
         shared=shared,
         extra=extra,
+        load=None if load is None else _parse_load(load, "decision.load"),
+    )
+
+
+def _parse_load(value: Any, where: str) -> SharedLoad:
+    if not isinstance(value, dict):
+        raise InputError(f"{where}: must be an object")
+    _only(value, ("kind", "util", "peak_mem_bytes", "memory_safety"), where)
+    kind = value.get("kind")
+    if kind not in SHARING_KINDS:
+        raise InputError(f"{where}.kind: must be one of {', '.join(SHARING_KINDS)}")
+    return SharedLoad(
+        kind=kind,
+        util=_num(value.get("util"), f"{where}.util", minimum=0.0, maximum=1.0),
+        peak_mem_bytes=_num(
+            value.get("peak_mem_bytes"),
+            f"{where}.peak_mem_bytes",
+            minimum=0.0,
+            maximum=MAX_DEVICE_BYTES,
+        ),
+        memory_safety=_num(
+            value.get("memory_safety", 1.1), f"{where}.memory_safety", minimum=1.0, maximum=10.0
+        ),
     )
 
 

@@ -13,6 +13,7 @@ import socket
 import sys
 
 from icefrog_launcher.config import JobConfig
+from icefrog_launcher.decision import read_decision
 from icefrog_launcher.launch import (
     DEFAULT_PORT,
     REQUEUE_EXIT_CODE,
@@ -21,6 +22,7 @@ from icefrog_launcher.launch import (
     environ,
     is_managed,
     layout_from_env,
+    mps_load,
     rendezvous_host,
     resolves,
     run_training,
@@ -87,8 +89,11 @@ def run(args: argparse.Namespace) -> int:
     relay = [sys.executable, "-m", "icefrog_launcher.relay"]
     command = build_command(layout, script, torchrun=args.torchrun, port=args.port, relay=relay)
     extra = config.to_env()
-    if args.dry_run:
-        for key, value in sorted(extra.items()):
+    decision = config.decision_path
+    load = mps_load(env, lambda: read_decision(decision)) if config.managed else None
+    child = child_env(env, layout, extra, load)
+    if args.dry_run:  # what the launcher adds to or changes in the environment
+        for key, value in sorted((k, v) for k, v in child.items() if env.get(k) != v):
             print(f"{key}={shlex.quote(value)}")
         print(shlex.join(command))
         return 0
@@ -101,4 +106,4 @@ def run(args: argparse.Namespace) -> int:
     os.makedirs(config.workdir, exist_ok=True)
     print(f"icefrog launch: {shlex.join(command)}", file=sys.stderr)
     sys.stdout.flush()
-    return run_training(command, child_env(env, layout, extra), config.workdir, stop_signal(layout))
+    return run_training(command, child, config.workdir, stop_signal(layout))

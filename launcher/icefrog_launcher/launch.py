@@ -33,18 +33,21 @@ torchrun, for a Slurm that signals only the task's own process.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.protocol import Decision, SharedLoad
 from icefrog_slurm.runfiles import CHECKPOINT_MARKER
 
 REQUEUE_EXIT_CODE = 75  # sysexits EX_TEMPFAIL: checkpointed, please requeue
@@ -227,14 +230,99 @@ def stop_signal(layout: NodeLayout) -> signal.Signals:
 
 
 def child_env(
-    env: Mapping[str, str], layout: NodeLayout, extra: Mapping[str, str]
+    env: Mapping[str, str],
+    layout: NodeLayout,
+    extra: Mapping[str, str],
+    load: SharedLoad | None = None,
 ) -> dict[str, str]:
-    """The environment of torchrun: the caller's, the device mapping and the job config."""
+    """The environment of torchrun, which every training process inherits: the caller's,
+    the device mapping, the job config and, for a job sharing its GPU through CUDA MPS, its
+    limits (:func:`mps_env` of the decision's ``load``)."""
     out = dict(env)
     if layout.cuda_visible_devices is not None:
         out["CUDA_VISIBLE_DEVICES"] = layout.cuda_visible_devices
     out.update(extra)
+    out.update(mps_env(env, load, devices=layout.nproc_per_node))
     return out
+
+
+MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+"""CUDA MPS: the share of the GPU's threads (SMs) a client may use, in percent. Slurm sets
+it for a ``--gres=mps:N`` job (N over the GPU's MPS count, at least 1); a client's own
+value can only lower what the MPS control daemon allows."""
+MPS_MEMORY = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+"""CUDA MPS: the device memory a client may allocate, ``<ordinal>=<size>`` per device the
+process sees (e.g. ``0=8192M``); an allocation beyond it fails in that client alone."""
+MIB = 2**20
+
+
+def mps_env(env: Mapping[str, str], load: SharedLoad | None, *, devices: int = 1) -> dict[str, str]:
+    """The CUDA MPS limits of a job sharing its GPU through MPS (``load.kind == "mps"``,
+    the decision's predicted footprint): the variables to set in every training process.
+
+    - :data:`MPS_THREADS`: the predicted utilisation in percent (rounded up, 1..100), or
+      Slurm's (its ``mps:N`` share of the GPU) when that is lower: the job never gets more
+      than Slurm allotted it, nor more than the admission rule counted for it (sum <= 100 %);
+    - :data:`MPS_MEMORY`: ``memory_safety x`` the predicted peak (the admission rule's
+      1.1 x), in MiB rounded up, for each of the ``devices`` ordinals the processes see
+      (``0`` for a shared job's one process on its one GPU, as torch numbers it).
+
+    Only for a job Slurm started with an MPS share (it set :data:`MPS_THREADS`): a decision
+    that says MPS for a job running on a whole GPU is stale and sets nothing. Nothing
+    either without such a load (an exclusive or shard job, no decision yet): Slurm's own
+    variables pass on unchanged. InputError when Slurm's percentage is not a whole number
+    within 1..100."""
+    slurm = env.get(MPS_THREADS)
+    if load is None or load.kind != "mps" or slurm is None:
+        return {}
+    given = _percentage(slurm)
+    predicted = min(100, max(1, math.ceil(load.util * 100 - 1e-9)))
+    mib = max(1, math.ceil(load.mem_limit_bytes / MIB))
+    return {
+        MPS_THREADS: str(predicted if given is None else min(given, predicted)),
+        MPS_MEMORY: ",".join(f"{d}={mib}M" for d in range(max(devices, 1))),
+    }
+
+
+def _percentage(text: str) -> int:
+    value = text.strip()
+    if not re.fullmatch(r"[0-9]{1,3}", value) or not 1 <= int(value) <= 100:
+        raise InputError(f"{MPS_THREADS}: must be a whole number within 1..100, got {text[:20]!r}")
+    return int(value)
+
+
+def shared_load(decision: Decision | None) -> SharedLoad | None:
+    """The decision's predicted footprint when it shares the job's GPU; None otherwise."""
+    if decision is None or not decision.shared:
+        return None
+    return decision.load
+
+
+DECISION_WAIT_S = 30.0
+"""How long a job Slurm started with an MPS share waits for the decision that names its
+limits (the controller writes decision.json right after the pass that released the job)."""
+
+
+def mps_load(
+    env: Mapping[str, str],
+    read: Callable[[], Decision | None],
+    *,
+    wait_s: float = DECISION_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+    step_s: float = 1.0,
+) -> SharedLoad | None:
+    """The shared load the launcher sets MPS limits from: ``read()``'s (the job's
+    decision.json), read again every ``step_s`` for up to ``wait_s`` while Slurm gave the
+    job an MPS share (:data:`MPS_THREADS` set) and the decision names no MPS load yet.
+    None when none comes (the job then runs under Slurm's thread percentage alone, with no
+    memory limit) or when the job is not an MPS job."""
+    waited = 0.0
+    while True:
+        load = shared_load(read())
+        if load is not None or MPS_THREADS not in env or waited >= wait_s:
+            return load
+        sleep(step_s)
+        waited += step_s
 
 
 class _Trap:
