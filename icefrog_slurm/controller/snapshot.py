@@ -19,11 +19,11 @@ from icefrog_slurm.slurm.parse import expand_hostlist
 
 def current_of(state: SlurmJobState | None) -> Current:
     """GPUs a Slurm job holds: ``gpu:n`` on N nodes is n x N exclusive GPUs; a ``shard``
-    job holds one shared GPU; a job that holds nothing (pending, finished) holds 0."""
+    or ``mps`` job holds one shared GPU; a job that holds nothing (pending, finished) 0."""
     if state is None or not state.holds_resources or state.gres is None:
         return Current()
     nodes = _nodes(state.nodelist) if state.nodelist else ()
-    if state.gres.kind == "shard":
+    if state.gres.shared:
         return Current(gpus=1, shared=True, nodes=nodes)
     return Current(gpus=state.gres.count * max(state.num_nodes, 1), nodes=nodes)
 

@@ -21,6 +21,7 @@ Nothing here reads a clock, the store or Slurm: the same tick runs in the simula
 
 from __future__ import annotations
 
+import math
 import statistics
 
 from icefrog_slurm.domain.cluster import Gres, SlurmJobState
@@ -156,21 +157,51 @@ def unstable_packed(jobs: tuple[JobSnapshot, ...], settings: Settings) -> frozen
 
 
 def target_of(allocation: Allocation, settings: Settings) -> SlurmRequest:
-    """Slurm resources for a decision: ``shard:K`` on one node for a shared GPU (K = shards
-    a GPU / jobs a GPU), ``gpu:gpus/N`` on N nodes otherwise, pinned to the placed nodes."""
+    """Slurm resources for a decision: a share of one GPU on one node for a shared job
+    (:func:`shared_gres`), ``gpu:gpus/N`` on N nodes otherwise, pinned to the placed nodes."""
     if allocation.gpus <= 0:
         return SlurmRequest(gres=None)
     if allocation.shared:
-        per_job = max(settings.slurm.shards_per_gpu // settings.sharing.max_jobs_per_gpu, 1)
-        return SlurmRequest(gres=Gres("shard", per_job), num_nodes=1, nodes=allocation.nodes[:1])
+        gres = shared_gres(allocation, settings)
+        return SlurmRequest(gres=gres, num_nodes=1, nodes=allocation.nodes[:1])
     num_nodes = max(len(allocation.nodes), 1)
     per_node = max(allocation.gpus // num_nodes, 1)
     return SlurmRequest(gres=Gres("gpu", per_node), num_nodes=num_nodes, nodes=allocation.nodes)
 
 
+def shared_gres(allocation: Allocation, settings: Settings) -> Gres:
+    """The GRES of a shared job, of the kind ``sharing.gres`` names.
+
+    - ``shard:K``: K = shards a GPU / jobs a GPU (Slurm enforces no limit: kernels are
+      time-sliced);
+    - ``mps:N``: N = the job's predicted utilisation (eq 8) x the GPU's MPS count, rounded
+      down (the sharing rule keeps a GPU's predicted utilisation <= 100 %, so the shares of
+      its jobs fit its MPS count), at least 1 and leaving 1 for each other job the GPU may
+      take; Slurm then sets ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` = N / count x 100. A
+      decision without a prediction asks for an equal part, as shards do.
+    """
+    jobs = max(settings.sharing.max_jobs_per_gpu, 1)
+    if settings.sharing.gres == "shard":
+        return Gres("shard", max(settings.slurm.shards_per_gpu // jobs, 1))
+    count = settings.slurm.mps_per_gpu
+    util = allocation.predicted_util
+    if util is None or not 0 <= util <= 1:  # (a NaN fails the test too)
+        return Gres("mps", max(count // jobs, 1))
+    share = math.floor(util * count + 1e-9)
+    return Gres("mps", min(max(share, 1), max(count - (jobs - 1), 1)))
+
+
 def matches(state: SlurmJobState, target: SlurmRequest) -> bool:
-    """Whether a Slurm job already has the target's resources (nodes aside)."""
-    return state.gres == target.gres and state.num_nodes == target.num_nodes
+    """Whether a Slurm job already has the target's resources (nodes aside). A running
+    ``mps`` job keeps its share when a round asks for another ``mps`` count on the same
+    footing: the prediction moves a little every round, and a requeue for that alone would
+    cost more than the share it corrects."""
+    if state.num_nodes != target.num_nodes:
+        return False
+    held, wanted = state.gres, target.gres
+    if held is not None and wanted is not None and state.holds_resources:
+        return held.kind == wanted.kind and (held.kind == "mps" or held.count == wanted.count)
+    return held == wanted
 
 
 def action_for(job: JobSnapshot, target: SlurmRequest, moved: bool = False) -> Action:

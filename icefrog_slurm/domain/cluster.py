@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-GresKind = Literal["gpu", "shard"]
+GresKind = Literal["gpu", "shard", "mps"]
+SHARED_KINDS: tuple[GresKind, ...] = ("shard", "mps")
+"""The GRES a shared job asks for (``sharing.gres``): a share of one GPU, never a whole one."""
 COMMENT_PREFIX = "icefrog:"
 ADMIN_HOLD = "JobHeldAdmin"
 
@@ -39,7 +41,8 @@ FINISHED_STATES = frozenset(
 
 @dataclass(frozen=True)
 class Gres:
-    """A per-node generic-resource request: ``gpu:N`` (exclusive) or ``shard:K`` (shared)."""
+    """A per-node generic-resource request: ``gpu:N`` (exclusive), or a share of one GPU:
+    ``shard:K`` (time-sliced) or ``mps:N`` (CUDA MPS, N of the GPU's MPS count)."""
 
     kind: GresKind
     count: int
@@ -50,6 +53,20 @@ class Gres:
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.count}"
+
+    @property
+    def shared(self) -> bool:
+        """A share of one GPU (``shard`` or ``mps``), not whole GPUs."""
+        return self.kind in SHARED_KINDS
+
+    @classmethod
+    def parse(cls, text: str) -> Gres:
+        """``kind:count`` as :meth:`__str__` writes it (a plan's stored target)."""
+        kind, _, count = text.partition(":")
+        kinds: dict[str, GresKind] = {"gpu": "gpu", "shard": "shard", "mps": "mps"}
+        if kind not in kinds:
+            raise ValueError(f"Gres kind must be gpu, shard or mps, got {kind!r}")
+        return cls(kinds[kind], int(count))
 
 
 @dataclass(frozen=True)

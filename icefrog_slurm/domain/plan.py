@@ -21,7 +21,7 @@ from icefrog_slurm.settings import Settings
 
 Action = Literal["none", "start", "change", "stop"]
 """``start``: a pending job gets its resources (update, then release); ``change``: a running
-job is checkpointed, requeued held, updated (or resubmitted for gpu<->shard) and released;
+job is checkpointed, requeued held, updated (or resubmitted for gpu<->shard/mps) and released;
 ``stop``: a running job is checkpointed and requeued held (it waits)."""
 
 
@@ -64,8 +64,7 @@ class SlurmRequest:
         gres = params.get("gres")
         parsed = None
         if gres:
-            kind, count = str(gres).split(":")
-            parsed = Gres("shard" if kind == "shard" else "gpu", int(count))
+            parsed = Gres.parse(str(gres))
         return cls(
             gres=parsed,
             num_nodes=int(params.get("num_nodes", 1)),

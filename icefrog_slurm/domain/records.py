@@ -68,6 +68,10 @@ class Allocation:
     psi: float | None = None
     predicted_tta_s: float | None = None
     share: float | None = None  # IceShare, eq 17
+    # eq 8's prediction for a shared job (None when not predicted): GPU utilisation (0..1)
+    # and peak memory (bytes); the MPS share and the job's MPS limits come from them
+    predicted_util: float | None = None
+    predicted_mem_bytes: float | None = None
 
 
 @dataclass(frozen=True)

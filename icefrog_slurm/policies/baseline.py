@@ -108,6 +108,8 @@ def allocation(job: JobSnapshot, cand: Candidate, nodes: tuple[str, ...]) -> All
     return Allocation(
         job_id=job.id, gpus=cand.gpus, batch=c.batch, frozen=c.frozen, shared=cand.shared,
         nodes=nodes, psi=c.psi, predicted_tta_s=cand.tta_s,
+        predicted_util=cand.load.util if cand.load else None,
+        predicted_mem_bytes=cand.load.memory if cand.load else None,
     )  # fmt: skip
 
 

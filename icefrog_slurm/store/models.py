@@ -194,6 +194,9 @@ class AllocationRow(Base):
     psi: Mapped[float | None]
     predicted_tta_s: Mapped[float | None]
     share: Mapped[float | None]  # IceShare (eq 17)
+    # eq 8's prediction for a shared job: GPU utilisation 0..1, peak memory (migration 0006)
+    predicted_util: Mapped[float | None]
+    predicted_mem_bytes: Mapped[float | None]
     # why the round gave the job what it gave ("" when running as decided); for a waiting
     # job "Word: detail", the Word shown by icefrog squeue (migration 0003)
     reason: Mapped[str] = mapped_column(Text, default="", server_default="")

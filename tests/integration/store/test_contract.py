@@ -130,7 +130,9 @@ def test_snapshot_holds_active_jobs_last_round_and_open_intents(store: SqlStore)
             capacity_gpus=8,
             solve_s=0.2,
             min_share=0.8,
-            allocations=[Allocation(a, 2, 64, 1, False, ("node1",), 0.9, 3600.0, 0.8)],
+            allocations=[
+                Allocation(a, 2, 64, 1, False, ("node1",), 0.9, 3600.0, 0.8, 0.37, 2.5e10)
+            ],
         )
         intent = tx.add_intent(action="start", params={"gpus": 2}, now=100.0, job_id=a, round_no=n)
     snap = store.snapshot()
@@ -147,7 +149,7 @@ def test_snapshot_holds_active_jobs_last_round_and_open_intents(store: SqlStore)
     )
     assert snap.last_round is not None and snap.last_round.round_no == n == 1
     assert snap.last_round.allocations == (
-        Allocation(a, 2, 64, 1, False, ("node1",), 0.9, 3600.0, 0.8),
+        Allocation(a, 2, 64, 1, False, ("node1",), 0.9, 3600.0, 0.8, 0.37, 2.5e10),
     )
     assert [i.id for i in snap.open_intents] == [intent]
 
