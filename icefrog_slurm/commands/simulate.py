@@ -2,15 +2,21 @@
 
     icefrog simulate --workload w.csv --gpus 48 --gpus-per-node 4 --policy all --seed 1 \\
         --out results/ [--no-freeze] [--no-share] [--no-large-models] \\
-        [--config FILE] [--set SECTION.KEY=VALUE ...] [--profile-noise SD] [--share-noise SD]
+        [--config FILE] [--set SECTION.KEY=VALUE ...] [--profile-noise SD] [--share-noise SD] \\
+        [--plot-format png|svg|pdf] [--quiet]
 
 Each policy runs the same workload on the same hidden truth (seeded by ``--seed``) with the
-engine of ``icefrog_slurm/sim/engine.py``; writes ``summary.json`` (one policy's document,
-or ``{"policies": {...}}`` for several) and, with matplotlib installed (extra ``sim``), the
-plots ``jct_cdf.png``, ``gpus_in_use.png`` and ``frozen_layers.png``. A progress line on
-stderr while it runs. Settings (round period, reallocation overhead, sharing) come from
-``--config`` when given, else the defaults, with each ``--set SECTION.KEY=VALUE`` on top
-(checked by the same loader: an unknown key or a bad value exits 2 naming it);
+engine of ``icefrog_slurm/sim/engine.py``; ``all`` is ICEFROG, Lucid+, Optimus+, Pollux+
+and ``slurm``, plain Slurm (FIFO with EASY backfill on the requested GPUs at the requested
+batch: ``policies/plain_slurm.py``; its time limits: :func:`slurm_time_limits`). Writes
+``summary.json`` (one policy's document, or ``{"policies": {...}}`` for several, and under
+``run`` what reruns it: :func:`rerun_record`) and, with matplotlib installed (extra
+``sim``), the plots ``jct_cdf``, ``gpus_in_use`` and ``frozen_fraction`` in
+``--plot-format``. Progress on stderr (``sim/progress.py``: a bar on a terminal, plain
+lines in a log) unless ``--quiet``. Settings (round period, reallocation overhead,
+sharing) come from ``--config`` when given, else the defaults, with each
+``--set SECTION.KEY=VALUE`` on top (checked by the same loader: an unknown key or a bad
+value exits 2 naming it);
 ``--profile-noise`` / ``--share-noise`` set the noise on the profiled times / on the peak
 memory and utilisation the jobs report (the noise ablation of spec section 15; defaults:
 the truth's constants); ``--no-large-models`` sets
@@ -24,20 +30,35 @@ arguments exit with code 2.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import sys
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
+import icefrog_slurm
 from icefrog_slurm.domain.plan import Policy
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.evaluation.runs import source_commit
+from icefrog_slurm.policies.plain_slurm import PlainSlurmPolicy
+from icefrog_slurm.protocol import fixed_per_gpu_batch
 from icefrog_slurm.settings import Settings, apply_overrides, load_settings
+from icefrog_slurm.sim.calibration import shipped_calibration
 from icefrog_slurm.sim.catalog import shipped_catalog
 from icefrog_slurm.sim.engine import Engine, SimOptions, SimResult
+from icefrog_slurm.sim.jobs import MAX_WORK_FACTOR
+from icefrog_slurm.sim.progress import Progress
 from icefrog_slurm.sim.summary import summarize, write_plots, write_summary
-from icefrog_slurm.sim.truth import MEMORY_NOISE, PROFILE_TIME_NOISE, UTIL_NOISE
-from icefrog_slurm.sim.workload import read_workload
+from icefrog_slurm.sim.truth import (
+    MEMORY_NOISE,
+    PROFILE_TIME_NOISE,
+    UTIL_NOISE,
+    TaskTruth,
+    build_truths,
+)
+from icefrog_slurm.sim.workload import TraceJob, read_workload
 from icefrog_slurm.userfiles import path_arg
 
 POLICIES: dict[str, tuple[str, str]] = {
@@ -45,9 +66,11 @@ POLICIES: dict[str, tuple[str, str]] = {
     "lucid+": ("icefrog_slurm.policies.lucid_plus", "LucidPlusPolicy"),
     "optimus+": ("icefrog_slurm.policies.optimus_plus", "OptimusPlusPolicy"),
     "pollux+": ("icefrog_slurm.policies.pollux_plus", "PolluxPlusPolicy"),
+    "slurm": ("icefrog_slurm.policies.plain_slurm", "PlainSlurmPolicy"),
     "standin": ("icefrog_slurm.policies.standin", "StandInPolicy"),
 }
-ALL = ("icefrog", "lucid+", "optimus+", "pollux+")
+ALL = ("icefrog", "lucid+", "optimus+", "pollux+", "slurm")
+PLOT_FORMATS = ("png", "svg", "pdf")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,7 +121,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="sd of the noise on reported peak memory (log) and GPU utilisation (absolute, "
         f"0..1), the sharing predictor's inputs (default {MEMORY_NOISE} and {UTIL_NOISE})",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress line")
+    parser.add_argument(
+        "--plot-format",
+        choices=PLOT_FORMATS,
+        default="png",
+        help="file format of the plots (png; svg and pdf are vector)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
 def make_policy(name: str) -> Policy:
@@ -131,19 +160,27 @@ def run(args: argparse.Namespace) -> int:
     policies = _policies(args.policy)
     catalog = shipped_catalog()
     workload = read_workload(args.workload, catalog)
+    record = rerun_record(args, settings)  # before anything runs: the workload as read
+    truths = build_truths(catalog, shipped_calibration(), seed=options.seed)
     results: list[SimResult] = []
     for policy in policies:
+        if isinstance(policy, PlainSlurmPolicy):
+            policy.time_limits = slurm_time_limits(workload, truths, options, settings)
         fixed = args.batch == "fixed" or (
             args.batch == "paper" and not adapts_batch(policy.name, settings)
         )
-        opts = replace(options, fixed_batch=fixed)
-        engine = Engine(workload, policy, settings=settings, options=opts, catalog=catalog)
-        results.append(engine.run(None if args.quiet else _progress(policy.name)))
-        if not args.quiet:
-            print(file=sys.stderr)
+        opts = replace(options, fixed_batch=fixed or policy.name == PlainSlurmPolicy.name)
+        engine = Engine(
+            workload, policy, settings=settings, options=opts, catalog=catalog, truths=truths
+        )
+        progress = None if args.quiet else Progress(policy.name, len(workload), sys.stderr)
+        results.append(engine.run(progress))
+        if progress is not None:
+            end = results[-1]
+            progress.close(end.end_time, sum(j.finish is not None for j in end.jobs))
     summaries = {r.policy: summarize(r, catalog) for r in results}
-    path = write_summary(args.out, summaries)
-    plots = write_plots(args.out, results)
+    path = write_summary(args.out, summaries, run=record)
+    plots = write_plots(args.out, results, catalog, fmt=args.plot_format)
     for name, s in summaries.items():
         t = s["totals"]
         jct = "-" if t["avg_jct_s"] is None else f"{t['avg_jct_s'] / 3600:.2f} h"
@@ -183,9 +220,78 @@ def _policies(choice: str) -> list[Policy]:
     return out
 
 
-def _progress(name: str) -> Callable[[float, int, int], None]:
-    def show(now: float, done: int, total: int) -> None:
-        print(f"\r{name}: t={now / 3600:7.2f} h  {done}/{total} jobs done", end="",
-              file=sys.stderr, flush=True)  # fmt: skip
+def slurm_time_limits(
+    workload: Sequence[TraceJob],
+    truths: Mapping[str, TaskTruth],
+    options: SimOptions,
+    settings: Settings,
+) -> dict[str, float]:
+    """Each job's Slurm time limit (s) for ``--policy slurm``'s backfill: the workload has
+    none, so the user is taken to know the run time exactly (EASY backfill's best case):
+    the job's time alone on its requested GPUs and nodes at its own global batch, nothing
+    frozen, per the truth (without the hidden per-job factor, mean one), its work capped as
+    the simulated job caps it, plus one start's ``controller.reallocation_overhead_s``."""
+    limits = {}
+    for job in workload:
+        truth = truths[job.task]
+        spec = truth.task
+        per_node = min(job.gpus, options.gpus_per_node)
+        nodes = max(1, -(-job.gpus // per_node))
+        gpus = per_node * nodes  # what the Slurm job asks for (``Engine._submit``)
+        batch = fixed_per_gpu_batch(job.batch_size, gpus, spec.min_batch, spec.max_batch)
+        cap = MAX_WORK_FACTOR * spec.max_epochs * spec.samples_per_epoch
+        work = min(truth.samples_to_target(job.batch_size), cap)
+        rate = truth.throughput(gpus=gpus, batch=batch, frozen=0, nodes=nodes)
+        limits[job.name] = settings.controller.reallocation_overhead_s + work / rate
+    return limits
 
-    return show
+
+def rerun_record(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    """What summary.json keeps to rerun this simulation: the command line (every option
+    spelled out), the workload's path and sha256, the seed, the settings in force (after
+    ``--config`` and every ``--set``), the package version and the git commit of a source
+    checkout (None where there is none)."""
+    argv = [
+        "icefrog", "simulate", "--workload", str(args.workload), "--gpus", str(args.gpus),
+        "--gpus-per-node", str(args.gpus_per_node), "--policy", args.policy,
+        "--seed", str(args.seed), "--out", str(args.out), "--batch", args.batch,
+        "--profile-noise", repr(args.profile_noise),
+    ]  # fmt: skip
+    if args.share_noise is not None:
+        argv += ["--share-noise", repr(args.share_noise)]
+    if args.config:
+        argv += ["--config", str(args.config)]
+    for kv in args.set:
+        argv += ["--set", kv]
+    flags = ("no_freeze", "no_share", "no_large_models")
+    argv += [f"--{f.replace('_', '-')}" for f in flags if getattr(args, f)]
+    argv += ["--plot-format", args.plot_format]
+    commit = source_commit()
+    return {
+        "argv": argv,
+        "workload": {"path": str(args.workload), "sha256": _sha256(args.workload)},
+        "seed": args.seed,
+        "sets": list(args.set),
+        "config": None if args.config is None else str(args.config),
+        "settings": _set_values(asdict(settings)),
+        "version": icefrog_slurm.__version__,
+        "commit": None if commit == "?" else commit,
+    }
+
+
+def _set_values(table: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings as their TOML would spell them (a key left unset is left out), so
+    ``settings_from_mapping`` reads them back."""
+    return {
+        k: _set_values(v) if isinstance(v, Mapping) else v
+        for k, v in table.items()
+        if v is not None
+    }
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

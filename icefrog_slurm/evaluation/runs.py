@@ -162,7 +162,7 @@ class Runner:
             self.trace_path(run.workload) if isinstance(run.workload, Trace) else run.workload
         )
         argv = [*run.argv(workload), "--out", str(tmp), "--quiet"]
-        commit = _commit()  # the code the run starts with
+        commit = source_commit()  # the code the run starts with
         self.log(f"start {run.key}")
         started = time.perf_counter()
         proc = _icefrog(argv)
@@ -199,8 +199,9 @@ def _icefrog(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def _commit() -> str:
-    """``git describe`` of the source checkout, ``?`` outside one."""
+def source_commit() -> str:
+    """``git describe --always --dirty`` of the source checkout, ``?`` outside one or
+    where git is missing."""
     root = source_checkout()
     if root is None:
         return "?"

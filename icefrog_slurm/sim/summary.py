@@ -4,8 +4,12 @@ Per job: name, task, submit, start, finish, JCT, reached target, GPU-hours, real
 Totals: average JCT (of the jobs that finished), JCT by size class (the task's class in the
 catalog), makespan (first submission to last finish), scheduling rounds and solver time per
 round (mean and max: the policy's own ``solve_s``, else the tick's time), simulation wall
-time. Plots (matplotlib, the optional ``sim`` extra; skipped with a note when absent): JCT
-CDF per policy, GPUs in use over time, frozen layers over time for sample jobs.
+time; under ``run``, what reruns it (the command line, the workload's path and sha256, the
+seed, the settings in force, the version and commit). Plots (matplotlib, the optional
+``sim`` extra; skipped with a note when absent), each policy in its own colour, in
+``--plot-format`` png, svg or pdf: ``jct_cdf`` (JCT CDF of every policy), ``gpus_in_use``
+(one panel a policy, with the capacity line) and ``frozen_fraction`` (one panel a policy:
+frozen layers / layers over time of up to four sample jobs).
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from typing import Any
 from icefrog_slurm.sim.catalog import Catalog
 from icefrog_slurm.sim.engine import SimResult
 
-SAMPLE_JOBS = 4  # jobs shown in the frozen-layers plot
+SAMPLE_JOBS = 4  # jobs a policy shown in the frozen-fraction plot
+COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")
+"""One colour a policy, the same in every plot (Okabe-Ito: told apart with colour-blindness)."""
 
 
 def summarize(result: SimResult, catalog: Catalog) -> dict[str, Any]:
@@ -69,17 +75,24 @@ def summarize(result: SimResult, catalog: Catalog) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def write_summary(out: Path, summaries: Mapping[str, dict[str, Any]]) -> Path:
-    """summary.json: one policy's document, or ``{"policies": {name: document}}``."""
+def write_summary(
+    out: Path, summaries: Mapping[str, dict[str, Any]], *, run: Mapping[str, Any] | None = None
+) -> Path:
+    """summary.json: one policy's document, or ``{"policies": {name: document}}``; with
+    ``run`` (what reruns it: ``commands.simulate.rerun_record``) under the key ``run``."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "summary.json"
-    doc = next(iter(summaries.values())) if len(summaries) == 1 else {"policies": summaries}
+    doc = dict(next(iter(summaries.values()))) if len(summaries) == 1 else {"policies": summaries}
+    if run is not None:
+        doc["run"] = dict(run)
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return path
 
 
-def write_plots(out: Path, results: Sequence[SimResult]) -> list[Path]:
-    """The three plots; an empty list when matplotlib is not installed."""
+def write_plots(
+    out: Path, results: Sequence[SimResult], catalog: Catalog, *, fmt: str = "png"
+) -> list[Path]:
+    """The three plots in ``fmt`` (png, svg or pdf); an empty list without matplotlib."""
     try:
         import matplotlib
 
@@ -87,30 +100,53 @@ def write_plots(out: Path, results: Sequence[SimResult]) -> list[Path]:
         import matplotlib.pyplot as plt
     except ImportError:
         return []
+    colours = {r.policy: COLOURS[i % len(COLOURS)] for i, r in enumerate(results)}
     paths = []
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in results:
         jcts = sorted((j.finish - j.submit) / 3600 for j in r.jobs if j.finish is not None)
         if jcts:
-            ax.step(jcts, [(i + 1) / len(jcts) for i in range(len(jcts))], label=r.policy)
+            ax.step(jcts, [(i + 1) / len(jcts) for i in range(len(jcts))], where="post",
+                    label=r.policy, color=colours[r.policy])  # fmt: skip
     ax.set(xscale="log", xlabel="JCT (hours)", ylabel="fraction of jobs", title="JCT CDF")
+    ax.grid(alpha=0.3)
     _legend(ax)
-    paths.append(_save(fig, out / "jct_cdf.png"))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for r in results:
-        ax.step([t / 3600 for t, _ in r.usage], [g for _, g in r.usage], label=r.policy)
-    ax.set(xlabel="time (hours)", ylabel="GPUs in use", title="GPUs in use")
-    _legend(ax)
-    paths.append(_save(fig, out / "gpus_in_use.png"))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for r in results:
+    paths.append(_save(fig, out / f"jct_cdf.{fmt}"))
+    fig, axes = _panels(plt, len(results))
+    for ax, r in zip(axes, results, strict=True):
+        ax.step([t / 3600 for t, _ in r.usage], [g for _, g in r.usage], where="post",
+                color=colours[r.policy], label="in use")  # fmt: skip
+        ax.axhline(r.options.gpus, color="black", linestyle="--", linewidth=1, label="capacity")
+        ax.set(ylabel="GPUs", ylim=(0, r.options.gpus * 1.08), title=r.policy)
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="lower right", fontsize=7)
+    axes[-1].set_xlabel("time (hours)")
+    fig.suptitle("GPUs in use")
+    paths.append(_save(fig, out / f"gpus_in_use.{fmt}"))
+    fig, axes = _panels(plt, len(results))
+    for ax, r in zip(axes, results, strict=True):
+        tasks = {j.name: j.task for j in r.jobs}
         for name, trace in list(r.frozen.items())[:SAMPLE_JOBS]:
-            ax.step([t / 3600 for t, _ in trace], [k for _, k in trace], where="post",
-                    label=f"{r.policy}: {name}")  # fmt: skip
-    ax.set(xlabel="time (hours)", ylabel="frozen layers", title="Frozen layers (sample jobs)")
-    _legend(ax, fontsize=6)
-    paths.append(_save(fig, out / "frozen_layers.png"))
+            layers = catalog.layers(tasks[name]).num_layers
+            ax.step([t / 3600 for t, _ in trace], [k / layers for _, k in trace], where="post",
+                    label=f"{name} ({tasks[name]})")  # fmt: skip
+        if not r.frozen:
+            ax.text(0.5, 0.5, "no job froze a layer", ha="center", va="center",
+                    transform=ax.transAxes)  # fmt: skip
+        ax.set(ylabel="frozen fraction", ylim=(0, 1), title=r.policy)
+        ax.grid(alpha=0.3)
+        _legend(ax, fontsize=6, loc="upper left")
+    axes[-1].set_xlabel("time (hours)")
+    fig.suptitle(f"Frozen layers / layers ({SAMPLE_JOBS} sample jobs a policy)")
+    paths.append(_save(fig, out / f"frozen_fraction.{fmt}"))
     return paths
+
+
+def _panels(plt: Any, n: int) -> tuple[Any, list[Any]]:
+    """One panel a policy, stacked, sharing the time axis."""
+    fig, axes = plt.subplots(max(n, 1), 1, figsize=(7, 1.9 * max(n, 1) + 0.6), sharex=True,
+                             squeeze=False)  # fmt: skip
+    return fig, list(axes[:, 0])
 
 
 def _legend(ax: Any, **kw: Any) -> None:
@@ -120,7 +156,7 @@ def _legend(ax: Any, **kw: Any) -> None:
 
 def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=120)
     import matplotlib.pyplot as plt
 
     plt.close(fig)
