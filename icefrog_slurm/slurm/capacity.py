@@ -8,9 +8,9 @@ never adopted is foreign. A caller with no store (``managed`` None: preflight, t
 tests) goes by the comment's icefrog tag (see ``port``). A foreign job holds
 GPUs while it is in a holding state (RUNNING, COMPLETING, ...), on every node of its node
 list that belongs to the partition, also when it was submitted to another partition that
-shares those nodes. A ``gpu:N`` job holds N GPUs a node; a ``shard:K`` job holds the GPUs
-its shards sit on (from ``scontrol show job -d``), or, when that is unknown,
-ceil(K / shards-per-GPU) GPUs a node.
+shares those nodes. A ``gpu:N`` job holds N GPUs a node; a ``shard:K`` (``mps:N``) job
+holds the GPUs its shards (MPS) sit on (from ``scontrol show job -d``), or, when that is
+unknown, ceil(K / shards-per-GPU) (ceil(N / MPS-per-GPU)) GPUs a node.
 
 Memory and cores (``HostNeed``): on a site that schedules them (``SelectTypeParameters``
 CR_Core_Memory and the like), a foreign job that holds a node's whole memory (``--mem=0``)
@@ -51,14 +51,12 @@ def is_foreign(job: SlurmJobState, managed: Mapping[str, int] | None) -> bool:
 def foreign_shard_jobs(
     jobs: Iterable[SlurmJobState], managed: Mapping[str, int] | None = None
 ) -> tuple[str, ...]:
-    """Ids of foreign jobs holding shards (their GPU indices are worth one more query)."""
+    """Ids of foreign jobs holding shards or MPS (their GPU indices are worth one more
+    query)."""
     return tuple(
         j.job_id
         for j in jobs
-        if j.holds_resources
-        and j.gres is not None
-        and j.gres.kind == "shard"
-        and is_foreign(j, managed)
+        if j.holds_resources and j.gres is not None and j.gres.shared and is_foreign(j, managed)
     )
 
 
@@ -164,7 +162,8 @@ def _gpus_held(job: SlurmJobState, node: NodeGpus, shard_map: Mapping[str, int] 
         return job.gres.count
     if shard_map and node.name in shard_map:
         return shard_map[node.name]
-    per_gpu = max(node.shards // node.gpus, 1) if node.gpus else 1
+    shares = node.mps if job.gres.kind == "mps" else node.shards
+    per_gpu = max(shares // node.gpus, 1) if node.gpus else 1
     return math.ceil(job.gres.count / per_gpu)
 
 

@@ -44,7 +44,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from icefrog_slurm.domain.cluster import Gres, PartitionCapacity, SlurmJobState
+from icefrog_slurm.domain.cluster import SHARED_KINDS, Gres, PartitionCapacity, SlurmJobState
 from icefrog_slurm.slurm import capacity, commands, parse, sbatch_options
 from icefrog_slurm.slurm.commands import Argv
 from icefrog_slurm.slurm.identity import TagSigner, earlier_submission, successor_of
@@ -354,7 +354,7 @@ class SlurmCliBackend:
                 continue
             per_node: dict[str, set[int]] = {}
             for a in allocs:
-                if a.kind == "shard":
+                if a.kind in SHARED_KINDS:
                     for n in a.nodes:
                         per_node.setdefault(n, set()).update(a.indices)
             shard_gpus[jid] = {n: len(ix) for n, ix in per_node.items() if ix}

@@ -46,8 +46,8 @@ def sbatch_held(request: SubmitRequest) -> Argv:
 
 def host_share(gres: Gres, mem_per_gpu_mb: int | None, cpus_per_gpu: int | None) -> list[str]:
     """The memory and cores a job asks for besides its GPUs (nothing: slurm.conf's defaults
-    apply). Per GPU for whole GPUs; a shared job (``shard``) holds one GPU's worth, asked
-    per node (``--mem``, ``--cpus-per-task``: the job has one task), as Slurm gives no
+    apply). Per GPU for whole GPUs; a shared job (``shard``, ``mps``) holds one GPU's worth,
+    asked per node (``--mem``, ``--cpus-per-task``: the job has one task), as Slurm gives no
     per-GPU defaults to a job without GPUs."""
     out: list[str] = []
     if gres.kind == "gpu":

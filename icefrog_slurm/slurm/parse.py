@@ -28,7 +28,7 @@ from typing import Any
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
-from icefrog_slurm.domain.cluster import COMMENT_PREFIX, Gres, IcefrogTag
+from icefrog_slurm.domain.cluster import COMMENT_PREFIX, Gres, GresKind, IcefrogTag
 from icefrog_slurm.slurm.port import (
     GresAllocation,
     NodeGpus,
@@ -76,11 +76,15 @@ def parse_tag(comment: str | None) -> IcefrogTag | None:
     )
 
 
-def parse_gres_request(text: str | None) -> Gres | None:
-    """A job's per-node request (``gres:gpu:2``, ``gres/shard:1``, ``gpu:a800:2``) -> Gres.
+_KINDS: dict[str, GresKind] = {"gpu": "gpu", "shard": "shard", "mps": "mps"}
 
-    Only gpu and shard count; other GRES in a comma list are ignored; none -> None; a type
-    without a count (``gpu:a800``) is one, as Slurm reads it.
+
+def parse_gres_request(text: str | None) -> Gres | None:
+    """A job's per-node request (``gres:gpu:2``, ``gres/shard:1``, ``gres:mps:30``,
+    ``gpu:a800:2``) -> Gres.
+
+    Only gpu, shard and mps count; other GRES in a comma list are ignored; none -> None; a
+    type without a count (``gpu:a800``) is one, as Slurm reads it.
     """
     if _opt(text) is None:
         return None
@@ -89,12 +93,12 @@ def parse_gres_request(text: str | None) -> Gres | None:
         parts = re.split(r"[:/]", item.strip())
         if parts and parts[0] == "gres":
             parts = parts[1:]
-        if not parts or parts[0] not in ("gpu", "shard"):
+        if not parts or parts[0] not in _KINDS:
             continue
         count = parts[-1] if len(parts) > 1 else "1"
         if not (count.isascii() and count.isdigit()):  # gpu:a800 (a type, no count) is 1
             count = "1"
-        return Gres(kind="gpu" if parts[0] == "gpu" else "shard", count=max(int(count), 1))
+        return Gres(kind=_KINDS[parts[0]], count=max(int(count), 1))
     return None
 
 
@@ -173,7 +177,7 @@ def _host_share(r: Mapping[str, Any]) -> dict[str, int | None]:
     ``DefMemPerGPU``/``DefCpuPerGPU``) for a GPU job, per node and per task for a shard job
     that asked for them (a shard job on ``DefMemPerCPU`` shows ``memory_per_cpu``: None)."""
     gres = parse_gres_request(_text(r.get("tres_per_node")))
-    if gres is not None and gres.kind == "shard":
+    if gres is not None and gres.shared:
         # one task: 22.05 leaves cpus_per_task unset and shows -c 2 as 2 cores a node; one
         # core is the default, not something asked for
         cores = _number(r.get("cpus_per_task")) or _number(r.get("minimum_cpus_per_node"))
@@ -309,7 +313,7 @@ def parse_gres_detail(
 
 
 def parse_sinfo_nodes(text: str) -> tuple[NodeGpus, ...]:
-    """``sinfo -h -N -p P -o '%N|%t|%G'`` -> one NodeGpus a node (gpu and shard counts)."""
+    """``sinfo -h -N -p P -o '%N|%t|%G'`` -> one NodeGpus a node (gpu, shard, mps counts)."""
     nodes: dict[str, NodeGpus] = {}
     for line in text.splitlines():
         if not line.strip():
@@ -318,13 +322,15 @@ def parse_sinfo_nodes(text: str) -> tuple[NodeGpus, ...]:
         if len(parts) != 3:
             raise ParseError(f"sinfo line has {len(parts)} fields, expected 3: {line!r}")
         name, state, gres_text = parts
-        counts = {"gpu": 0, "shard": 0}
+        counts = {"gpu": 0, "shard": 0, "mps": 0}
         for item in _split_top(gres_text):
             item = re.sub(r"\(.*\)$", "", item.strip())  # drop "(S:0-1)" socket info
             bits = item.split(":")
             if bits[0] in counts and len(bits) >= 2 and bits[-1].isdigit():
                 counts[bits[0]] += int(bits[-1])
-        nodes[name] = NodeGpus(name=name, state=state, gpus=counts["gpu"], shards=counts["shard"])
+        nodes[name] = NodeGpus(
+            name=name, state=state, gpus=counts["gpu"], shards=counts["shard"], mps=counts["mps"]
+        )
     return tuple(nodes.values())
 
 

@@ -100,9 +100,9 @@ class SlurmJobDetail:
 
 @dataclass(frozen=True)
 class NodeGpus:
-    """One node of a partition as ``sinfo -N`` shows it: state, GPUs and GRES shards; and,
-    where the adapter read them (``scontrol show node``), its cores and memory (MB) and how
-    much of each jobs hold (None: not read)."""
+    """One node of a partition as ``sinfo -N`` shows it: state, GPUs, GRES shards and GRES
+    MPS; and, where the adapter read them (``scontrol show node``), its cores and memory (MB)
+    and how much of each jobs hold (None: not read)."""
 
     name: str
     state: str
@@ -112,6 +112,7 @@ class NodeGpus:
     alloc_cpus: int | None = None
     memory_mb: int | None = None
     alloc_memory_mb: int | None = None
+    mps: int = 0
 
     @property
     def usable(self) -> bool:

@@ -97,7 +97,7 @@ def load_pyslurm() -> ModuleType:
 
 def _gres(per_node: Mapping[str, Any] | None) -> Gres | None:
     """pyslurm's ``gres_per_node`` (``{"gpu": 2}``) -> ``Gres("gpu", 2)``."""
-    for kind in ("gpu", "shard"):
+    for kind in ("gpu", "shard", "mps"):
         count = (per_node or {}).get(kind)
         if count:
             return Gres(kind, int(count))

@@ -1,0 +1,80 @@
+"""The Slurm parsers on a cluster that shares GPUs by CUDA MPS, pinned by golden output of
+the real 22.05 daemons (tests/golden/slurm-22.05-mps, tests/golden/capture-mps.sh)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from icefrog_slurm.domain.cluster import Gres
+from icefrog_slurm.slurm import capacity, commands, parse
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "slurm-22.05-mps"
+
+
+def golden(name: str) -> str:
+    return (GOLDEN / name).read_text()
+
+
+def test_sinfo_counts_the_typed_mps_of_each_node() -> None:
+    nodes = parse.parse_sinfo_nodes(golden("sinfo.txt"))
+    assert [(n.name, n.gpus, n.shards, n.mps, n.usable) for n in nodes] == [
+        (f"node{i}", 4, 0, 400, True) for i in range(1, 5)
+    ]
+
+
+def test_squeue_json_reads_mps_requests() -> None:
+    jobs = parse.parse_squeue_json(golden("squeue.json"))
+    by_key = {j.tag.key: j for j in jobs.values() if j.tag}
+    a, b = by_key["golden-mps-a"], by_key["golden-mps-b"]
+    assert (a.state, a.gres, a.nodelist) == ("RUNNING", Gres("mps", 30), "node1")
+    assert (b.state, b.gres, b.nodelist) == ("RUNNING", Gres("mps", 60), "node1")
+    assert a.gres is not None and a.gres.shared
+    assert by_key["golden-held-mps"].gres == Gres("mps", 20)  # (updated to 45 afterwards)
+    assert by_key["golden-held"].gres == Gres("gpu", 1)
+    [foreign] = [j for j in jobs.values() if j.name == "foreign-mps"]
+    assert (foreign.user_id, foreign.gres, foreign.tag) == (65534, Gres("mps", 50), None)
+
+
+def test_gres_detail_names_the_gpu_an_mps_job_sits_on() -> None:
+    [mps] = parse.parse_gres_detail(golden("scontrol-d-mps.txt"))
+    assert (mps.nodes, mps.kind, mps.count, mps.indices) == (("node1",), "mps", 30, (0,))
+
+
+def test_a_foreign_mps_job_holds_one_gpu_of_its_node() -> None:
+    nodes = parse.parse_sinfo_nodes(golden("sinfo.txt"))
+    jobs = [d.state_view() for d in parse.parse_squeue_json(golden("squeue.json")).values()]
+    foreign = capacity.foreign_shard_jobs(jobs)
+    assert len(foreign) == 1  # the icefrog jobs sharing node1 are not foreign
+    # counted by MPS (ceil(50 / 100 a GPU)) or by its GPU index: one GPU either way
+    for shard_gpus in (None, {foreign[0]: {"node2": 1}}):
+        cap = capacity.partition_capacity(
+            partition="gpu", nodes=nodes, jobs=jobs, shard_gpus=shard_gpus
+        )
+        assert {n.name: n.foreign_gpus for n in cap.nodes} == {
+            "node1": 0,
+            "node2": 1,
+            "node3": 0,
+            "node4": 0,
+        }
+        assert cap.available_gpus == 15
+
+
+def test_an_mps_count_update_is_read_back() -> None:
+    assert parse.parse_gres_request(golden("gres-after-mps-update.txt").strip()) == Gres("mps", 45)
+    assert "Invalid generic resource" in golden("update-gpu-to-mps.txt")
+    assert "Invalid generic resource" in golden("shard-on-mps.txt")
+
+
+def test_slurm_gives_each_mps_job_its_thread_percentage() -> None:
+    """What an mps job's processes see: the GPU, and its share as the MPS thread limit."""
+    for name, share in (("job-env-a.txt", "30"), ("job-env-b.txt", "60")):
+        env = dict(line.split("=", 1) for line in golden(name).splitlines())
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == share
+        assert env["CUDA_VISIBLE_DEVICES"] == env["SLURM_JOB_GPUS"] == "0"
+
+
+def test_an_mps_job_is_asked_for_as_a_shared_one() -> None:
+    """sbatch/scontrol arguments: the GRES as is; memory and cores one GPU's worth a node."""
+    assert "Gres=mps:37" in commands.update_job("7", gres=Gres("mps", 37))
+    assert commands.host_share(Gres("mps", 37), 900, 2) == ["--mem=900M", "--cpus-per-task=2"]
+    assert commands.host_share(Gres("gpu", 1), 900, 2) == ["--mem-per-gpu=900M", "--cpus-per-gpu=2"]
