@@ -3,6 +3,7 @@
 # `slurmd -N`), each with 4 fake A800 GPUs (character devices) and 8 GRES shards, partition gpu.
 #
 # Usage: cluster.sh install|up|down|status|conf|env [--slurm host|24.11|26.05] [--accounting]
+#                   [--sharing shard|mps]
 #   install  the host's Slurm: the Debian packages slurmctld slurmd slurm-client munge, when
 #            missing; 24.11 or 26.05: the Debian root holding it (slurm-root.sh build)
 #   up       install what is missing, write the config, start what is not running, wait
@@ -35,6 +36,12 @@
 # + 1 and + 2) before slurmctld, with accounts physics and vision; `down` stops them too.
 # Give such a cluster its own folder and ports, e.g. ICEFROG_CLUSTER_DIR=<repo>/var/cluster-acct
 # ICEFROG_CLUSTER_CTLD_PORT=16847 ICEFROG_CLUSTER_NODE_PORT=17031.
+#
+# --sharing (default: $ICEFROG_CLUSTER_SHARING, else shard) chooses the GRES a GPU is shared
+# by: shard (8 shards a node, 2 a GPU) or mps (CUDA MPS: 400 mps a node, 100 a GPU; Slurm
+# sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for a job). Slurm cannot have both on one node.
+# Give an MPS cluster its own folder and ports, e.g. ICEFROG_CLUSTER_DIR=<repo>/var/cluster-mps
+# ICEFROG_CLUSTER_CTLD_PORT=16857 ICEFROG_CLUSTER_NODE_PORT=17041.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -42,12 +49,15 @@ SLURM_ROOT_SH=$REPO/slurm_conf/dev/slurm-root.sh
 COMMAND=${1:-}
 SLURM=${ICEFROG_SLURM:-host}
 ACCOUNTING=${ICEFROG_CLUSTER_ACCOUNTING:-0}
+SHARING=${ICEFROG_CLUSTER_SHARING:-shard}
 shift || true
 while (($#)); do
     case "$1" in
         --slurm) SLURM=${2:-}; shift 2 || shift ;;
         --slurm=*) SLURM=${1#--slurm=}; shift ;;
         --accounting) ACCOUNTING=1; shift ;;
+        --sharing) SHARING=${2:-}; shift 2 || shift ;;
+        --sharing=*) SHARING=${1#--sharing=}; shift ;;
         *) echo "cluster.sh: unknown argument '$1'" >&2; exit 2 ;;
     esac
 done
@@ -56,6 +66,11 @@ case "$SLURM" in
     24.11) default_dir=$REPO/var/cluster-24.11; default_ports=(16827 17011) ;;
     26.05) default_dir=$REPO/var/cluster-26.05; default_ports=(16837 17021) ;;
     *) echo "cluster.sh: --slurm must be host, 24.11 or 26.05, not '$SLURM'" >&2; exit 2 ;;
+esac
+case "$SHARING" in
+    shard) share_gres=shard:8; share_line="Name=shard Count=8"; share_note="2 shards a GPU" ;;
+    mps) share_gres=mps:400; share_line="Name=mps Count=400"; share_note="100 mps a GPU" ;;
+    *) echo "cluster.sh: --sharing must be shard or mps, not '$SHARING'" >&2; exit 2 ;;
 esac
 DIR=${ICEFROG_CLUSTER_DIR:-$default_dir}
 CONF=$DIR/etc/slurm.conf
@@ -182,7 +197,7 @@ SelectTypeParameters=CR_Core_Memory
 # that asks for neither (a GPU job: per GPU; a shard or CPU-only job: per core)
 DefCpuPerGPU=1
 DefMemPerCPU=400
-GresTypes=gpu,shard
+GresTypes=gpu,${SHARING}
 ReturnToService=2
 $acct_lines
 JobCompType=jobcomp/none
@@ -190,7 +205,7 @@ KillWait=5
 MinJobAge=600
 MessageTimeout=5
 SchedulerParameters=sched_min_interval=200000
-NodeName=node[1-4] NodeHostname=localhost Port=[$NODE_PORT0-$((NODE_PORT0 + 3))] CPUs=8 RealMemory=4000 Features=a800,ib Gres=gpu:a800:4,shard:8 State=UNKNOWN
+NodeName=node[1-4] NodeHostname=localhost Port=[$NODE_PORT0-$((NODE_PORT0 + 3))] CPUs=8 RealMemory=4000 Features=a800,ib Gres=gpu:a800:4,$share_gres State=UNKNOWN
 PartitionName=gpu Nodes=node[1-4] Default=YES MaxTime=INFINITE State=UP DefMemPerGPU=450
 EOF
     if [[ $SLURM != host ]]; then
@@ -203,10 +218,10 @@ EOF
     if cmp -s "$tmp" "$CONF"; then rm -f "$tmp"; else mv "$tmp" "$CONF"; CONF_CHANGED=1; fi
     tmp=$(mktemp "$DIR/etc/.gres.conf.XXXX")
     cat >"$tmp" <<EOF
-# Fake A800s: character devices, so slurmd sets CUDA_VISIBLE_DEVICES; 2 shards a GPU.
+# Fake A800s: character devices, so slurmd sets CUDA_VISIBLE_DEVICES; $share_note.
 AutoDetect=off
 NodeName=node[1-4] Name=gpu Type=a800 File=$DIR/dev/nvidia[0-3]
-NodeName=node[1-4] Name=shard Count=8 File=$DIR/dev/nvidia[0-3]
+NodeName=node[1-4] $share_line File=$DIR/dev/nvidia[0-3]
 EOF
     chmod 0644 "$tmp"
     if cmp -s "$tmp" "$DIR/etc/gres.conf"; then rm -f "$tmp"; else mv "$tmp" "$DIR/etc/gres.conf"; CONF_CHANGED=1; fi
@@ -383,5 +398,5 @@ case "$COMMAND" in
     status) status ;;
     conf) echo "$CONF" ;;
     env) env_lines ;;
-    *) echo "usage: $0 install|up|down|status|conf|env [--slurm host|24.11|26.05] [--accounting]" >&2; exit 2 ;;
+    *) echo "usage: $0 install|up|down|status|conf|env [--slurm host|24.11|26.05] [--accounting] [--sharing shard|mps]" >&2; exit 2 ;;
 esac
