@@ -28,6 +28,7 @@ LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 SlurmBackendName = Literal["cli", "pyslurm"]
 Freezing = Literal["penalty", "freezeout"]
 SharingGres = Literal["shard", "mps"]
+GpuModelName = Literal["v100", "a100", "a800", "h100", "h800"]
 
 
 def _bounds(**kw: float) -> dict[str, float]:
@@ -134,6 +135,10 @@ class SlurmSettings:
 
     gpu_mem_gb: float = field(default=80.0, metadata=_bounds(exclusive_minimum=0.0))
     """Memory of one GPU in GB (A800-80GB: 80); the sharing rule's capacity (spec section 8)."""
+
+    gpu_model: GpuModelName = "a800"
+    """The partition's GPU model: its datasheet FLOP/s and link bandwidths give a job's
+    throughput prior before its first profile (``core.throughput.GPU_MODELS``)."""
 
     shards_per_gpu: int = field(default=2, metadata=_bounds(minimum=1))
     """GRES shards a GPU has in gres.conf (``Name=shard Count=`` / GPUs of the node); a
