@@ -17,7 +17,11 @@ For each job of a snapshot, from what the job reported:
   the baselines' "+" and ICEFROG's ablation), the schedule tuned once per job by
   effective progress at its requested GPU count when its first statistics arrive;
 - the sharing predictor (eq 8's regressions) from samples that measured utilization and
-  memory; with none, the job is not offered a shared GPU;
+  memory; before the job reported any sample, its declared tables
+  (``core.sharing.DeclaredLoad``), so a waiting job may start on a shared GPU; with samples
+  but none of them measuring its load, the job is not offered a shared GPU. The shared
+  option's (m, l) is its own: the Layer Tuner's best among the configurations whose
+  predicted load fits one job's part of a GPU (``core.sharing.tune_shared``);
 - for every legal GPU count a (``min_gpus..max_gpus``, a multiple of the job's allocation
   unit and a legal count of its parallelism, at most a node or whole nodes, at most the
   capacity) the Layer Tuner's best (m, l) (eq 15) and
@@ -56,7 +60,14 @@ from icefrog_slurm.core.parallel_fit import fitter_for
 from icefrog_slurm.core.parallelism import DDP, Kind, Parallelism
 from icefrog_slurm.core.penalty import PenaltyTable
 from icefrog_slurm.core.samples import ProfileSample
-from icefrog_slurm.core.sharing import Load, SharingPredictor, fit_sharing
+from icefrog_slurm.core.sharing import (
+    DeclaredLoad,
+    Load,
+    LoadModel,
+    SharingPredictor,
+    fit_sharing,
+    tune_shared,
+)
 from icefrog_slurm.core.tta import time_to_accuracy
 from icefrog_slurm.core.tuner import (
     FloatArray,
@@ -209,15 +220,16 @@ class Estimator:
                         model=model,
                         layers=layers,
                     )
-                cached.tuned[gpus, shared] = tune_grid(
-                    batch_sizes=at,
-                    frozen_candidates=frozen,
-                    psi=psi_values,
-                    throughput=grid,
-                    lam=settings.sharing.speed_factor if shared else 1.0,
-                    current_frozen=current_frozen,
-                    efficiency=None if goodput is None else goodput(gpus, at),
-                )
+                eff = None if goodput is None else goodput(gpus, at)
+                cached.tuned[gpus, shared] = (
+                    _tune_shared(at, frozen, psi_values, grid, eff, current_frozen,
+                                 _loads(job, cached), layers, settings)
+                    if shared
+                    else tune_grid(
+                        batch_sizes=at, frozen_candidates=frozen, psi=psi_values,
+                        throughput=grid, current_frozen=current_frozen, efficiency=eff,
+                    )
+                )  # fmt: skip
             best = cached.tuned[gpus, shared]
             if best is None:
                 continue
@@ -229,9 +241,10 @@ class Estimator:
                 tta += settings.controller.reallocation_overhead_s
             if not math.isfinite(tta) or tta <= 0:
                 continue
+            loads = _loads(job, cached) if shared else None
             load = None
-            if shared and cached.sharing is not None:
-                load = cached.sharing.predict(batch=best.batch, frozen=best.frozen, layers=layers)
+            if loads is not None:
+                load = loads.predict(batch=best.batch, frozen=best.frozen, layers=layers)
             out.append(Candidate(gpus, shared, best, tta, load))
         return tuple(out)
 
@@ -426,6 +439,41 @@ def _sharing(samples: Sequence[ProfileSample], layers: LayerTable) -> SharingPre
         return None
 
 
+def _loads(job: JobSnapshot, cached: _Cached) -> LoadModel | None:
+    """What judges the job's load on a shared GPU: its fitted regressions (eq 8); before it
+    reported any sample, its declared tables (``core.sharing.DeclaredLoad``); None when it
+    has samples but none measured utilisation and memory (it cannot be judged)."""
+    if cached.sharing is not None:
+        return cached.sharing
+    return None if job.view.samples else DeclaredLoad()
+
+
+def _tune_shared(
+    at: tuple[int, ...],
+    frozen: tuple[int, ...],
+    psi: FloatArray,
+    grid: FloatArray,
+    efficiency: FloatArray | None,
+    current_frozen: int | None,
+    loads: LoadModel | None,
+    layers: LayerTable,
+    settings: Settings,
+) -> TunerChoice | None:
+    """The shared option's own (m, l) (``core.sharing.tune_shared``): the best at lambda
+    among the configurations whose load fits one job's part of a GPU."""
+    if loads is None:
+        return None
+    best = tune_shared(
+        batch_sizes=at, frozen_candidates=frozen, psi=psi, throughput=grid, loads=loads,
+        layers=layers, lam=settings.sharing.speed_factor,
+        gpu_memory=settings.slurm.gpu_mem_gb * BYTES_PER_GB,
+        memory_safety=settings.sharing.memory_safety,
+        jobs_per_gpu=min(max(settings.sharing.max_jobs_per_gpu, 1), 2),
+        current_frozen=current_frozen, efficiency=efficiency,
+    )  # fmt: skip
+    return None if best is None else best[0]
+
+
 def _configurations(
     job: JobSnapshot, gpn: int, capacity: int, settings: Settings, cached: _Cached
 ) -> list[tuple[int, bool]]:
@@ -438,7 +486,7 @@ def _configurations(
         and spec.parallelism == DDP
         and spec.min_gpus == 1
         and settings.sharing.max_jobs_per_gpu >= 2
-        and cached.sharing is not None
+        and _loads(job, cached) is not None
         and capacity >= 1
     ):
         out.append((1, True))

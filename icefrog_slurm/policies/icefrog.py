@@ -8,7 +8,9 @@ max-min solver, then placement on nodes.
    rounds it has waited beyond ``solver.starvation_grace_rounds`` (one more weight every
    ``solver.starvation_rounds``; rounds counted by the policy, estimated from submit and
    start times for a job it has not seen yet); its current allocation as the warm start
-   (stage 3 of the solver keeps running jobs where they are when that costs no share).
+   (stage 3 of the solver keeps running jobs where they are when that costs no share). A
+   shared option's utilisation is the credited one (``core.sharing.credited_util``:
+   lambda x the predicted utilisation), which eq 8's pair rule sums.
    The cluster is the partition's nodes that foreign jobs leave whole (the solver plans
    whole, identical nodes; a node a foreign job partly holds is left out this round).
 3. ``solve_and_place``: solve, map counts onto nodes and GPU indices, re-solve without any
@@ -25,6 +27,7 @@ import time
 from dataclasses import replace
 
 from icefrog_slurm.core.placement import solve_and_place
+from icefrog_slurm.core.sharing import credited_util
 from icefrog_slurm.core.solver import (
     WAIT,
     Cluster,
@@ -96,7 +99,6 @@ class IcefrogPolicy:
             steer=None if solver.method == "fast" else lambda p: solve(p, fast, fast_memo),
         )
         solve_s = time.perf_counter() - started
-        solved = {r.id: r for r in requests}
         for job in snapshot.jobs:
             key = str(job.id)
             if key not in options:
@@ -121,9 +123,6 @@ class IcefrogPolicy:
                 psi=cand.choice.psi,
                 predicted_tta_s=cand.tta_s,
                 share=choice.share,
-                # the utilisation eq 8's pair rule summed for it (an MPS job's share)
-                predicted_util=solved[key].options[choice.index].util if cand.load else None,
-                predicted_mem_bytes=cand.load.memory if cand.load else None,
             )
         return PolicyResult(
             allocations=allocations,
@@ -161,7 +160,7 @@ def _request(
             gpus=c.gpus,
             tta_s=c.tta_s,
             shared=c.shared,
-            util=c.load.util if c.load else 0.0,
+            util=credited_util(c.load.util, settings.sharing.speed_factor) if c.load else 0.0,
             mem_gb=c.load.memory / BYTES_PER_GB if c.load else 0.0,
         )
         for c in cands

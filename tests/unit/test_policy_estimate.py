@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from icefrog_slurm.core.samples import ProfileSample
+from icefrog_slurm.core.sharing import PRIOR_UTIL
 from icefrog_slurm.domain.records import JobRecord, JobView, Progress
 from icefrog_slurm.domain.snapshot import Current, JobSnapshot
 from icefrog_slurm.policies.estimate import Estimator
@@ -31,10 +32,37 @@ def _cands(job: JobSnapshot, est: Estimator | None = None) -> dict[tuple[int, bo
     return {(c.gpus, c.shared): c for c in got}
 
 
-def test_a_job_without_samples_gets_prior_options_without_freezing_or_sharing() -> None:
+def test_a_job_without_samples_gets_prior_options_without_freezing() -> None:
     cands = _cands(_job())
-    assert set(cands) == {(1, False), (2, False), (3, False), (4, False), (8, False)}
+    assert set(cands) == {(1, False), (2, False), (3, False), (4, False), (8, False), (1, True)}
     assert all(c.choice.frozen == 0 and c.tta_s > 100.0 for c in cands.values())  # type: ignore[attr-defined]
+
+
+def test_a_job_that_never_ran_is_offered_a_shared_gpu_from_its_declared_tables() -> None:
+    shared = _cands(_job())[(1, True)]
+    assert shared.load is not None and shared.load.util == PRIOR_UTIL  # type: ignore[attr-defined]
+    # Its memory comes from the tables: too large a model for half a GPU gets no shared option.
+    huge = replace(SPEC, layer_param_bytes=(6e9,) * L)  # 24 GB of weights, x4 with Adam
+    rec = JobRecord(1, "j", 0, "root", "pending", 0.0, None, None, huge, ("7",), Progress())
+    got = _cands(JobSnapshot(JobView(rec, (), None), None, Current()))
+    assert (1, True) not in got and (1, False) in got
+
+
+def test_a_job_with_samples_but_no_load_measured_is_not_offered_sharing() -> None:
+    unmeasured = replace(_sample(1, 0, 400.0), peak_mem_bytes=0.0, gpu_util=-1.0)
+    assert (1, True) not in _cands(_job((unmeasured,)))
+
+
+def test_the_shared_option_picks_its_own_batch_within_its_part_of_the_gpu() -> None:
+    # Measured: batch 64 is faster but uses 80 % of the GPU; batch 32 uses 40 %.
+    samples = (
+        ProfileSample(1, 64, 0, False, 0.0, 0.0, 0.0, 64 / 500, 500.0, 20e9, 0.8),
+        ProfileSample(1, 32, 0, False, 0.0, 0.0, 0.0, 32 / 400, 400.0, 10e9, 0.4),
+    )
+    cands = _cands(_job(samples))
+    assert cands[(1, False)].choice.batch == 64  # type: ignore[attr-defined]
+    shared = cands[(1, True)]
+    assert shared.choice.batch == 32 and abs(shared.load.util - 0.4) < 1e-6  # type: ignore[attr-defined]
 
 
 def test_measured_freezing_with_low_penalty_is_chosen_and_sharing_offered() -> None:

@@ -1,14 +1,27 @@
+from collections.abc import Sequence
+
+import numpy as np
 import pytest
 
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.sharing import (
+    PRIOR_ACTIVATION_BYTES_PER_FLOP,
+    PRIOR_CONTEXT_BYTES,
+    PRIOR_UTIL,
+    DeclaredLoad,
+    LinearRegression,
     Load,
+    LoadModel,
+    SharingPredictor,
     admissible,
+    credited_util,
     fit_linear,
     fit_sharing,
     sharing_lambda,
+    tune_shared,
 )
+from icefrog_slurm.core.tuner import FloatArray
 from icefrog_slurm.errors import InputError
 
 GB = 1e9
@@ -65,3 +78,92 @@ def test_without_measurements_there_is_no_predictor() -> None:
         fit_linear([], [])
     with pytest.raises(InputError, match="gpu_memory"):
         admissible([], gpu_memory=0.0)
+
+
+def test_credited_util_is_eq8_at_lambda_one_and_keeps_the_credited_speed_below() -> None:
+    assert credited_util(0.6, 1.0) == 0.6
+    # Two jobs at 70 % time-slice to 1/1.4 = 0.71 of their speed each: they keep 0.7 (the
+    # pair is admitted when lambda = 0.7) but not 0.9.
+    assert credited_util(0.7, 0.7) * 2 <= 1.0
+    assert credited_util(0.7, 0.9) * 2 > 1.0
+
+
+def test_declared_load_from_the_tables() -> None:
+    layers = LayerTable(flops=(1e9, 1e9), param_bytes=(1e8, 3e8))
+    load = DeclaredLoad().predict(batch=10, frozen=0, layers=layers)
+    assert load.util == PRIOR_UTIL
+    acts = PRIOR_ACTIVATION_BYTES_PER_FLOP * 2e9 * 10
+    assert load.memory == pytest.approx(PRIOR_CONTEXT_BYTES + 4e8 * 4 + acts)
+    frozen = DeclaredLoad().predict(batch=10, frozen=1, layers=layers)  # omega = 3/4
+    assert frozen.memory == pytest.approx(PRIOR_CONTEXT_BYTES + 4e8 * (1 + 3 * 0.75) + acts)
+    util, memory = DeclaredLoad().predict_grid(batches=(10, 20), frozen=(0, 1), layers=layers)
+    assert util.shape == memory.shape == (2, 2) and memory[0, 1] == pytest.approx(frozen.memory)
+
+
+def test_predict_grid_matches_predict() -> None:
+    layers = LayerTable(flops=(3.0, 1.0, 1.0), param_bytes=(1.0, 1.0, 2.0))
+    pred = SharingPredictor(
+        util=LinearRegression((0.1, 0.004, 0.3, 0.1)),
+        memory=LinearRegression((1e9, 2e7, 4e9, 3e9)),
+    )
+    util, memory = pred.predict_grid(batches=(16, 64), frozen=(0, 2, 3), layers=layers)
+    for i, m in enumerate((16, 64)):
+        for j, k in enumerate((0, 2, 3)):
+            one = pred.predict(batch=m, frozen=k, layers=layers)
+            assert util[i, j] == pytest.approx(one.util) and memory[i, j] == pytest.approx(
+                one.memory
+            )
+
+
+def _grid_load(util: list[list[float]], memory: list[list[float]]) -> LoadModel:
+    class Grid:
+        def predict(self, *, batch: int, frozen: int, layers: LayerTable) -> Load:
+            raise AssertionError("tune_shared reads the grid")
+
+        def predict_grid(
+            self, *, batches: Sequence[int], frozen: Sequence[int], layers: LayerTable
+        ) -> tuple[FloatArray, FloatArray]:
+            return np.array(util), np.array(memory)
+
+    return Grid()
+
+
+def test_tune_shared_takes_the_best_configuration_that_fits_half_a_gpu() -> None:
+    layers = LayerTable.uniform(4)
+    kwargs = dict(
+        batch_sizes=(32, 64), frozen_candidates=(0, 2), psi=np.array([1.0, 0.9]),
+        throughput=np.array([[100.0, 120.0], [150.0, 170.0]]), layers=layers, lam=0.9,
+        gpu_memory=80 * GB,
+    )  # fmt: skip
+    # Batch 64 is fastest but takes 70 % of the GPU (credited 63 %): not within half.
+    loads = _grid_load([[0.5, 0.45], [0.7, 0.65]], [[10 * GB] * 2, [20 * GB] * 2])
+    got = tune_shared(loads=loads, **kwargs)  # type: ignore[arg-type]
+    assert got is not None
+    choice, load = got
+    assert (choice.batch, choice.frozen) == (32, 2)  # E = 0.9 x 120 beats 1.0 x 100
+    assert load == Load(0.45, 10 * GB)
+    # Memory counts too: 40 GB x 1.1 > 40 GB leaves nothing within half of 80 GB.
+    big = _grid_load([[0.1, 0.1], [0.1, 0.1]], [[40 * GB] * 2, [40 * GB] * 2])
+    assert tune_shared(loads=big, **kwargs) is None  # type: ignore[arg-type]
+    # One job a GPU may use all of it (then the fastest is chosen, as the exclusive tuner).
+    whole = tune_shared(loads=loads, jobs_per_gpu=1, **kwargs)  # type: ignore[arg-type]
+    assert whole is not None and (whole[0].batch, whole[0].frozen) == (64, 2)
+
+
+def test_samples_of_one_batch_say_nothing_about_other_batches() -> None:
+    layers = LayerTable.uniform(4)
+    one_batch = [
+        ProfileSample(1, 64, k, False, 0.0, 0.0, 0.0, 0.1, 640.0, 10e9 - k * 1e9, 0.9 - 0.05 * k)
+        for k in (0, 2)
+    ]
+    pred = fit_sharing(one_batch, layers)
+    assert pred is not None
+    # Not a quarter of 0.9 at batch 32 (the minimum-norm share-out onto the batch column):
+    # the batch was never varied, so its coefficient is 0 and the depth explains the rest.
+    assert pred.util.coef[1] == 0.0
+    assert pred.predict(batch=32, frozen=0, layers=layers).util == pytest.approx(0.9)
+    assert pred.predict(batch=64, frozen=2, layers=layers).util == pytest.approx(0.8)
+    # Outside the measured batches nothing is judged: memory grows with the batch.
+    util, memory = pred.predict_grid(batches=(32, 64, 128), frozen=(0,), layers=layers)
+    assert np.isinf(util[[0, 2], 0]).all() and np.isinf(memory[[0, 2], 0]).all()
+    assert util[1, 0] == pytest.approx(0.9)
