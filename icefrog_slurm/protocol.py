@@ -276,9 +276,7 @@ def _parse_load(value: Any, where: str) -> SharedLoad:
             minimum=0.0,
             maximum=MAX_DEVICE_BYTES,
         ),
-        memory_safety=_num(
-            value.get("memory_safety", 1.1), f"{where}.memory_safety", minimum=1.0, maximum=10.0
-        ),
+        memory_safety=_num(value.get("memory_safety", 1.1), f"{where}.memory_safety", minimum=1.0),
     )
 
 

@@ -1,5 +1,8 @@
 """decision.json for every job a round gives GPUs, written once a round into the job's folder.
 
+A shared job's decision also carries its predicted footprint (:func:`shared_load`): under
+CUDA MPS the launcher turns it into the job's limits (icefrog_launcher.launch.mps_env).
+
 The :class:`~icefrog_slurm.controller.reconcile.Reconciler` calls :meth:`DecisionWriter.write`
 after each pass. A write that fails (the folder is on a filesystem that is down, say) is
 tried again next pass. A folder :class:`~icefrog_slurm.controller.jobdir.UnsafeJobDir`
@@ -16,9 +19,11 @@ from collections.abc import Callable
 from icefrog_slurm.controller.jobdir import UnsafeJobDir
 from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort
 from icefrog_slurm.domain.plan import JobPlan, Plan
+from icefrog_slurm.domain.records import Allocation
 from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.jsonio import printable
-from icefrog_slurm.protocol import Decision
+from icefrog_slurm.protocol import MAX_DEVICE_BYTES, Decision, SharedLoad
+from icefrog_slurm.settings import SharingSettings
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +34,17 @@ JobDir = Callable[[str, str], str]
 class DecisionWriter:
     """Writes the round's decisions (module docstring); remembers what each job has."""
 
-    def __init__(self, *, files: JobFiles, store: StorePort, clock: Clock, job_dir: JobDir) -> None:
+    def __init__(
+        self,
+        *,
+        files: JobFiles,
+        store: StorePort,
+        clock: Clock,
+        job_dir: JobDir,
+        sharing: SharingSettings | None = None,
+    ) -> None:
         self.files, self.store, self.clock, self.job_dir = files, store, clock, job_dir
+        self.sharing = sharing or SharingSettings()
         self._written: dict[int, int] = {}  # job id -> round whose decision is handled
 
     def write(self, plan: Plan) -> None:
@@ -55,6 +69,7 @@ class DecisionWriter:
             frozen=a.frozen,
             shared=a.shared,
             extra={**extra, "share": a.share},
+            load=shared_load(a, self.sharing),
         )
         run_dir = ""
         try:
@@ -87,3 +102,17 @@ class DecisionWriter:
                 slurm_job_id=job.slurm_job_id,
                 job_id=job.job_id,
             )
+
+
+def shared_load(allocation: Allocation, sharing: SharingSettings) -> SharedLoad | None:
+    """A shared job's predicted footprint for its decision (the numbers eq 8's admission
+    rule used, and the GRES kind that shares the GPU: under ``mps`` the launcher sets the
+    job's MPS limits from it); None for an exclusive job or a round without a prediction."""
+    util, memory = allocation.predicted_util, allocation.predicted_mem_bytes
+    if not allocation.shared or util is None or memory is None:
+        return None
+    if not (0 <= util <= 1 and 0 <= memory <= MAX_DEVICE_BYTES):  # NaN fails too
+        return None
+    return SharedLoad(
+        kind=sharing.gres, util=util, peak_mem_bytes=memory, memory_safety=sharing.memory_safety
+    )

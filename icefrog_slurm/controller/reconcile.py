@@ -122,7 +122,7 @@ class Reconciler:
         self.timing = ReleaseTiming(store=store, clock=clock, settings=settings)
         self.ended = EndedJobs(cluster, store, files, clock, self._run_dir)
         self.decisions = DecisionWriter(
-            files=files, store=store, clock=clock, job_dir=self._job_dir
+            files=files, store=store, clock=clock, job_dir=self._job_dir, sharing=settings.sharing
         )
 
     # ----- one pass --------------------------------------------------------------------
