@@ -9,7 +9,8 @@
    evict the later-submitted job of a shared pair whose sampled GPU utilization is unstable
    (spec section 8: it waits this round and returns in a later one), ask the policy for
    every other job, and number the round. Otherwise the last round's decision stands and
-   the plan only keeps converging to it.
+   the plan only keeps converging to it. Either way a job that no longer accepts a shared
+   GPU (its sharing failed) waits rather than be put on one (:func:`shared_without_consent`).
 3. Diff each job's decided resources against what Slurm shows into an action: ``start``
    (pending job: update, release; also a released job not started yet that the round
    moved to other nodes), ``change`` (running job with other resources: checkpoint,
@@ -31,6 +32,7 @@ from icefrog_slurm.domain.snapshot import JobSnapshot, Snapshot
 from icefrog_slurm.settings import Settings
 
 EVICTED = "Evicted: unstable GPU utilization while sharing a GPU (spec section 8)"
+UNSHARED = "Sharing failed: ran out of memory while sharing a GPU; waits for a GPU of its own"
 
 
 def round_due(last_round: RoundRecord | None, now: float, settings: Settings) -> bool:
@@ -69,6 +71,9 @@ def tick(snapshot: Snapshot, policy: Policy, settings: Settings) -> Plan:
         allocations = {a.job_id: a for a in snapshot.last_round.allocations}
         reasons, round_no, before = {}, None, None
         name, solve_s, min_share = snapshot.last_round.policy, None, None
+    for job_id in shared_without_consent(live, allocations):
+        allocations[job_id] = Allocation(job_id=job_id, gpus=0, batch=0, frozen=0)
+        reasons[job_id] = UNSHARED
     jobs = tuple(
         _job_plan(
             j,
@@ -154,6 +159,22 @@ def unstable_packed(jobs: tuple[JobSnapshot, ...], settings: Settings) -> frozen
             continue  # alone on its GPU: nothing to evict it from
         evict.add(max(pack, key=lambda p: (p.job.submit_time, p.id)).id)
     return frozenset(evict)
+
+
+def shared_without_consent(
+    jobs: tuple[JobSnapshot, ...], allocations: dict[int, Allocation]
+) -> frozenset[int]:
+    """Jobs a decision puts on a shared GPU although they no longer accept one: a job that
+    ran out of memory while sharing registers again with ``accepts_shared`` false
+    (icefrog_launcher.sharing; the inbox takes that only from the job's owner, about that
+    job) and exits to be requeued. Its last round may still say shared: it waits instead of
+    being released there again, until a round gives it GPUs of its own (the policies offer
+    a shared GPU only to jobs that accept one)."""
+    return frozenset(
+        j.id
+        for j in jobs
+        if not j.job.spec.accepts_shared and j.id in allocations and allocations[j.id].shared
+    )
 
 
 def target_of(allocation: Allocation, settings: Settings) -> SlurmRequest:
