@@ -61,6 +61,7 @@ from icefrog_launcher.position import DataPosition
 from icefrog_launcher.probes import StepProbes
 from icefrog_launcher.profiler import find_layers, layer_flops, param_bytes
 from icefrog_launcher.reports import Reporter
+from icefrog_launcher.sharing import SharingGuard, without_sharing
 from icefrog_launcher.state import StateRegistry
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.samples import ProfileSample
@@ -157,6 +158,10 @@ class Trainer:
         self.effective_done = 0.0
         self.frozen, self.psi = 0, 1.0
         self.decision_round, self.shared = -1, False
+        # an out-of-memory while shared is a sharing failure (icefrog_launcher.sharing)
+        SharingGuard(
+            self.config.workdir, rank=self.rank, shared=lambda: self.shared, register=self._register
+        ).install()
         self.metric: float | None = None
         self.finished: Finish | Literal[""] = ""
         self._stop: int | None = None
@@ -422,7 +427,7 @@ class Trainer:
             layer_flops=self.table.flops,
             layer_param_bytes=self.table.param_bytes,
         )
-        self.reporter.send("register", spec)
+        self.reporter.send("register", without_sharing(spec, self.config.workdir))
 
     # -- decisions -------------------------------------------------------------------
     def apply_decision(self, first: bool) -> None:
