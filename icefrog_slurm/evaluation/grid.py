@@ -8,7 +8,9 @@ from pathlib import Path
 
 from icefrog_slurm.evaluation.runs import Run, Trace
 
-POLICIES = ("icefrog", "lucid+", "optimus+", "pollux+")
+POLICIES = ("icefrog", "lucid+", "optimus+", "pollux+", "slurm")
+"""The policies of main and scale: ICEFROG, the paper's three baselines and plain Slurm (what
+a site's own scheduler does: FIFO with backfill on the requested GPUs)."""
 SCALE_POINTS = ((5.0, 240), (10.0, 480), (20.0, 960))
 ABLATION_LAMBDAS = (0.6, 0.7, 0.8, 0.9, 1.0)
 ABLATION_PERIODS_MIN = (1, 2, 5, 10)

@@ -127,7 +127,8 @@ def test_ablation_ratio_is_per_seed_against_the_as_is_run_of_that_seed() -> None
 def test_batch_table_compares_batch_scaling_with_icefrog_and_pollux_per_seed() -> None:
     g = ev.Grid(loads=(1.0,), seeds=(1, 2))
     scaled = ev.batch_runs(g)
-    assert [r.label for r in scaled] == [ev.main_runs(g)[0].label, ev.main_runs(g)[4].label]
+    seed2 = len(g.policies)  # main's runs: every policy of seed 1, then of seed 2
+    assert [r.label for r in scaled] == [ev.main_runs(g)[0].label, ev.main_runs(g)[seed2].label]
     assert all(r.extra[-2:] == ("--set", ev.BATCH_SCALING_SET) for r in scaled)
     assert {r.key for r in scaled}.isdisjoint(r.key for r in ev.main_runs(g))  # own runs
     res = {
