@@ -34,27 +34,29 @@ typecheck: $(VENV)/.installed
 importlint: $(VENV)/.installed
 	$(VENV)/bin/lint-imports
 
-pytest: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
-
 # The Slurm version matrix: the ClusterPort contract, the controller on the real cluster
 # (release, resize through requeue, gpu<->shard, foreign jobs, slurmctld frozen, killed
-# controllers) and the end-to-end resize again on each newer Slurm (`pytest` runs them on
-# the host's), in one pytest session, each test once a version (test_x[24.11],
-# test_x[26.05]). Each version's cluster runs from a Debian root (slurm_conf/dev/cluster.sh
-# --slurm), built the first time.
-SLURM_VERSIONS ?= 24.11,26.05
+# controllers) and the end-to-end resize, on the host's Slurm (22.05 on Debian 12) and on
+# 24.11 and 26.05 (each from a Debian root: slurm_conf/dev/cluster.sh --slurm, built the
+# first time, about a minute each), in one pytest session listing each test once a version
+# (test_x[host], test_x[24.11], test_x[26.05]); pytest orders them so that each version's
+# cluster comes up once. `pytest` runs everything else, on the host's Slurm.
+SLURM_VERSIONS ?= host,24.11,26.05
 comma := ,
 SLURM_MATRIX := tests/integration/test_slurm_contract.py \
 	tests/integration/controller/test_controller_slurm.py \
 	tests/integration/controller/test_slurm_outage.py tests/integration/controller/test_kill.py \
 	tests/e2e/test_resize.py
+
+pytest: setup
+	$(PY) -m pytest $(addprefix --ignore=,$(SLURM_MATRIX)) $(PYTEST_ARGS)
+
 slurm-versions: setup
 	for v in $(subst $(comma), ,$(SLURM_VERSIONS)); do bash slurm_conf/dev/cluster.sh install --slurm $$v; done
-	ICEFROG_TEST_SLURM=$(SLURM_VERSIONS) $(PY) -m pytest $(SLURM_MATRIX) $(PYTEST_ARGS)
+	ICEFROG_TEST_SLURM=$(SLURM_VERSIONS) $(PY) -m pytest -v $(SLURM_MATRIX) $(PYTEST_ARGS)
 
 # The README's test command.
-test: setup lint typecheck importlint pytest
+test: setup lint typecheck importlint pytest slurm-versions
 
 # The README's main job: a local cluster, the controller, four real training jobs.
 demo: setup
