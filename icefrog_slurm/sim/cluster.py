@@ -1,10 +1,11 @@
 """``SimCluster``: an in-memory Slurm behind ``ClusterPort`` for the simulator.
 
 Nodes of ``gpus_per_node`` GPUs; each GPU is held exclusively by one ``gpu:N`` job or
-split into ``shards_per_gpu`` shards among ``shard:K`` jobs (never both, as in Slurm
-22.05). Jobs move as Slurm moves them: submitted held, released, started when their
-request fits (pinned nodes respected, a shard job packed onto a GPU that already has
-shard jobs before an empty one), signalled, requeued held (freeing their GPUs at once),
+split into ``shards_per_gpu`` shards among ``shard:K`` jobs, or into ``mps_per_gpu``
+MPS shares among ``mps:N`` jobs (never two of these at once, as in Slurm 22.05). Jobs move
+as Slurm moves them: submitted held, released, started when their request fits (pinned
+nodes respected, a shard or MPS job packed onto a GPU that already has such jobs before an
+empty one), signalled, requeued held (freeing their GPUs at once),
 updated while pending, resubmitted with a new GRES kind (the old job cancelled, the new
 one tagged ``prev=<old id>``), completed by the engine when training ends. Administrators'
 holds and foreign jobs (:meth:`SimCluster.admin_hold`, :meth:`SimCluster.run_foreign`: the
@@ -48,7 +49,7 @@ ADMIN_HELD_REASON = "JobHeldAdmin"
 @dataclass
 class _Gpu:
     owner: str | None = None  # exclusive gpu:N job
-    shards: dict[str, int] = field(default_factory=dict)  # shard job -> shards held
+    shards: dict[str, int] = field(default_factory=dict)  # shard/mps job -> shares held
 
     @property
     def busy(self) -> bool:
@@ -81,14 +82,16 @@ class SimCluster:
         nodes: int,
         gpus_per_node: int,
         shards_per_gpu: int,
+        mps_per_gpu: int = 100,
         partition: str = "gpu",
         user_id: int = 1000,
         on_signal: Callable[[str], None] | None = None,
     ) -> None:
-        if nodes < 1 or gpus_per_node < 1 or shards_per_gpu < 1:
-            raise ValueError("nodes, gpus_per_node and shards_per_gpu must be >= 1")
+        if min(nodes, gpus_per_node, shards_per_gpu, mps_per_gpu) < 1:
+            raise ValueError("nodes, gpus_per_node, shards_per_gpu, mps_per_gpu must be >= 1")
         self.partition, self.user_id = partition, user_id
         self.gpus_per_node, self.shards_per_gpu = gpus_per_node, shards_per_gpu
+        self.mps_per_gpu = mps_per_gpu
         width = max(4, len(str(nodes)))
         self._nodes: dict[str, list[_Gpu]] = {
             f"sim{i:0{width}d}": [_Gpu() for _ in range(gpus_per_node)] for i in range(nodes)
@@ -114,7 +117,7 @@ class SimCluster:
         return tuple(job.held_on) if job is not None and job.state == "RUNNING" else ()
 
     def gpu_sharers(self, node: str, index: int) -> tuple[str, ...]:
-        """Slurm job ids holding shards of one GPU."""
+        """Slurm job ids holding shards (or MPS shares) of one GPU."""
         return tuple(self._nodes[node][index].shards)
 
     def complete(self, *, job_id: str) -> None:
@@ -387,10 +390,8 @@ class SimCluster:
                 if n not in self._memory_taken
                 and not (job.whole_memory and any(g.busy for g in self._nodes[n]))
             ]
-        if job.gres.kind == "shard":
-            taken = self._fit_shard(pool, job)
-        else:
-            taken = self._fit_gpus(pool, job)
+        # a share of one GPU (shard or mps), or whole GPUs
+        taken = self._fit_shard(pool, job) if job.gres.shared else self._fit_gpus(pool, job)
         if taken is None:
             job.reason = "Resources"
             return False
@@ -413,11 +414,15 @@ class SimCluster:
         return None
 
     def _fit_shard(self, pool: list[str], job: _Job) -> list[tuple[str, int]] | None:
+        """One GPU for a shard or MPS job: one already shared (by jobs of the same kind)
+        before an empty one."""
+        size = self.mps_per_gpu if job.gres.kind == "mps" else self.shards_per_gpu
         options = []
         for node in pool[:1] if job.req_nodes else pool:
             for i, g in enumerate(self._nodes[node]):
                 used = sum(g.shards.values())
-                if g.owner is None and used + job.gres.count <= self.shards_per_gpu:
+                kinds = {self._jobs[sid].gres.kind for sid in g.shards}
+                if g.owner is None and used + job.gres.count <= size and kinds <= {job.gres.kind}:
                     options.append((0 if used else 1, node, i))
         if not options:
             return None

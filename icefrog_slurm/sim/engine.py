@@ -181,6 +181,7 @@ class Engine:
             nodes=options.gpus // options.gpus_per_node,
             gpus_per_node=options.gpus_per_node,
             shards_per_gpu=settings.slurm.shards_per_gpu,
+            mps_per_gpu=settings.slurm.mps_per_gpu,
             partition=settings.slurm.partition,
             user_id=SIM_UID,
             on_signal=self._on_signal,
@@ -391,7 +392,9 @@ class Engine:
             other = self.by_slurm.get(sid)
             if other is not None and other is not job and other.config is not None:
                 partners.append((other.truth, other.config.batch, other.config.frozen))
-        return job.truth.shared_speed(batch=cfg.batch, frozen=cfg.frozen, partners=partners)
+        return job.truth.shared_speed(
+            batch=cfg.batch, frozen=cfg.frozen, partners=partners, kind=self.settings.sharing.gres
+        )
 
     def _store_reports(self, reports: list[tuple[SimJob, Reports]], now: float) -> None:
         """Apply the jobs' reports as the inbox applies verified ones."""

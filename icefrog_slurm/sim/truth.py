@@ -27,7 +27,10 @@ What is true here (docs/simulator.md argues why each is plausible):
   recovery factor (the paper finds eq 3's predicted iteration point later than the real
   one), times mean-one noise each step of the engine;
 - **memory and utilisation** per (batch, theta_l, omega_l) and the speed of jobs sharing a
-  GPU (time-slicing beyond 100 % utilisation, a hidden interference cost, OOM past 80 GB).
+  GPU, by the GRES that shares it: shards time-slice (slowed beyond 100 % utilisation, a
+  hidden interference cost), CUDA MPS runs the jobs' kernels concurrently (slowed only
+  when their busy kernels need more SMs than the GPU has, half the interference); OOM past
+  80 GB either way.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from icefrog_slurm.core.penalty import frozen_penalty
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.throughput import iteration_time, nodes_for
 from icefrog_slurm.errors import InputError
-from icefrog_slurm.protocol import GradStats
+from icefrog_slurm.protocol import GradStats, SharingKind
 from icefrog_slurm.sim.calibration import TaskCalibration
 from icefrog_slurm.sim.catalog import Catalog, Task
 
@@ -59,6 +62,7 @@ UTIL_NOISE = 0.03  # sd of measured - true GPU utilisation (absolute, 0..1)
 WORK_NOISE = 0.05  # sd of log of the frozen-progress factor of one progress quantum
 PROGRESS_QUANTUM = 0.01  # frozen training is integrated in steps of at most this progress
 JOB_WORK_NOISE = 0.05  # sd of log of a job's samples-to-target around the task's
+MPS_INTERFERENCE = 0.5  # share of a pair's time-slicing interference left under CUDA MPS
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,7 @@ class _Hidden:
     util_peak: float  # utilisation = util_peak x busy share of a one-GPU iteration
     interference: float  # shared speed = (1 - interference) / max(1, sum of utilisations)
     snr: FloatArray  # squared gradient norm over variance, per layer
+    sm_share: float  # share of the GPU's SMs a busy kernel of this task occupies (MPS)
 
 
 def _lognormal(rng: np.random.Generator, sd: float, size: int | None = None) -> FloatArray:
@@ -130,6 +135,7 @@ def _draw(task: Task, layers: LayerTable, cal: TaskCalibration, seed: int) -> _H
         util_peak=rng.uniform(0.85, 0.98),
         interference=rng.uniform(0.03, 0.10),
         snr=0.05 * _lognormal(rng, 0.5, n),
+        sm_share=rng.uniform(0.55, 0.9),  # drawn last: the draws above stay as they were
     )
 
 
@@ -196,14 +202,29 @@ class TaskTruth:
         return float(h.util_peak * max(0.0, t_iter - idle) / t_iter)
 
     def shared_speed(
-        self, *, batch: int, frozen: int, partners: list[tuple[TaskTruth, int, int]]
+        self,
+        *,
+        batch: int,
+        frozen: int,
+        partners: list[tuple[TaskTruth, int, int]],
+        kind: SharingKind = "shard",
     ) -> float:
         """True speed factor (lambda) of this job on a GPU shared with ``partners`` given as
-        (truth, batch, frozen): 0 when their memory overflows the GPU (OOM); else
-        (1 - interference) / max(1, sum of utilisations) (time-slicing beyond 100 %)."""
+        (truth, batch, frozen): 0 when their memory overflows the GPU (OOM); else, by how
+        the GPU is shared (``kind``, the GRES):
+
+        - ``shard`` (time slicing: one context's kernels at a time)
+          ``(1 - interference) / max(1, sum of utilisations)``;
+        - ``mps`` (CUDA MPS: the jobs' kernels run concurrently, each on its ``sm_share``
+          of the SMs) ``(1 - MPS_INTERFERENCE x interference) / max(1, sum of
+          utilisation x sm_share)``: no context switches, so less interference, and the
+          GPU is full only when the busy kernels' SMs add up past all of them."""
         loads = [(self, batch, frozen), *partners]
         if sum(t.memory(batch=m, frozen=k) for t, m, k in loads) > GPU_MEMORY_BYTES:
             return 0.0
+        if kind == "mps":
+            busy = sum(t.utilisation(batch=m, frozen=k) * t._hidden.sm_share for t, m, k in loads)
+            return (1 - MPS_INTERFERENCE * self._hidden.interference) / max(1.0, busy)
         util = sum(t.utilisation(batch=m, frozen=k) for t, m, k in loads)
         return (1 - self._hidden.interference) / max(1.0, util)
 
