@@ -7,11 +7,11 @@ records what the controller decided and did, and which reports it accepted or re
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cache
 from typing import Any, TypeVar
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session
 
@@ -57,11 +57,23 @@ class StoreError(IcefrogError):
     """A store call that breaks an invariant (unknown job, a Slurm id already taken...)."""
 
 
+@dataclass
+class RoundMemo:
+    """The last round a transaction read that it had not written itself, kept between the
+    store's transactions: a recorded round is never changed, and one read from committed
+    rows stays true (a transaction's own round could still be rolled back, so it is not
+    kept). Every tick reads the last round; between rounds it is this one."""
+
+    last: RoundRecord | None = None
+
+
 class LedgerTx:
     """Decisions, intents, actions and the report ledger, inside one transaction."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, rounds: RoundMemo | None = None) -> None:
         self._s = session
+        self._rounds = RoundMemo() if rounds is None else rounds
+        self._written_rounds: set[int] = set()  # rounds this transaction recorded
 
     # ----- rounds ------------------------------------------------------------------------
     def next_round_no(self) -> int:
@@ -82,6 +94,7 @@ class LedgerTx:
     ) -> None:
         """Record a round's decision: one row for the round, one a job, with the reason the
         policy gave for a job (why it waits) when it gave one."""
+        self._written_rounds.add(round_no)
         self._s.add(
             RoundRow(
                 round_no=round_no,
@@ -111,7 +124,13 @@ class LedgerTx:
         """A round's decision (the last one when ``round_no`` is None)."""
         if round_no is None:
             round_no = self._s.scalar(select(func.max(RoundRow.round_no)))
-        row = None if round_no is None else self._s.get(RoundRow, round_no)
+        if round_no is None:
+            return None
+        committed = round_no not in self._written_rounds
+        kept = self._rounds.last
+        if committed and kept is not None and kept.round_no == round_no:
+            return kept
+        row = self._s.get(RoundRow, round_no)
         if row is None:
             return None
         allocs = self._s.execute(
@@ -119,7 +138,10 @@ class LedgerTx:
             .where(AllocationRow.round_no == row.round_no)
             .order_by(AllocationRow.job_id)
         )
-        return record(RoundRecord, row, allocations=tuple(_allocation(a) for a in allocs))
+        out = record(RoundRecord, row, allocations=tuple(_allocation(a) for a in allocs))
+        if committed:
+            self._rounds.last = out
+        return out
 
     def job_allocations(self, job_id: int) -> list[tuple[int, Allocation]]:
         """A job's trajectory: (round_no, allocation) for every round that decided it."""
@@ -144,51 +166,54 @@ class LedgerTx:
         """Write what reconcile is about to do, before doing it. With ``supersede``, the
         job's earlier open intents are closed as ``superseded`` (a newer plan wins)."""
         if supersede and job_id is not None:
+            self._s.execute(_SUPERSEDE, dict(p_job=job_id, p_now=now), execution_options=_NO_SYNC)
+        return int(
             self._s.execute(
-                update(IntentRow)
-                .where(IntentRow.job_id == job_id, IntentRow.status.in_(OPEN_INTENT_STATES))
-                .values(status="superseded", updated_at=now)
-            )
-        row = IntentRow(
-            round_no=round_no,
-            job_id=job_id,
-            action=action,
-            params=dict(params),
-            status="pending",
-            attempts=0,
-            created_at=now,
-            updated_at=now,
-            detail="",
+                _ADD_INTENT,
+                dict(
+                    round_no=round_no,
+                    job_id=job_id,
+                    action=action,
+                    params=dict(params),
+                    status="pending",
+                    attempts=0,
+                    created_at=now,
+                    updated_at=now,
+                    detail="",
+                ),
+            ).scalar_one()
         )
-        self._s.add(row)
-        self._s.flush()
-        return row.id
 
     def start_intent(self, *, intent_id: int, now: float) -> Intent:
         """Mark an intent as being acted on (counts the attempt); commit before acting."""
-        row = self._intent_row(intent_id)
-        if row.status not in OPEN_INTENT_STATES:
-            raise StoreError(f"intent {intent_id} is {row.status}, not open")
-        row.status, row.attempts, row.updated_at = "acting", row.attempts + 1, now
-        return _intent(row)
+        before = self.intent(intent_id)
+        if before.status not in OPEN_INTENT_STATES:
+            raise StoreError(f"intent {intent_id} is {before.status}, not open")
+        self._s.execute(_START_INTENT, dict(p_id=intent_id, p_now=now), execution_options=_NO_SYNC)
+        return replace(before, status="acting", attempts=before.attempts + 1, updated_at=now)
 
     def finish_intent(self, *, intent_id: int, status: str, now: float, detail: str = "") -> None:
         if status not in INTENT_END_STATES:
             raise StoreError(
                 f"intent status {status!r}: must be one of {', '.join(INTENT_END_STATES)}"
             )
-        row = self._intent_row(intent_id)
-        row.status, row.updated_at, row.detail = status, now, detail[:MAX_DETAIL]
+        done = self._s.execute(
+            _FINISH_INTENT,
+            dict(p_id=intent_id, p_status=status, p_now=now, p_detail=detail[:MAX_DETAIL]),
+            execution_options=_NO_SYNC,
+        )
+        if not done.rowcount:  # type: ignore[attr-defined]
+            raise StoreError(f"no intent {intent_id}")
 
     def open_intents(self) -> list[Intent]:
         """Intents written but not finished: what a restarted reconcile must check."""
-        rows = self._s.scalars(
-            select(IntentRow).where(IntentRow.status.in_(OPEN_INTENT_STATES)).order_by(IntentRow.id)
-        )
-        return [_intent(r) for r in rows]
+        return [_intent(r) for r in self._s.execute(_OPEN_INTENTS)]
 
     def intent(self, intent_id: int) -> Intent:
-        return _intent(self._intent_row(intent_id))
+        row = self._s.execute(_INTENT, dict(p_id=intent_id)).first()
+        if row is None:
+            raise StoreError(f"no intent {intent_id}")
+        return _intent(row)
 
     def log_action(
         self,
@@ -205,7 +230,7 @@ class LedgerTx:
         intent_id: int | None = None,
     ) -> int:
         """Append one Slurm command and its outcome to the audit log."""
-        row = SlurmActionRow(
+        values = dict(
             time=now,
             intent_id=intent_id,
             job_id=job_id,
@@ -217,19 +242,15 @@ class LedgerTx:
             detail=detail[:MAX_DETAIL],
             duration_s=duration_s,
         )
-        self._s.add(row)
-        self._s.flush()
-        return row.id
+        return int(self._s.execute(_LOG_ACTION, values).scalar_one())
 
     def actions(
         self, *, job_id: int | None = None, intent_id: int | None = None
     ) -> list[SlurmAction]:
-        query = select(SlurmActionRow).order_by(SlurmActionRow.id)
-        if job_id is not None:
-            query = query.where(SlurmActionRow.job_id == job_id)
-        if intent_id is not None:
-            query = query.where(SlurmActionRow.intent_id == intent_id)
-        return [_action(r) for r in self._s.scalars(query)]
+        """The audit log (of a job, of an intent), oldest first, as plain rows."""
+        query = _ACTIONS[job_id is not None, intent_id is not None]
+        rows = self._s.execute(query, dict(p_job=job_id, p_intent=intent_id))
+        return [_action(r) for r in rows]
 
     # ----- the inbox's ledger ------------------------------------------------------------
     def accepted_digest(self, *, slurm_job_id: str, seq: int) -> str | None:
@@ -315,12 +336,6 @@ class LedgerTx:
         )
         return int(done.rowcount or 0) + int(gone.rowcount or 0)  # type: ignore[attr-defined]
 
-    def _intent_row(self, intent_id: int) -> IntentRow:
-        row = self._s.get(IntentRow, intent_id)
-        if row is None:
-            raise StoreError(f"no intent {intent_id}")
-        return row
-
 
 def columns(model: type[Any]) -> list[Any]:
     """Every column of a model, to select plain rows instead of ORM objects."""
@@ -342,9 +357,46 @@ def _allocation(r: Any) -> Allocation:
     return record(Allocation, r, nodes=tuple(r.nodes))
 
 
-def _intent(r: IntentRow) -> Intent:
+def _intent(r: Any) -> Intent:
     return record(Intent, r, params=dict(r.params))
 
 
-def _action(r: SlurmActionRow) -> SlurmAction:
+def _action(r: Any) -> SlurmAction:
     return record(SlurmAction, r, command=tuple(r.command))
+
+
+# Statements built once, read as plain rows (no ORM object): reconcile runs several of
+# these a step, and a cached statement skips SQLAlchemy's per-call construction.
+_NO_SYNC = {"synchronize_session": False}
+_INTENT_COLUMNS = [getattr(IntentRow, n) for n in field_names(Intent)]
+_OPEN_INTENTS = (
+    select(*_INTENT_COLUMNS).where(IntentRow.status.in_(OPEN_INTENT_STATES)).order_by(IntentRow.id)
+)
+_INTENT = select(*_INTENT_COLUMNS).where(IntentRow.id == bindparam("p_id"))
+_ADD_INTENT = insert(IntentRow).returning(IntentRow.id)
+_SUPERSEDE = (
+    update(IntentRow)
+    .where(IntentRow.job_id == bindparam("p_job"), IntentRow.status.in_(OPEN_INTENT_STATES))
+    .values(status="superseded", updated_at=bindparam("p_now"))
+)
+_START_INTENT = (
+    update(IntentRow)
+    .where(IntentRow.id == bindparam("p_id"))
+    .values(status="acting", attempts=IntentRow.attempts + 1, updated_at=bindparam("p_now"))
+)
+_FINISH_INTENT = (
+    update(IntentRow)
+    .where(IntentRow.id == bindparam("p_id"))
+    .values(status=bindparam("p_status"), updated_at=bindparam("p_now"),
+            detail=bindparam("p_detail"))
+)  # fmt: skip
+_LOG_ACTION = insert(SlurmActionRow).returning(SlurmActionRow.id)
+_ACTION_COLUMNS = select(*(getattr(SlurmActionRow, n) for n in field_names(SlurmAction)))
+_ACTIONS = {
+    (by_job, by_intent): _ACTION_COLUMNS.where(
+        *([SlurmActionRow.job_id == bindparam("p_job")] if by_job else []),
+        *([SlurmActionRow.intent_id == bindparam("p_intent")] if by_intent else []),
+    ).order_by(SlurmActionRow.id)
+    for by_job in (False, True)
+    for by_intent in (False, True)
+}

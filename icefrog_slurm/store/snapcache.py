@@ -15,6 +15,9 @@ Specs. A job's spec holds its per-layer table as JSON; the jobs query reads thos
 as text, and a job's :class:`JobSpec` is decoded again only when its columns differ from
 the text it was decoded from (``set_spec`` changes them).
 
+The last round. Every tick reads it (between rounds, the decision that stands); a
+recorded round never changes, so it is decoded once (``RoundMemo``, store/ledger.py).
+
 Rows are read as plain tuples straight into the records, field by field in order: no ORM
 object, no per-row dictionary.
 """
@@ -30,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.protocol import GradStats, JobSpec, MetricReport
+from icefrog_slurm.store.ledger import RoundMemo
 from icefrog_slurm.store.models import GradStatsRow, MetricRow, ProfileSampleRow
 
 CHUNK = 5000  # job ids per IN (...) list: well under SQLite's and Postgres' parameter limits
@@ -69,6 +73,7 @@ class SnapshotCache:
         self._metrics = _Kept()
         self._grads = _Kept()
         self._specs: dict[int, tuple[Mark, JobSpec]] = {}
+        self.rounds = RoundMemo()  # the last round read (store/ledger.py)
 
     def spec(self, job_id: int, text: Mark, decode: Callable[[], JobSpec]) -> JobSpec:
         """The job's spec: decoded again only when its columns' ``text`` changed."""

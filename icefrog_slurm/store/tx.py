@@ -14,7 +14,7 @@ from dataclasses import asdict
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Text, bindparam, cast, func, insert, select, update
+from sqlalchemy import Table, Text, bindparam, cast, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import identity_key
@@ -49,8 +49,8 @@ class SqlStoreTx(LedgerTx):
     store/snapcache.py); none: everything is read and decoded afresh."""
 
     def __init__(self, session: Session, cache: SnapshotCache | None = None) -> None:
-        super().__init__(session)
         self._cache = SnapshotCache() if cache is None else cache
+        super().__init__(session, self._cache.rounds)
 
     # ----- jobs and their Slurm chain -------------------------------------------------
     def create_job(
@@ -126,12 +126,16 @@ class SqlStoreTx(LedgerTx):
             self._s.expire(loaded)
 
     def job(self, job_id: int) -> JobRecord:
-        return _orm_job_record(self._job_row(job_id))
+        """One job, read as a plain row (its spec decoded only when it changed)."""
+        row = self._s.execute(_JOB, dict(p_id=job_id)).first()
+        if row is None:
+            raise StoreError(f"no icefrog job {job_id}")
+        return self._job_record(row, self._s.scalars(_CHAIN, dict(p_id=job_id)).all())
 
     def job_by_slurm_id(self, slurm_job_id: str) -> JobRecord | None:
         """The icefrog job whose chain holds this Slurm job id, if any."""
         link = self._s.get(SlurmJobRow, slurm_job_id)
-        return None if link is None else _orm_job_record(link.job)
+        return None if link is None else self.job(link.job_id)
 
     def jobs(self, *, states: Iterable[str] | None = None) -> list[JobRecord]:
         """Jobs (in ``states``), read as plain rows: no ORM object per job; a job's spec is
@@ -160,7 +164,7 @@ class SqlStoreTx(LedgerTx):
     ) -> None:
         if samples:
             self._s.execute(
-                insert(ProfileSampleRow),
+                insert(_table(ProfileSampleRow)),
                 [
                     dict(job_id=job_id, slurm_job_id=slurm_job_id, time=now, **asdict(sample))
                     for sample in samples
@@ -196,9 +200,8 @@ class SqlStoreTx(LedgerTx):
             self._s.expire(loaded)
 
     def mark_finished(self, *, job_id: int, report: FinishedReport, now: float) -> None:
-        job = self._job_row(job_id)
-        job.finish_reason = report.reason
-        job.final_metric = report.final_metric
+        values = dict(p_id=job_id, p_reason=report.reason, p_metric=report.final_metric)
+        self._s.execute(_FINISHED, values)
         self.set_state(
             job_id=job_id, state="failed" if report.reason == "failed" else "finished", now=now
         )
@@ -268,11 +271,19 @@ class SqlStoreTx(LedgerTx):
 
 # Statements built once: executing a cached statement with parameters skips SQLAlchemy's
 # per-call construction and cache-key work (most of the cost of a report at 500+ jobs).
+def _table(model: Any) -> Table:
+    """A model's table: statements on it are plain, without the ORM's bulk and
+    synchronisation work (the writes a report makes, at every report of every job)."""
+    table: Table = model.__table__
+    return table
+
+
+_JOBS = _table(JobRow).c
 _SET_PROGRESS = (
-    update(JobRow)
+    update(_table(JobRow))
     .where(
-        JobRow.id == bindparam("job_id"),
-        JobRow.progress_time.is_(None) | (JobRow.progress_time <= bindparam("sent")),
+        _JOBS.id == bindparam("job_id"),
+        _JOBS.progress_time.is_(None) | (_JOBS.progress_time <= bindparam("sent")),
     )
     .values(
         epoch=bindparam("epoch"),
@@ -281,14 +292,18 @@ _SET_PROGRESS = (
         checkpoint_path=bindparam("checkpoint_path"),
         progress_time=bindparam("sent"),
     )
-    .execution_options(synchronize_session=False)
+)
+_FINISHED = (
+    update(_table(JobRow))
+    .where(_JOBS.id == bindparam("p_id"))
+    .values(finish_reason=bindparam("p_reason"), final_metric=bindparam("p_metric"))
 )
 
 
 @cache
 def _upsert_for(dialect_name: str, model: Any, key: tuple[str, ...]) -> Any:
     """INSERT ... ON CONFLICT (key) DO UPDATE of every other column (SQLite and Postgres)."""
-    stmt = (postgresql if dialect_name == "postgresql" else sqlite).insert(model)
+    stmt = (postgresql if dialect_name == "postgresql" else sqlite).insert(_table(model))
     others = [c.name for c in model.__table__.columns if c.name not in key and c.name != "id"]
     return stmt.on_conflict_do_update(
         index_elements=list(key), set_={c: stmt.excluded[c] for c in others}
@@ -314,15 +329,17 @@ def _speccolumns(spec: JobSpec) -> dict[str, Any]:
     return values
 
 
-def _orm_job_record(row: JobRow) -> JobRecord:
-    return _job_record(row, [link.slurm_job_id for link in row.slurm_jobs], _spec(row))
-
-
 _LAYERS = ("layer_flops", "layer_param_bytes", "layer_boundaries")
 _JSON_SPEC = (*_LAYERS, "parallelism")
 # the jobs query: every column, the spec's JSON ones as their text (decoded only on change)
 _JOB_COLUMNS = [cast(c, Text).label(c.key) if c.key in _JSON_SPEC else c for c in columns(JobRow)]
 _SPEC_AT = [i for i, c in enumerate(_JOB_COLUMNS) if c.key in field_names(JobSpec)]
+_JOB = select(*_JOB_COLUMNS).where(JobRow.id == bindparam("p_id"))
+_CHAIN = (
+    select(SlurmJobRow.slurm_job_id)
+    .where(SlurmJobRow.job_id == bindparam("p_id"))
+    .order_by(SlurmJobRow.position)
+)
 
 
 def _spec(row: Any) -> JobSpec:

@@ -198,6 +198,17 @@ def test_reconcile_intents_and_the_audit_log(store: SqlStore) -> None:
         assert tx.intent(second).status == "superseded"
         with pytest.raises(StoreError, match="intent status"):
             tx.finish_intent(intent_id=third, status="maybe", now=8.0)
+        tx.finish_intent(intent_id=third, status="failed", now=9.0, detail="x" * 5000)
+        ended = tx.intent(third)  # read back in the transaction that wrote it
+        assert (ended.status, ended.updated_at, len(ended.detail)) == ("failed", 9.0, 4000)
+        with pytest.raises(StoreError, match="no intent 999"):
+            tx.start_intent(intent_id=999, now=9.0)
+        with pytest.raises(StoreError, match="no intent 999"):
+            tx.finish_intent(intent_id=999, status="done", now=9.0)
+        with pytest.raises(StoreError, match="no icefrog job 999"):
+            tx.job(999)
+        with pytest.raises(StoreError, match="no icefrog job 999"):
+            tx.mark_finished(job_id=999, report=FinishedReport("failed", 1, 0.0), now=9.0)
 
 
 def test_round_trajectory_of_a_job(store: SqlStore) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from icefrog_slurm.domain.records import StoreSnapshot
+from icefrog_slurm.domain.records import Allocation, StoreSnapshot
 from icefrog_slurm.protocol import GradStats, MetricReport
 from icefrog_slurm.store.sql import SqlStore
 from icefrog_slurm.store.tx import SqlStoreTx
@@ -90,3 +90,37 @@ def test_a_rolled_back_write_read_in_its_own_transaction_is_not_kept(store: SqlS
     after = _cached(store)
     assert after == store.snapshot()
     assert after.jobs[0].samples == () and after.jobs[0].metrics == ()
+
+
+def _round(tx: SqlStoreTx, round_no: int, gpus: int, now: float) -> None:
+    tx.record_round(
+        round_no=round_no,
+        now=now,
+        policy="icefrog",
+        capacity_gpus=4,
+        allocations=[Allocation(1, gpus, 32, 0, False)],
+    )
+
+
+def test_the_last_round_kept_is_a_committed_one(store: SqlStore) -> None:
+    with store.transaction() as tx:
+        tx.create_job(
+            name="j", owner_uid=1001, owner_user="alice", slurm_job_id="7", spec=spec(), now=1.0
+        )
+        _round(tx, 1, 1, 300.0)
+    assert _cached(store).last_round == store.snapshot().last_round
+    try:
+        with store.transaction() as tx:
+            _round(tx, 2, 2, 600.0)
+            inside = tx.snapshot().last_round
+            assert inside is not None and inside.allocations[0].gpus == 2
+            raise RuntimeError("roll back")
+    except RuntimeError:
+        pass
+    with store.transaction() as tx:
+        _round(tx, 2, 4, 900.0)  # the same number again, another decision
+    for _ in range(2):  # read once from the rows, then as kept
+        last = _cached(store).last_round
+        assert last == store.snapshot().last_round
+        assert last is not None and (last.round_no, last.time) == (2, 900.0)
+        assert last.allocations[0].gpus == 4
