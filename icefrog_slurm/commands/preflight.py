@@ -15,7 +15,9 @@ every check passed, 2 otherwise. The checks, in order:
   nobody else may read or write, of at least 16 bytes (absent: made at the first start);
 - ``munge``: munged makes and decodes a credential (``inbox.munge_socket``);
 - ``slurm``: the backend's capacity call (``sinfo`` and ``squeue`` for the CLI backend,
-  one try) lists usable nodes in ``slurm.partition``;
+  one try) lists usable nodes in ``slurm.partition``, and, with sharing on, each of them
+  offers the GRES ``sharing.gres`` names (``shard`` or ``mps``), as many a GPU as
+  ``slurm.shards_per_gpu`` / ``slurm.mps_per_gpu`` say;
 - ``metrics``: off, or prometheus_client is installed and ``metrics.address:port`` can be
   listened on.
 
@@ -41,6 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from icefrog_slurm.commands import state_folders
+from icefrog_slurm.domain.cluster import PartitionCapacity
 from icefrog_slurm.errors import IcefrogError, InputError
 from icefrog_slurm.jsonio import printable
 from icefrog_slurm.settings import Settings, load_settings
@@ -193,8 +196,38 @@ def check_slurm(settings: Settings) -> str:
         )
     return (
         f"partition {shown}: {capacity.total_gpus} GPUs on {len(capacity.nodes)} nodes, "
-        f"{capacity.available_gpus} free of foreign jobs"
+        f"{capacity.available_gpus} free of foreign jobs; {check_sharing(settings, capacity)}"
     )
+
+
+def check_sharing(settings: Settings, capacity: PartitionCapacity) -> str:
+    """With sharing on, every node of the partition offers the GRES ``sharing.gres`` names,
+    as many a GPU as the settings say (a shared job pinned to a node without it would wait
+    for ever, and its share would be another part of the GPU than the one decided)."""
+    kind = settings.sharing.gres
+    if settings.sharing.max_jobs_per_gpu < 2:
+        return "sharing off (sharing.max_jobs_per_gpu = 1)"
+    per_gpu = settings.slurm.mps_per_gpu if kind == "mps" else settings.slurm.shards_per_gpu
+    key = "slurm.mps_per_gpu" if kind == "mps" else "slurm.shards_per_gpu"
+    shown = printable(capacity.partition, 100)
+    other = "shard" if kind == "mps" else "mps"
+    for node in capacity.nodes:
+        have, has_other = (node.mps, node.shards) if kind == "mps" else (node.shards, node.mps)
+        name = printable(node.name, 100)
+        if not have:
+            offers = f"gres/{other}" if has_other else "no shared GRES"
+            raise Failed(
+                f'sharing.gres = "{kind}" but node {name} of partition {shown} offers '
+                f"{offers} (`sinfo -N -p {shown} -o '%N %G'`): set sharing.gres"
+                + (f' = "{other}"' if has_other else "")
+                + f", or give the nodes gres/{kind} (GresTypes, gres.conf Name={kind})"
+            )
+        if node.gpus and have != per_gpu * node.gpus:
+            raise Failed(
+                f"{key} = {per_gpu} but node {name} has {kind}:{have} for {node.gpus} GPUs "
+                f"(gres.conf Name={kind} Count=): set {key} = {have // node.gpus}"
+            )
+    return f"GPUs shared by {kind}, {per_gpu} a GPU"
 
 
 def check_metrics(settings: Settings) -> str:

@@ -131,13 +131,16 @@ class SlurmJobState:
 class NodeCapacity:
     """GPUs of one usable node, how many of them foreign jobs hold, and how many of the rest
     are blocked: free, but the memory or cores foreign jobs hold on the node leave too little
-    for a job to use them (``blocked_by``: "cores", "memory" or "cores and memory")."""
+    for a job to use them (``blocked_by``: "cores", "memory" or "cores and memory"); and the
+    GRES a GPU of it can be shared by: its ``shard`` and ``mps`` counts (0: none)."""
 
     name: str
     gpus: int
     foreign_gpus: int
     blocked_gpus: int = 0
     blocked_by: str = ""
+    shards: int = 0
+    mps: int = 0
 
     @property
     def available(self) -> int:

@@ -135,6 +135,8 @@ def partition_capacity(
                 foreign_gpus=held,
                 blocked_gpus=free - usable_gpus,
                 blocked_by=" and ".join(sorted(reasons)),
+                shards=node.shards,
+                mps=node.mps,
             )
         )
     return PartitionCapacity(

@@ -7,9 +7,10 @@ import math
 
 import pytest
 
+from icefrog_slurm.commands.preflight import Failed, check_sharing
 from icefrog_slurm.controller.snapshot import current_of
 from icefrog_slurm.controller.tick import action_for, matches, shared_gres, target_of
-from icefrog_slurm.domain.cluster import Gres, SlurmJobState
+from icefrog_slurm.domain.cluster import Gres, NodeCapacity, PartitionCapacity, SlurmJobState
 from icefrog_slurm.domain.plan import SlurmRequest
 from icefrog_slurm.domain.records import Allocation, JobRecord, JobView, Progress
 from icefrog_slurm.domain.snapshot import JobSnapshot
@@ -109,3 +110,25 @@ def test_a_stored_target_reads_back_every_kind() -> None:
         assert SlurmRequest.from_params(request.params()) == request
     with pytest.raises(ValueError, match="gpu, shard or mps"):
         SlurmRequest.from_params({"gres": "mig:1"})
+
+
+def _capacity(*nodes: tuple[str, int, int]) -> PartitionCapacity:
+    """Nodes of 4 GPUs with (name, shards, mps)."""
+    return PartitionCapacity(
+        "gpu", tuple(NodeCapacity(n, 4, 0, shards=s, mps=m) for n, s, m in nodes), ()
+    )
+
+
+def test_the_check_wants_every_node_to_offer_the_configured_kind() -> None:
+    mps_nodes = _capacity(("n1", 0, 400), ("n2", 0, 400))
+    assert check_sharing(_mps(), mps_nodes) == "GPUs shared by mps, 100 a GPU"
+    with pytest.raises(Failed, match=r'sharing.gres = "shard" but node n1 .* offers gres/mps'):
+        check_sharing(settings_from_mapping({}), mps_nodes)
+    with pytest.raises(Failed, match="node n2 of partition gpu offers no shared GRES"):
+        check_sharing(_mps(), _capacity(("n1", 0, 400), ("n2", 0, 0)))
+    with pytest.raises(Failed, match=r"slurm.mps_per_gpu = 50 but node n1 has mps:400 for 4"):
+        check_sharing(_mps(mps_per_gpu=50), mps_nodes)
+    shard_nodes = _capacity(("n1", 8, 0))
+    assert check_sharing(settings_from_mapping({}), shard_nodes) == "GPUs shared by shard, 2 a GPU"
+    off = settings_from_mapping({"sharing": {"max_jobs_per_gpu": 1, "gres": "mps"}})
+    assert check_sharing(off, shard_nodes).startswith("sharing off")
