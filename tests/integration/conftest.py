@@ -6,6 +6,14 @@ tests/conftest.py: ``ICEFROG_TEST_SLURM``, default the host's): the first one ru
 SLURM_CONF, ICEFROG_SLURM (cluster.sh's version) and, for a version from a Debian root, PATH
 with that version's client commands first are exported while its tests run; at the end the
 cluster is brought down again only if this session started it.
+
+A test that takes the ``sharing`` fixture runs once a GPU-sharing kind (``shard``,
+``mps``). Its ``mps`` variant runs on a cluster of its own, in CUDA MPS mode (``cluster.sh
+up --sharing mps`` in ``var/cluster-mps``, slurmctld port 16857, slurmd 17041-17044; for
+24.11 and 26.05 ``var/cluster-mps-V``, 16877/17061 and 16887/17071), instead of the
+shard cluster: SLURM_CONF names it while the test runs (the test takes ``sharing`` before
+``cluster``, so that its jobs are cancelled there), and it is brought down at the end only
+if this session started it.
 """
 
 from __future__ import annotations
@@ -67,10 +75,74 @@ def slurm_cluster(slurm_version: str) -> Iterator[str]:
             cluster_sh("down", *version)
 
 
+MPS_CLUSTERS = {
+    "host": ("cluster-mps", 16857, 17041),
+    "24.11": ("cluster-mps-24.11", 16877, 17061),
+    "26.05": ("cluster-mps-26.05", 16887, 17071),
+}
+"""The MPS-mode cluster of each Slurm version: folder under var/, slurmctld port, first
+slurmd port (clear of the shard clusters', the accounting one's and the golden one's)."""
+
+
+@pytest.fixture(scope="session")
+def mps_cluster(slurm_version: str) -> Iterator[dict[str, str]]:
+    """The environment of a running MPS-mode cluster (SLURM_CONF, ICEFROG_SLURM, PATH)."""
+    folder, ctld, node = MPS_CLUSTERS[slurm_version]
+    env = {
+        **os.environ,
+        "ICEFROG_CLUSTER_DIR": str(REPO / "var" / folder),
+        "ICEFROG_CLUSTER_CTLD_PORT": str(ctld),
+        "ICEFROG_CLUSTER_NODE_PORT": str(node),
+        "ICEFROG_CLUSTER_SHARING": "mps",
+    }
+    version = ("--slurm", slurm_version)
+    status = cluster_sh("status", *version, env=env)
+    started = False
+    if status.returncode != 0:
+        up = cluster_sh("up", *version, env=env)
+        if up.returncode != 0:
+            pytest.fail(f"cluster.sh up --sharing mps failed:\n{up.stdout}\n{up.stderr}")
+        started = "slurmctld:  up" not in status.stdout
+    conf = cluster_sh("conf", *version, env=env).stdout.strip()
+    out = {"SLURM_CONF": conf, "ICEFROG_SLURM": slurm_version}
+    if slurm_version != "host":
+        out["PATH"] = f"{Path(conf).parent.parent / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    try:
+        yield out
+    finally:
+        if started:
+            cluster_sh("down", *version, env=env)
+
+
+@pytest.fixture(params=["shard", "mps"])
+def sharing(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The GPU-sharing kind a test runs with (module docstring); for ``mps`` the MPS-mode
+    cluster's environment is exported while the test runs."""
+    kind: str = request.param
+    if kind == "shard":
+        yield kind
+        return
+    env: dict[str, str] = request.getfixturevalue("mps_cluster")
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield kind
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 @pytest.fixture(autouse=True)
 def _cluster_for_slurm_tests(request: pytest.FixtureRequest, slurm_version: str) -> None:
-    if request.node.get_closest_marker("slurm") is not None:
-        request.getfixturevalue("slurm_cluster")
+    if request.node.get_closest_marker("slurm") is None:
+        return
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("sharing") == "mps":
+        return  # its own cluster: the sharing fixture
+    request.getfixturevalue("slurm_cluster")
 
 
 def wait_for(

@@ -26,9 +26,12 @@ from tests.integration.conftest import wait_for
 from tests.integration.store.helpers import spec
 
 SCRIPT = """#!/bin/bash
-# A stand-in training job: USR1 = checkpoint now (write the marker) and exit.
+# A stand-in training job: USR1 = checkpoint now (write the marker) and exit. Each start
+# appends the GPU variables Slurm gave it to ./env (its Slurm id first).
 trap 'touch "$PWD/checkpointed"; exit 0' USR1
 echo "start $SLURM_JOB_ID restarts=${SLURM_RESTART_COUNT:-0}" >> "$PWD/starts"
+gpu_env=$(env | grep -E '^(CUDA_VISIBLE_DEVICES|CUDA_MPS_[A-Z_]*)=' | tr '\n' ' ')
+echo "$SLURM_JOB_ID $gpu_env" >> "$PWD/env"
 sleep 600 &
 wait
 """
@@ -52,10 +55,12 @@ class OffsetClock:
 
 @dataclass
 class FixedPolicy:
-    """Decides what the test says: job id -> (gpus, shared, nodes); others wait."""
+    """Decides what the test says: job id -> (gpus, shared, nodes); others wait. ``utils``:
+    job id -> the predicted GPU utilisation of a shared job (an ``mps`` job's share)."""
 
     decisions: dict[int, tuple[int, bool, tuple[str, ...]]] = field(default_factory=dict)
     name: str = "fixed"
+    utils: dict[int, float] = field(default_factory=dict)
 
     def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
         out = {}
@@ -63,15 +68,17 @@ class FixedPolicy:
             gpus, shared, nodes = self.decisions.get(j.id, (0, False, ()))
             out[j.id] = Allocation(
                 job_id=j.id, gpus=gpus, batch=32 if gpus else 0, frozen=0, shared=shared,
-                nodes=nodes,
+                nodes=nodes, predicted_util=self.utils.get(j.id) if shared else None,
             )  # fmt: skip
         return PolicyResult(allocations=out)
 
 
-def make_settings(tmp: Path, **controller: float) -> Settings:
+def make_settings(tmp: Path, sharing: str = "shard", **controller: float) -> Settings:
+    """The tests' settings; ``sharing``: the GRES a shared job asks for (``shard``, ``mps``)."""
     return settings_from_mapping(
         {
             "state": {"dir": str(tmp / "state")},
+            "sharing": {"gres": sharing},
             "controller": {
                 "round_period_s": 300.0,
                 "checkpoint_timeout_s": 20.0,

@@ -108,26 +108,33 @@ def test_running_job_is_resized_through_checkpoint_and_requeue(
 
 
 def test_two_jobs_share_a_gpu_and_one_moves_back(
-    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+    sharing: str, tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
 ) -> None:
-    settings = make_settings(tmp_path)
+    settings = make_settings(tmp_path, sharing)
     clock = OffsetClock()
-    a, sid_a, _ = submit_job(store, cluster, base, _key())
-    b, sid_b, _ = submit_job(store, cluster, base, _key())
+    a, sid_a, dir_a = submit_job(store, cluster, base, _key())
+    b, sid_b, dir_b = submit_job(store, cluster, base, _key())
     policy = FixedPolicy({a: (1, True, ("node4",)), b: (1, True, ("node4",))})
+    policy.utils = {a: 0.3, b: 0.6}  # eq 8's prediction: an mps job's share of the GPU
+    shares = {"shard": (Gres("shard", 1),) * 2, "mps": (Gres("mps", 30), Gres("mps", 60))}
     ctl = make_controller(settings, store, policy, clock)
     converge(ctl)
     new_a, new_b = chain(store, a)[-1], chain(store, b)[-1]
-    assert new_a != sid_a and new_b != sid_b  # gpu -> shard: resubmitted as the owner
-    for sid in (new_a, new_b):
-        assert running(cluster, sid).gres == Gres("shard", 1)
+    assert new_a != sid_a and new_b != sid_b  # gpu -> shard/mps: resubmitted as the owner
+    for sid, share in zip((new_a, new_b), shares[sharing], strict=True):
+        assert running(cluster, sid).gres == share
     gpus = {
         (al.nodes, al.indices)
         for sid in (new_a, new_b)
         for al in cluster.gres_allocation(job_id=sid)
-        if al.kind == "shard"
+        if al.kind == sharing
     }
     assert len(gpus) == 1  # one GPU, same node and index, for both
+    if sharing == "mps":  # what the jobs' processes see: the GPU and their share of it
+        for run_dir, percent in ((dir_a, "30"), (dir_b, "60")):
+            env = _job_env(run_dir)
+            assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == percent
+            assert env["CUDA_VISIBLE_DEVICES"] == str(next(iter(gpus))[1][0])
     policy.decisions[b] = (1, False, ("node4",))
     clock.next_round(settings)
     converge(ctl)
@@ -136,7 +143,19 @@ def test_two_jobs_share_a_gpu_and_one_moves_back(
     state = running(cluster, back[-1])
     owner = cluster.job_detail(job_id=new_a).user_id
     assert state.gres == Gres("gpu", 1) and state.user_id == owner
-    assert running(cluster, new_a).gres == Gres("shard", 1)  # the other stays shared
+    assert running(cluster, new_a).gres == shares[sharing][0]  # the other stays shared
+    if sharing == "mps":  # exclusive again: no MPS limit
+        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in _job_env(dir_b, back[-1])
+
+
+def _job_env(run_dir: Path, sid: str | None = None) -> dict[str, str]:
+    """The GPU variables the job script saw (``SCRIPT`` writes them at each start), of its
+    last start or of Slurm job ``sid``'s."""
+    lines = wait_for("the job's environment", lambda: (run_dir / "env").is_file() and [
+        line for line in (run_dir / "env").read_text().splitlines()
+        if sid is None or line.startswith(f"{sid} ")
+    ])  # fmt: skip
+    return dict(item.split("=", 1) for item in lines[-1].split()[1:])
 
 
 def _foreign_job(node: str | None = None) -> str:
@@ -266,14 +285,15 @@ def test_a_foreign_jobs_gpus_are_left_alone(
 
 
 def test_an_unstable_packed_job_is_evicted_and_returns_a_round_later(
-    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+    sharing: str, tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
 ) -> None:
-    settings = make_settings(tmp_path)
+    settings = make_settings(tmp_path, sharing)
     clock = OffsetClock()
-    shard = Gres("shard", 1)
+    shard = Gres("shard", 1) if sharing == "shard" else Gres("mps", 50)
     a, sid_a, _ = submit_job(store, cluster, base, _key(), gres=shard)
     b, sid_b, _ = submit_job(store, cluster, base, _key(), gres=shard)  # submitted later
     policy = FixedPolicy({a: (1, True, ("node3",)), b: (1, True, ("node3",))})
+    policy.utils = {a: 0.5, b: 0.5}  # mps:50 each, as submitted
     ctl = make_controller(settings, store, policy, clock)
     converge(ctl)
     running(cluster, sid_a), running(cluster, sid_b)

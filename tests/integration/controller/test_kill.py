@@ -207,14 +207,20 @@ def test_killed_during_a_drain_loses_and_doubles_no_report(
 
 MOVE_POINTS = 9  # signal, requeue_hold, resubmit (x2: done, logged), link, release (x2)
 MOVE_KILLS = [(RECONCILE_STEPS, n) for n in range(1, MOVE_POINTS + 1)] + [("run:sbatch", 1)]
+# The move is the same steps for both kinds of shared GRES: mps is killed inside the
+# resubmission only (after the new job is made, and before the old one is cancelled)
+MOVE_KILLS_BY_KIND = [(at, nth, "shard") for at, nth in MOVE_KILLS] + [
+    (RECONCILE_STEPS, 3, "mps"),
+    ("run:sbatch", 1, "mps"),
+]
 
 
-def _move_child(url: str, state_dir: str, job: int, at: str, nth: int) -> None:
+def _move_child(url: str, state_dir: str, job: int, at: str, nth: int, sharing: str) -> None:
     """In a forked child: a controller deciding a shared GPU for ``job``, killing itself
     at the ``nth`` point matching ``at`` (kill_runner's names)."""
     from tests.integration.controller.support import FixedPolicy
 
-    settings = make_settings(Path(state_dir).parent, checkpoint_timeout_s=15.0)
+    settings = make_settings(Path(state_dir).parent, sharing, checkpoint_timeout_s=15.0)
     hook = killer(at, nth)
     watch_commands(hook)
     policy = FixedPolicy({job: (1, True, ("node4",))})
@@ -223,23 +229,30 @@ def _move_child(url: str, state_dir: str, job: int, at: str, nth: int) -> None:
     ctl.run(max_ticks=200)
 
 
-@pytest.mark.parametrize(("at", "nth"), MOVE_KILLS)
+@pytest.mark.parametrize(("at", "nth", "sharing"), MOVE_KILLS_BY_KIND, indirect=["sharing"])
 def test_killed_while_moving_to_a_shared_gpu_converges_after_restart(
-    at: str, nth: int, tmp_path: Path, job_dir: Path, cluster: SlurmCliBackend, tag: str
+    at: str,
+    nth: int,
+    sharing: str,
+    tmp_path: Path,
+    job_dir: Path,
+    cluster: SlurmCliBackend,
+    tag: str,
 ) -> None:
     """(``run:sbatch``: the new job exists, the old one is not cancelled yet.)"""
     import multiprocessing
 
     from tests.integration.controller.support import FixedPolicy
 
-    settings = make_settings(tmp_path, checkpoint_timeout_s=15.0)
+    settings = make_settings(tmp_path, sharing, checkpoint_timeout_s=15.0)
     store = make_store(settings)
     key = tag
     job, sid, _ = submit_job(store, cluster, job_dir, key, held=False)
     running(cluster, sid)
     ctx = multiprocessing.get_context("fork")
     child = ctx.Process(
-        target=_move_child, args=(settings.store.url, settings.state.dir, job, at, nth)
+        target=_move_child,
+        args=(settings.store.url, settings.state.dir, job, at, nth, sharing),
     )
     child.start()
     child.join(60)
@@ -252,5 +265,6 @@ def test_killed_while_moving_to_a_shared_gpu_converges_after_restart(
     with store.transaction() as tx:
         assert tx.open_intents() == []
         assert tx.job(job).slurm_job_ids == (sid, live[0].job_id)  # the chain, kept
-    assert running(cluster, live[0].job_id).gres == Gres("shard", 1)
+    shared = Gres("shard", 1) if sharing == "shard" else Gres("mps", 50)  # not predicted: half
+    assert running(cluster, live[0].job_id).gres == shared
     store.close()
