@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import atexit
 import copy
+import gc
 import os
 import random
 import signal
 import socket
 import sys
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
@@ -77,6 +79,9 @@ from icefrog_slurm.protocol import (
 from icefrog_slurm.runfiles import CHECKPOINT_MARKER
 from icefrog_slurm.security import write_atomic
 
+END_WAIT = timedelta(seconds=120)
+"""How long a rank that finished waits at exit for the others to reach theirs."""
+
 Finish = Literal["target_reached"] | Limit
 """Why a job ends (FinishedReport.reason): its target, or the limit that ended it
 (icefrog_launcher.budget)."""
@@ -112,12 +117,14 @@ class Trainer:
         self.config = config or JobConfig.from_env(env)
         self.rank, self.world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
         local_rank = int(env.get("LOCAL_RANK", "0"))
+        self._own_group = False  # whether the trainer made the process group (and ends it)
+        self._ended = False  # the loop ended normally: every rank passed the end barrier
         if self.world > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-            # torn down at exit: a process that exits with the group's threads still running
-            # is aborted ("terminate called without an active exception"), and torchrun
-            # then takes the whole finished run for a failure
-            atexit.register(_destroy_process_group)
+            self._own_group = True
+            # ended at exit, not when the loop ends: the script may still use
+            # torch.distributed after it (icefrog_launcher.trainer._teardown)
+            atexit.register(self._teardown)
         cuda = torch.cuda.is_available()
         self.device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
         node = env.get("SLURMD_NODENAME") or socket.gethostname()
@@ -321,6 +328,7 @@ class Trainer:
         """Yield epoch numbers until the target is reached or the work budget is spent
         (or the cap on physical epochs reached: icefrog_launcher.budget)."""
         if self.finished:
+            self._end_barrier()
             return
         self._register()
         self.registry.close()
@@ -329,9 +337,39 @@ class Trainer:
             self.probes.plan(self.step)
             yield self.epoch
             if self._end_epoch():
+                self._end_barrier()
                 return
             self.apply_decision(first=False)
         self._finish(limit)
+        self._end_barrier()
+
+    def _end_barrier(self) -> None:
+        """Every rank leaves the loop together: rank 0's last checkpoint and reports are
+        written before any rank goes on to the script's own end."""
+        if self.world > 1 and dist.is_initialized():
+            dist.barrier()
+        self._ended = True
+
+    def _teardown(self) -> None:
+        """At interpreter exit, for a process group the trainer made: after a loop that
+        ended normally, wait (at most END_WAIT) for every rank to reach its exit, so no rank
+        ends the group while another still uses it; then drop the DDP wrapper (its reducer
+        holds the group) and destroy the group while the interpreter is whole. Left to the
+        interpreter's own teardown, the group's threads could outlive it: the process is
+        then aborted ("terminate called without an active exception") and torchrun takes
+        the finished run for a failure. A loop left by an exception or a stop signal (exit
+        75, the other ranks possibly still in a collective) skips the wait."""
+        if not (self._own_group and dist.is_initialized()):
+            return
+        try:
+            if self._ended:
+                dist.barrier(async_op=True).wait(timeout=END_WAIT)
+        except Exception as exc:  # a peer that failed: nothing left to end with it
+            print(f"icefrog trainer: exit barrier: {exc}", file=sys.stderr)
+            return
+        self.ddp = None
+        gc.collect()
+        dist.destroy_process_group()
 
     def _limit(self) -> Limit | None:
         """The limit that ends the job now, checked at epoch ends only: the last epoch may
@@ -523,8 +561,3 @@ class Trainer:
                 f"{self.samples_done} samples, {self.world} processes, was {state['world']})",
                 file=sys.stderr,
             )
-
-
-def _destroy_process_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
