@@ -19,7 +19,10 @@ A job declared with ``--global-batch B`` trains on ``a`` processes with the per-
 m = ceil(B / a) clipped to the declared range (``protocol.fixed_per_gpu_batch``, the rule
 the controller decides with) and accumulates k = ceil(B / (a x m)) micro-steps an optimizer
 step (icefrog_launcher.accumulate), so a step covers a x m x k samples, B when the integers
-allow. Without a global batch m is the decision's and k = 1.
+allow. Without a global batch m is the decision's and k = 1, and each optimizer step runs
+at the user's learning rate times the LR rule's factor for the global batch against the
+base batch (icefrog_launcher.lr; the user's value is back in the param groups after the
+step, so checkpoints and schedulers see only it).
 
 The checkpoint also holds every registered object (``scheduler=``, ``scaler=``,
 ``register_state``: icefrog_launcher.state), restored exactly on resume.
@@ -58,6 +61,14 @@ from icefrog_launcher.config import JobConfig
 from icefrog_launcher.data import ElasticDataLoader, SizedDataset
 from icefrog_launcher.decision import read_decision
 from icefrog_launcher.launch import REQUEUE_EXIT_CODE
+from icefrog_launcher.lr import (
+    DEFAULT_RULE,
+    DEFAULT_WARMUP_STEPS,
+    Scaling,
+    parse_rule,
+    target_factor,
+    training_sums,
+)
 from icefrog_launcher.model import ElasticModel
 from icefrog_launcher.position import DataPosition
 from icefrog_launcher.probes import StepProbes
@@ -112,9 +123,15 @@ class Trainer:
         scheduler: object = None,
         scaler: object = None,
         loader_args: Mapping[str, Any] | None = None,
+        lr_rule: str = DEFAULT_RULE,
+        lr_warmup_steps: int = DEFAULT_WARMUP_STEPS,
     ) -> None:
         env = dict(os.environ) if env is None else dict(env)
         self.config = config or JobConfig.from_env(env)
+        self.lr_scaling = Scaling(parse_rule(lr_rule), max(0, int(lr_warmup_steps)))
+        self._lr_kept: list[float] | None = None  # the user's lrs while a step runs scaled
+        self._said_lr: tuple[int, float] | None = None
+        self._lr_stats = (0.0, 0.0)  # the smoothed statistics the adascale rule reads
         self.rank, self.world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
         local_rank = int(env.get("LOCAL_RANK", "0"))
         self._own_group = False  # whether the trainer made the process group (and ends it)
@@ -273,12 +290,53 @@ class Trainer:
         self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
         self.probes.before_step(step=self.step, local_batch=self.accumulation.samples)
+        factor = self.lr_scaling.factor()
+        if factor != 1.0:  # the step runs at the rule's lr; the user's comes back after it
+            self._lr_kept = [group["lr"] for group in optimizer.param_groups]
+            for group in optimizer.param_groups:
+                group["lr"] = group["lr"] * factor
 
     def _after_step(
         self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
+        if self._lr_kept is not None:
+            for group, lr in zip(optimizer.param_groups, self._lr_kept, strict=True):
+                group["lr"] = lr
+            self._lr_kept = None
+        self.lr_scaling.stepped()
         self.step += 1
         self.probes.plan(self.step)
+
+    @property
+    def base_batch(self) -> int:
+        """B0, the global batch the user's learning rate is for: the smallest declared GPU
+        count x the smallest per-GPU batch (the controller's base, core.goodput)."""
+        return self.config.gpus[0] * self.config.batch[0]
+
+    @property
+    def lr_factor(self) -> float:
+        """The factor the next optimizer step multiplies the user's learning rates by
+        (icefrog_launcher.lr); 1 for a job with a fixed global batch."""
+        return self.lr_scaling.factor()
+
+    def _update_lr(self) -> None:
+        """The rule's factor for this epoch's global batch and the latest statistics."""
+        if self.config.global_batch:  # the declared batch is the one the lr is for
+            return
+        batch = self.world * self.batch
+        var, sqr = self._lr_stats
+        factor = target_factor(
+            self.lr_scaling.rule, batch=batch, base_batch=self.base_batch, var=var, sqr=sqr
+        )
+        self.lr_scaling.retarget(factor)
+        said = (batch, round(factor, 2))
+        if self.rank == 0 and said != self._said_lr and (self._said_lr or factor != 1.0):
+            self._said_lr = said
+            print(
+                f"icefrog trainer: global batch {batch} (base {self.base_batch}): "
+                f"lr x {factor:.3g} ({self.lr_scaling.rule})",
+                file=sys.stderr,
+            )
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stop = signum
@@ -335,6 +393,7 @@ class Trainer:
         self.apply_decision(first=True)
         while (limit := self._limit()) is None:
             self.probes.plan(self.step)
+            self._update_lr()
             yield self.epoch
             if self._end_epoch():
                 self._end_barrier()
@@ -412,6 +471,7 @@ class Trainer:
     def _end_epoch(self) -> bool:
         """Report, checkpoint and start the next epoch; whether the job has finished."""
         var, sqr = self.stats.end_epoch(self.frozen)
+        self._lr_stats = self.lr_scaling.observe(*training_sums(var, sqr, self.frozen))
         self.reporter.send("grad_stats", GradStats(self.epoch, self.frozen, tuple(var), tuple(sqr)))
         self._send_profile()
         self.epoch, self.position = self.epoch + 1, 0
@@ -531,6 +591,7 @@ class Trainer:
             "world": self.world,
             "stats": self.stats.state_dict(),
             "objects": self.registry.state_dict(),
+            "lr_scaling": self.lr_scaling.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
         }
         path = checkpoint.save(self.config.checkpoint_dir, self._ckpt_number, state)
@@ -550,6 +611,8 @@ class Trainer:
             setattr(self, key, state[key])
         self.decision_round, self.finished = state["decision_round"], state["finished"]
         self.stats.load_state_dict(state["stats"])
+        self.lr_scaling.load_state_dict(state.get("lr_scaling", {}))  # before: none
+        self._lr_stats = (self.lr_scaling.var, self.lr_scaling.sqr)
         if self.rank == 0:
             torch.set_rng_state(state["rng"]["torch"])
             random.setstate(state["rng"]["python"])
