@@ -3,6 +3,7 @@ the real 22.05 daemons (tests/golden/slurm-22.05-mps, tests/golden/capture-mps.s
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from icefrog_slurm.domain.cluster import Gres
@@ -78,3 +79,24 @@ def test_an_mps_job_is_asked_for_as_a_shared_one() -> None:
     assert "Gres=mps:37" in commands.update_job("7", gres=Gres("mps", 37))
     assert commands.host_share(Gres("mps", 37), 900, 2) == ["--mem=900M", "--cpus-per-task=2"]
     assert commands.host_share(Gres("gpu", 1), 900, 2) == ["--mem-per-gpu=900M", "--cpus-per-gpu=2"]
+
+
+def test_the_mps_node_scripts_comment_every_command_and_parse() -> None:
+    """slurm_conf's prolog, task prolog and epilog for MPS nodes: each command has its
+    comment above it (a continued line, or the fi/done/} closing a block, goes with the
+    command it ends), and bash reads them (they need a GPU to run)."""
+    scripts = sorted((GOLDEN.parents[2] / "slurm_conf").glob("*-mps.sh.example"))
+    assert [p.name for p in scripts] == [
+        "epilog-mps.sh.example",
+        "prolog-mps.sh.example",
+        "taskprolog-mps.sh.example",
+    ]
+    for path in scripts:
+        lines = path.read_text().splitlines()
+        assert lines[0] == "#!/bin/bash"
+        for i, line in enumerate(lines):
+            text, above = line.strip(), lines[i - 1].strip()
+            if not text or text.startswith("#") or text in ("fi", "done", "}"):
+                continue
+            assert above.startswith("#") or above.endswith("\\"), f"{path.name}:{i + 1}"
+        subprocess.run(["bash", "-n", str(path)], check=True)
