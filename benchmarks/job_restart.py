@@ -57,12 +57,16 @@ class Marks:
 
     def __call__(self, name: str) -> None:
         self.marks.setdefault(name, time.time())
-        self.path.write_text(json.dumps(self.marks))
+        tmp = self.path.with_name(f".{self.path.name}")  # replaced whole: never read half
+        tmp.write_text(json.dumps(self.marks))
+        os.replace(tmp, self.path)
 
 
-def worker(model: str, out: Path, steps: int) -> None:
-    """Train the example's model, recording the marks of rank 0."""
-    mark = Marks(out / "marks.json") if os.environ.get("RANK", "0") == "0" else None
+def worker(model: str, out: Path, steps: int, per_process: bool = False) -> None:
+    """Train the example's model, recording the marks of rank 0 (in ``out/marks.json``, or
+    with ``per_process`` in ``out/marks-<pid>.json``: one file a run of a requeued job)."""
+    name = f"marks-{os.getpid()}.json" if per_process else "marks.json"
+    mark = Marks(out / name) if os.environ.get("RANK", "0") == "0" else None
     if mark:
         mark.marks["pid"] = os.getpid()
         mark("started")
@@ -83,8 +87,8 @@ def worker(model: str, out: Path, steps: int) -> None:
     mark("imported")
     atexit.register(mark, "atexit")  # late in the interpreter's last Python code
     wrap = _wrapper(mark, steps)
-    for name in ("_restore", "_save", "_after_step"):
-        setattr(Trainer, name, wrap(name, getattr(Trainer, name)))
+    for method in ("_restore", "_save", "_after_step", "_on_signal"):
+        setattr(Trainer, method, wrap(method, getattr(Trainer, method)))
     sys.argv = [str(EXAMPLE), "--model", model]
     example.main()
 
@@ -96,6 +100,8 @@ def _wrapper(mark: Marks, steps: int) -> Any:
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             if name == "_restore":
                 mark("restore")
+            elif name == "_on_signal":
+                mark("signalled")  # the trainer's handler (USR1, or TERM from torchrun)
             elif name == "_save" and self._stop is not None:
                 mark("checkpoint")
             result = inner(self, *args, **kwargs)
@@ -213,9 +219,10 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", default="mlp", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--per-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.model, args.out, args.steps)
+        worker(args.model, args.out, args.steps, args.per_process)
         return
     print(
         f"median seconds over {args.repeats + 1} stops and {args.repeats} restarts; "
