@@ -393,11 +393,11 @@ class Estimator:
 
 
 def requested_count(job: JobSnapshot) -> int:
-    """The GPUs the job's Slurm job asks for (1 for a shard job), its smallest legal count
-    when unknown."""
+    """The GPUs the job's Slurm job asks for (1 for a shard or mps job), its smallest legal
+    count when unknown."""
     state = job.slurm
     if state is not None and state.gres is not None:
-        if state.gres.kind == "shard":
+        if state.gres.shared:
             return 1
         return state.gres.count * max(state.num_nodes, 1)
     spec = job.job.spec
