@@ -64,11 +64,21 @@ def test_status_is_nonzero_for_a_cluster_that_is_not_up(tmp_path: Path) -> None:
     assert status.returncode == 1 and "slurmctld:  DOWN" in status.stdout
 
 
-def test_generated_config_matches_the_installed_version() -> None:
+def test_generated_config_matches_the_running_version() -> None:
     conf = Path(cluster_sh("conf").stdout.strip()).read_text()
-    version = subprocess.run(["slurmctld", "-V"], capture_output=True, text=True).stdout
+    # the client commands first on PATH are the cluster's version's (the fixture's PATH)
+    version = subprocess.run(["scontrol", "--version"], capture_output=True, text=True).stdout
     assert ("TaskPlugin=task/none" in conf) == (" 22.05." in version)
     assert "GresTypes=gpu,shard" in conf and "Gres=gpu:a800:4,shard:8" in conf
+
+
+def test_sinfo_shows_four_nodes_of_four_gpus_and_eight_shards() -> None:
+    nodes = subprocess.run(
+        ["sinfo", "-N", "-h", "-o", "%N %G"], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    gres = dict(line.split(" ", 1) for line in nodes if line.strip())
+    assert sorted(gres) == ["node1", "node2", "node3", "node4"], nodes
+    assert set(gres.values()) == {"gpu:a800:4,shard:a800:8"}, gres
 
 
 def test_up_refuses_a_port_owned_by_another_cluster(tmp_path: Path) -> None:
@@ -163,6 +173,11 @@ def _is(job_id: str, state: str) -> dict[str, str] | None:
     return shown if shown["JobState"] == state else None
 
 
+def _tres(shown: dict[str, str]) -> str:
+    """A job's allocated TRES: ``TRES=`` on 22.05, ``AllocTRES=`` on 24.11 and 26.05."""
+    return shown.get("TRES") or shown["AllocTRES"]
+
+
 def _node(node: str) -> dict[str, str]:
     out = subprocess.run(
         ["scontrol", "-o", "-d", "show", "node", node], capture_output=True, text=True,
@@ -190,7 +205,7 @@ def test_two_users_gpu_jobs_share_a_node_and_their_shard_jobs_a_gpu(
     assert [s["NodeList"] for s in shown] == [pin.node, pin.node]
     assert [s["UserId"].split("(")[0] for s in shown] == ["icefrog-alice", "icefrog-bob"]
     for s in shown:  # each its defaults: one core, 450 MB per GPU
-        assert "cpu=1," in s["TRES"] and "mem=450M" in s["TRES"], s["TRES"]
+        assert "cpu=1," in _tres(s) and "mem=450M" in _tres(s), s
     gpus = [_output(job_dir, j).split()[0] for j in gpu_jobs]
     assert len(set(gpus)) == 2  # two GPUs of the node, one each
     subprocess.run(["scancel", *gpu_jobs], check=True)
@@ -198,7 +213,7 @@ def test_two_users_gpu_jobs_share_a_node_and_their_shard_jobs_a_gpu(
     shard_jobs = [pin.submit(uid, "--gres=shard:1") for uid in (alice, bob)]
     shown = [_running(j) for j in shard_jobs]
     for s in shown:  # a shard job has no GPU in Slurm's sense: DefMemPerCPU for its core
-        assert "cpu=1," in s["TRES"] and "mem=400M" in s["TRES"], s["TRES"]
+        assert "cpu=1," in _tres(s) and "mem=400M" in _tres(s), s
     ordinals = [_output(job_dir, j).split()[1] for j in shard_jobs]
     assert ordinals[0] == ordinals[1] and ordinals[0].removeprefix("GDO=").isdigit(), ordinals
 
@@ -214,7 +229,7 @@ def test_a_job_with_a_whole_nodes_memory_runs_alone(
     alice, bob = users["icefrog-alice"], users["icefrog-bob"]
     pin = idle_node
     whole = _running(pin.submit(alice, "--gres=gpu:1", "--mem=0"))
-    assert "mem=4000M" in whole["TRES"], whole["TRES"]
+    assert "mem=4000M" in _tres(whole), whole
     node = _node(pin.node)
     assert node["AllocMem"] == node["RealMemory"] == "4000", node
     assert node["GresUsed"].startswith("gpu:a800:1("), node["GresUsed"]  # 3 GPUs free
