@@ -36,11 +36,11 @@ importlint: $(VENV)/.installed
 
 # The Slurm version matrix: the dev cluster itself, the ClusterPort contract, the controller
 # on the real cluster (release, resize through requeue, gpu<->shard, foreign jobs, slurmctld
-# frozen, killed controllers) and the end-to-end resize, on the host's Slurm (22.05 on Debian 12) and on
-# 24.11 and 26.05 (each from a Debian root: slurm_conf/dev/cluster.sh --slurm, built the
-# first time, about a minute each), in one pytest session listing each test once a version
-# (test_x[host], test_x[24.11], test_x[26.05]); pytest orders them so that each version's
-# cluster comes up once. `pytest` runs everything else, on the host's Slurm.
+# frozen, killed controllers) and the end-to-end resize, on the host's Slurm (22.05 on
+# Debian 12) and on 24.11 and 26.05 (each from a Debian root: slurm_conf/dev/cluster.sh
+# --slurm, built the first time, about a minute each), in one pytest session listing each
+# test once a version (test_x[host], test_x[24.11], test_x[26.05]); pytest orders them so
+# that each version's cluster comes up once. `pytest` runs everything else on the host's.
 SLURM_VERSIONS ?= host,24.11,26.05
 comma := ,
 SLURM_MATRIX := tests/integration/test_cluster.py tests/integration/test_slurm_contract.py \
