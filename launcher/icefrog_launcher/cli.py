@@ -92,8 +92,9 @@ def run(args: argparse.Namespace) -> int:
     decision = config.decision_path
     load = mps_load(env, lambda: read_decision(decision)) if config.managed else None
     child = child_env(env, layout, extra, load)
-    if args.dry_run:  # what the launcher adds to or changes in the environment
-        for key, value in sorted((k, v) for k, v in child.items() if env.get(k) != v):
+    if args.dry_run:  # the job's variables and what else it adds or changes (device, MPS)
+        changed = {k: v for k, v in child.items() if env.get(k) != v}
+        for key, value in sorted((extra | changed).items()):
             print(f"{key}={shlex.quote(value)}")
         print(shlex.join(command))
         return 0
