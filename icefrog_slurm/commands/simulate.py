@@ -42,7 +42,6 @@ import icefrog_slurm
 from icefrog_slurm.domain.plan import Policy
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.evaluation.runs import source_commit
-from icefrog_slurm.policies.plain_slurm import PlainSlurmPolicy
 from icefrog_slurm.protocol import fixed_per_gpu_batch
 from icefrog_slurm.settings import Settings, apply_overrides, load_settings
 from icefrog_slurm.sim.calibration import shipped_calibration
@@ -71,6 +70,7 @@ POLICIES: dict[str, tuple[str, str]] = {
 }
 ALL = ("icefrog", "lucid+", "optimus+", "pollux+", "slurm")
 PLOT_FORMATS = ("png", "svg", "pdf")
+SLURM = "slurm"  # plain Slurm: always the requested batch, time limits for its backfill
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -164,12 +164,15 @@ def run(args: argparse.Namespace) -> int:
     truths = build_truths(catalog, shipped_calibration(), seed=options.seed)
     results: list[SimResult] = []
     for policy in policies:
-        if isinstance(policy, PlainSlurmPolicy):
+        if policy.name == SLURM:
+            from icefrog_slurm.policies.plain_slurm import PlainSlurmPolicy  # as make_policy
+
+            assert isinstance(policy, PlainSlurmPolicy)
             policy.time_limits = slurm_time_limits(workload, truths, options, settings)
         fixed = args.batch == "fixed" or (
             args.batch == "paper" and not adapts_batch(policy.name, settings)
         )
-        opts = replace(options, fixed_batch=fixed or policy.name == PlainSlurmPolicy.name)
+        opts = replace(options, fixed_batch=fixed or policy.name == SLURM)
         engine = Engine(
             workload, policy, settings=settings, options=opts, catalog=catalog, truths=truths
         )
