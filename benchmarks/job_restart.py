@@ -55,8 +55,12 @@ class Marks:
         self.path = path
         self.marks: dict[str, float] = {}
 
-    def __call__(self, name: str) -> None:
-        self.marks.setdefault(name, time.time())
+    def __call__(self, name: str, last: bool = False) -> None:
+        """Mark ``name`` now: its first time, or with ``last`` its latest."""
+        if last:
+            self.marks[name] = time.time()
+        else:
+            self.marks.setdefault(name, time.time())
         tmp = self.path.with_name(f".{self.path.name}")  # replaced whole: never read half
         tmp.write_text(json.dumps(self.marks))
         os.replace(tmp, self.path)
@@ -104,7 +108,11 @@ def _wrapper(mark: Marks, steps: int) -> Any:
                 mark("signalled")  # the trainer's handler (USR1, or TERM from torchrun)
             elif name == "_save" and self._stop is not None:
                 mark("checkpoint")
+            if name == "_save":
+                mark("save", last=True)  # any checkpoint (an epoch's end too): the latest
             result = inner(self, *args, **kwargs)
+            if name == "_save":
+                mark("saved", last=True)
             if name == "_restore":
                 mark("restored")
             elif name == "_save" and self._stop is not None:

@@ -22,6 +22,8 @@ job``'s StartTime (whole seconds). Each resize prints, in seconds:
 - signal -> handler: Slurm delivers it; the launcher passes TERM to torchrun, torchrun to
   the trainer, whose handler runs
 - to boundary, checkpoint write: the step in progress ends; rank 0 writes the checkpoint
+  (a run whose epoch ends first reads the new decision there and stops after that epoch's
+  checkpoint: its row says "epoch end", and its stop may come before the signal)
 - -> requeued: -> the controller's ``scontrol requeuehold`` (its next look at the
   job's checkpoint marker, every ``controller.reconcile_poll_s``; the job's processes end
   meanwhile, or are ended by the requeue)
@@ -292,12 +294,17 @@ def split(
     decision: float, actions: dict[str, float], old: dict[str, float], new: dict[str, float]
 ) -> dict[str, float]:
     a = actions
+    # a run stopped by the signal checkpoints at its next step boundary; one whose epoch
+    # ended first read the new decision (decision.json) there and stopped after that
+    # epoch's checkpoint: its stop may precede the signal (negative parts)
+    ckpt, ckpted = old.get("checkpoint", old["save"]), old.get("checkpointed", old["saved"])
+    handler = min(old.get("signalled", ckpt), ckpt)
     parts = {
         "decision -> signal": a["signal"] - decision,
-        "signal -> handler": old["signalled"] - a["signal"],
-        "to boundary": old["checkpoint"] - old["signalled"],
-        "checkpoint write": old["checkpointed"] - old["checkpoint"],
-        "-> requeued": a["requeue_hold"] - old["checkpointed"],
+        "signal -> handler": handler - a["signal"],
+        "to boundary": ckpt - handler,
+        "checkpoint write": ckpted - ckpt,
+        "-> requeued": a["requeue_hold"] - ckpted,
         "old run ends": a["ended"] - a["requeue_hold"],
         "-> released": a["release"] - a["ended"],
         "-> Slurm start": a["start"] - a["release"],
@@ -308,8 +315,9 @@ def split(
         "first step": new["first step"] - new["restored"],
         "total": new["first step"] - decision,
     }
-    parts["stop"] = old["checkpointed"] - decision
-    parts["requeue, scheduling"] = a["start"] - old["checkpointed"]
+    parts["stop"] = ckpted - decision
+    parts["requeue, scheduling"] = a["start"] - ckpted
+    parts["by signal"] = float("checkpoint" in old)
     parts["process start"] = new["restore"] - a["start"]
     parts["restore, first step"] = new["first step"] - new["restore"]
     parts["controller, Slurm"] = sum(parts[p] for p in WAITS)
@@ -460,7 +468,8 @@ def print_table(results: list[dict[str, float]], args: argparse.Namespace) -> No
     print("| " + " | ".join(header) + " |")
     print("|---|" + "---:|" * len(PARTS))
     for i, r in enumerate(results, 1):
-        print(f"| {i} | " + " | ".join(f"{r[p]:.2f}" for p in PARTS) + " |")
+        name = f"{i}" if r["by signal"] else f"{i} (epoch end)"
+        print(f"| {name} | " + " | ".join(f"{r[p]:.2f}" for p in PARTS) + " |")
     both = ("controller, Slurm", "job processes")
     med = {p: statistics.median(r[p] for r in results) for p in (*PARTS, *GROUPS, *both)}
     print("| median | " + " | ".join(f"{med[p]:.2f}" for p in PARTS) + " |")
