@@ -31,6 +31,9 @@ SharingGres = Literal["shard", "mps"]
 GpuModelName = Literal["v100", "a100", "a800", "h100", "h800"]
 
 
+MOVE_MIN_GAIN = 0.1
+
+
 def _bounds(**kw: float) -> dict[str, float]:
     """Field metadata: ``minimum``, ``maximum`` or ``exclusive_minimum`` for a number."""
     return kw
@@ -227,6 +230,13 @@ class SolverSettings:
     """Throughput models refitted at most this many a round (oldest jobs first; a fit costs
     about 15 ms on average); the others keep their last model until a later round."""
 
+    move_min_gain: float = field(default=MOVE_MIN_GAIN, metadata=_bounds(minimum=0.0, maximum=1.0))
+    """Hysteresis: a running job is moved to an allocation it is predicted to finish sooner
+    on only when that saves, after paying ``controller.reallocation_overhead_s``, at least
+    this fraction of its remaining time; smaller gains are not worth a restart a
+    prediction's error may undo the next round. 0: every predicted gain moves it. Moves
+    that make a job slower, to give its GPUs to others, are the solver's to decide."""
+
 
 @dataclass(frozen=True)
 class PolicySettings:
@@ -244,13 +254,15 @@ class PolicySettings:
     baselines' "+"; the paper's ablation "frozen penalty -> tuned FreezeOut", spec
     section 15). The baselines always use FreezeOut."""
 
-    batch_scaling: bool = False
-    """true: the icefrog policy's Layer Tuner maximises goodput, E x the statistical
-    efficiency of the global batch (Pollux's, ``core/goodput.py``), instead of E alone, so
-    it may grow a job's global batch when that pays for the extra samples it needs (the
-    paper's batch-elasticity ablation, spec section 15). A job that declares a fixed global
-    batch keeps it either way. false (default): the paper's protocol, E alone. The
-    baselines ignore it (Pollux+ always scores goodput)."""
+    batch_scaling: bool = True
+    """true (default): batch and layer elasticity together. For a job that declares no
+    fixed global batch the icefrog policy's Layer Tuner maximises goodput, E x the
+    statistical efficiency of the global batch (Pollux's, ``core/goodput.py``), instead of
+    E alone, so it may change the job's global batch when that pays for the samples it
+    costs (the paper's batch-elasticity ablation, spec section 15); the Model Trainer
+    follows the decided batch with its learning-rate rule (``icefrog_launcher.lr``). A job
+    that declares a fixed global batch (``--global-batch``) keeps it either way. false: the
+    paper's protocol, E alone. The baselines ignore it (Pollux+ always scores goodput)."""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.evaluation.grid import (
+    PAPER_SET,
     POLICIES,
     Grid,
     ablation_rows,
@@ -53,7 +54,13 @@ QUICK = Grid(loads=(0.25,), seeds=(1,), gpus=16, ablation_load=0.25, ablation_se
 def grid_from(args: argparse.Namespace) -> Grid:
     """The grid the options ask for (``args`` as ``icefrog evaluate`` parses them)."""
     g = QUICK if args.quick else Grid()
-    common = ("--batch", "paper", *[x for kv in args.set for x in ("--set", kv)])
+    common = (
+        "--batch",
+        "paper",
+        "--set",
+        PAPER_SET,
+        *[x for kv in args.set for x in ("--set", kv)],
+    )
     scale = tuple(p for p in g.scale if p[1] <= args.max_scale)
     return check_grid(
         Grid(

@@ -18,6 +18,9 @@ ABLATION_NOISE = (0.0, 0.1, 0.25, 0.5)
 ABLATION_SHARE_NOISE = (0.5, 1.0)
 FREEZEOUT_SET = "policy.freezing=freezeout"
 BATCH_SCALING_SET = "policy.batch_scaling=true"
+PAPER_SET = "policy.batch_scaling=false"
+"""The paper's protocol for ICEFROG (E alone, the workload's batch): the evaluation's runs
+keep it although batch and layer elasticity together is the product's default."""
 DEFAULT_LAMBDA, DEFAULT_PERIOD_S = 0.9, 300.0
 
 
@@ -37,7 +40,7 @@ class Grid:
     faithful_loads: tuple[float, ...] = (0.5, 1.5, 2.0)
     workloads: int = 3
     pollux: Path = Path("data") / "pollux"  # holds workloads-{0.5,1.5,2.0}
-    common: tuple[str, ...] = ("--batch", "paper")
+    common: tuple[str, ...] = ("--batch", "paper", "--set", PAPER_SET)
 
     def trace(self, load: float, seed: int) -> Trace:
         return Trace(load, seed, self.base_jobs, self.tasks)

@@ -162,7 +162,7 @@ def test_max_scale_stops_at_a_size_and_quick_is_small() -> None:
     assert g.loads == (1.0, 2.0, 3.0) and g.seeds == (1, 2, 3) and g.gpus == 48
     q = ev.grid_from(_args("main", "--quick", "--set", "a.b=1"))
     assert (q.gpus, q.loads, q.seeds) == (16, (0.25,), (1,))
-    assert q.common == ("--batch", "paper", "--set", "a.b=1")
+    assert q.common == ("--batch", "paper", "--set", "policy.batch_scaling=false", "--set", "a.b=1")
 
 
 def test_pollux_defaults_to_the_repository_copy_else_the_option_is_required(
