@@ -25,13 +25,15 @@ For each job of a snapshot, from what the job reported:
 - for every legal GPU count a (``min_gpus..max_gpus``, a multiple of the job's allocation
   unit and a legal count of its parallelism, at most a node or whole nodes, at most the
   capacity) the Layer Tuner's best (m, l) (eq 15) and
-  ``T_acc(a) = T_age + P / max E(a, s, m, l)`` (eq 16), plus the same for one shared GPU
-  at lambda = ``sharing.speed_factor`` for a DDP job in units of one GPU (large models
-  keep their GPUs busy and are not packed, spec section 7); an option that changes a
-  running job's allocation is charged ``controller.reallocation_overhead_s``. A job that
-  declares a global batch B is offered, at a GPUs, only the per-GPU batch it will really
-  train with (``JobSpec.batch_candidates``: m = ceil(B/a) clipped to its range, the rule
-  the simulated jobs and the trainer follow); its T is that of (a, m) in samples/s
+  ``T_acc(a) = T_age + P / max E(a, s, m, l)`` (eq 16; P from the declared budget and,
+  past half of it, the job's validation reports: :func:`remaining_samples`), plus
+  the same for one shared GPU at lambda = ``sharing.speed_factor`` for a DDP job in units
+  of one GPU (large models keep their GPUs busy and are not packed, spec section 7); an
+  option that changes a running job's allocation is charged
+  ``controller.reallocation_overhead_s``. A job that declares a global batch B is
+  offered, at a GPUs, only the per-GPU batch it will really train with
+  (``JobSpec.batch_candidates``: m = ceil(B/a) clipped to its range, the rule the
+  simulated jobs and the trainer follow); its T is that of (a, m) in samples/s
   (accumulating gradients keeps the samples/s of m).
 - with ``policy.batch_scaling`` (ICEFROG's batch-elasticity ablation; the baselines build
   their estimator with it off) the tuner maximises goodput, E x the statistical efficiency
@@ -68,7 +70,7 @@ from icefrog_slurm.core.sharing import (
     fit_sharing,
     tune_shared,
 )
-from icefrog_slurm.core.tta import time_to_accuracy
+from icefrog_slurm.core.tta import remaining_work, time_to_accuracy
 from icefrog_slurm.core.tuner import (
     FloatArray,
     ThroughputModel,
@@ -191,9 +193,7 @@ class Estimator:
         if len(frozen) > 1 and (self._freezing or settings.policy.freezing) == "freezeout":
             asked = spec.batch_candidates(requested_count(job))
             frozen = self._freezeout_depth(job, frozen, psi, asked, measured, model, layers)
-        remaining = max(
-            0.0, spec.max_epochs * spec.samples_per_epoch - job.job.progress.effective_samples_done
-        )
+        remaining = remaining_samples(job)
         age = max(0.0, now - job.job.submit_time)
         goodput = self._goodput(spec, stats, frozen, layers, settings)
         key = (len(job.view.samples), stats, cached.version, model is cached.model, frozen,
@@ -402,6 +402,21 @@ def requested_count(job: JobSnapshot) -> int:
         return state.gres.count * max(state.num_nodes, 1)
     spec = job.job.spec
     return spec.parallelism.legal_gpu_counts(spec.min_gpus, spec.max_gpus)[0]
+
+
+def remaining_samples(job: JobSnapshot) -> float:
+    """P of eq 16 for a job: :func:`~icefrog_slurm.core.tta.remaining_work` from its declared
+    budget, its progress and its validation reports of the target metric."""
+    spec, progress = job.job.spec, job.job.progress
+    return remaining_work(
+        budget=float(spec.max_epochs) * spec.samples_per_epoch,
+        done=progress.effective_samples_done,
+        samples_done=float(progress.samples_done),
+        samples_per_epoch=spec.samples_per_epoch,
+        metrics=[(m.epoch, m.value) for m in job.view.metrics if m.name == spec.target_metric],
+        target=spec.target_value,
+        higher_is_better=spec.target_op == ">=",
+    )
 
 
 def modelled_parallelism(spec: JobSpec, settings: Settings) -> Parallelism:

@@ -16,8 +16,9 @@ A task without Pollux data (``calibration.scale_from``) takes its source task's 
 scaled by size: compute time x (FLOPs per sample ratio), sync time x (parameter bytes
 ratio) — except that measured single-GPU V100 step times in the catalog (``v100_step_s``)
 replace the FLOP-scaled compute curve — and the source's convergence shape (samples
-relative to the smallest batch) applied to its own P_0 = max_epochs x samples_per_epoch at
-its own smallest global batch.
+relative to the smallest batch) applied to its own samples to the target at its own
+smallest global batch (``calibration.target_epochs`` x samples_per_epoch, else its budget
+P_0 = max_epochs x samples_per_epoch).
 
 The result ships as ``icefrog_slurm/sim/data/calibration.json`` (regenerate with
 ``python -m icefrog_slurm.sim.calibration``, which reads the repository's
@@ -204,7 +205,7 @@ def calibrate_scaled(
     base = source.samples[0]
     own_base = task.min_gpus * task.min_batch
     batches = tuple(round(b / source.batches[0] * own_base) for b in source.batches)
-    samples = tuple(s / base * task.base_samples for s in source.samples)
+    samples = tuple(s / base * task.target_samples for s in source.samples)
     return TaskCalibration(task.name, f"scaled:{source_task.name}", model, batches, samples, {})
 
 

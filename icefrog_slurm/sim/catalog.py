@@ -76,6 +76,15 @@ class Task:
     parallelism: Parallelism  # what its simulated job declares (LLaMA: SDP / HP, unit 4)
     aliases: tuple[str, ...] = field(default=())
     v100_step_s: tuple[tuple[int, float], ...] = ()  # measured (per-GPU batch, s) on 1 GPU
+    target_epochs: int = 0  # a scaled task's epochs to its target at its smallest batch
+
+    @property
+    def target_samples(self) -> int:
+        """A scaled task's unfrozen samples to its target at its smallest global batch: the
+        convergence its calibration scales its source's curve to (``target_epochs``; the
+        budget ``max_epochs`` when not given). The budget may be larger: it is what the job
+        declares, not what it needs."""
+        return (self.target_epochs or self.max_epochs) * self.samples_per_epoch
 
     def batch_sizes(self) -> tuple[int, ...]:
         """The per-GPU batches the tuner may pick: powers of two in the range."""
@@ -198,7 +207,11 @@ def _parse_task(obj: Mapping[str, Any], where: str) -> Task:
     if size not in SIZE_CLASSES:
         raise InputError(f"{where}.size_class: must be one of {', '.join(SIZE_CLASSES)}")
     calibration = expect_object(obj.get("calibration"), f"{where}.calibration")
-    reject_unknown(calibration, ("pollux", "scale_from", "v100_step_s"), f"{where}.calibration")
+    reject_unknown(
+        calibration,
+        ("pollux", "scale_from", "v100_step_s", "target_epochs"),
+        f"{where}.calibration",
+    )
     if ("pollux" in calibration) == ("scale_from" in calibration):
         raise InputError(f"{where}.calibration: needs exactly one of pollux, scale_from")
     steps = expect_object(calibration.get("v100_step_s", {}), f"{where}.calibration.v100_step_s")
@@ -217,7 +230,11 @@ def _parse_task(obj: Mapping[str, Any], where: str) -> Task:
         parallelism=Parallelism.from_json(obj.get("parallelism"), f"{where}.parallelism"),
         aliases=_strings(get_list(obj, "aliases", where), f"{where}.aliases"),
         v100_step_s=_steps(steps, f"{where}.calibration.v100_step_s"),
+        target_epochs=get_int(calibration, "target_epochs", f"{where}.calibration", minimum=1)
+        if "target_epochs" in calibration else 0,
     )  # fmt: skip
+    if task.target_epochs and task.scale_from is None:
+        raise InputError(f"{where}.calibration.target_epochs: only for a scale_from task")
     if task.suite not in ("icefrog", "pollux"):
         raise InputError(f"{where}.suite: must be icefrog or pollux")
     if task.default_batch not in task.batch_sizes():

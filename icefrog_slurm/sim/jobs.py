@@ -9,7 +9,12 @@ trainer would report: noisy profile samples of each new configuration, per-layer
 statistics and progress at every epoch, a finished report when it reaches its target.
 
 Its effective progress (spec section 4) is what the trainer can know: samples x psi with psi
-from its own *observed* gradient variances (eq 3), never the truth's.
+from its own *observed* gradient variances (eq 3), never the truth's; a job whose global
+batch is free counts it in base-batch samples (x the efficiency of its global batch from
+the same statistics, as AdaptDL's trainer counts its progress), the unit the estimator's
+remaining work is in. Its validation metric follows a saturating learning curve of the true
+progress with a hidden per-job shape and noise (:func:`metric_curve`), so the metric says
+no more about the remaining work than a real job's would.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from icefrog_slurm.core.goodput import efficiency
 from icefrog_slurm.core.penalty import frozen_penalty
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.protocol import (
@@ -35,6 +41,10 @@ from icefrog_slurm.sim.workload import TraceJob
 
 PROFILE_SAMPLES_PER_CONFIG = 3
 """Profile samples a job reports for each (GPUs, batch, frozen, shared) it runs in."""
+
+METRIC_NOISE = 0.15
+"""sd of a validation report's noise, as a fraction of the gap between the target and the
+metric's asymptote (``MetricShape.margin`` x |target|)."""
 
 MAX_WORK_FACTOR = 3.0
 """A job stops (target not reached) after this many times its ``max_epochs`` of samples."""
@@ -99,6 +109,11 @@ class SimJob:
         self.noise = noise
         self.run = truth.start_run(seed=seed)
         self.rng = np.random.default_rng([seed, 0xB0B])
+        self.metric_rng = np.random.default_rng([seed, 0xACC])  # its own stream: the others'
+        self.metric_shape = draw_metric_shape(  # draws stay what they were
+            self.metric_rng, higher_is_better=spec.target_op == ">="
+        )
+        self.grad_sums: tuple[float, float] | None = None  # trainable layers' var, sqr
         self.overhead_s = overhead_s
         self.outcome = JobOutcome(name=job.name, task=truth.task.name, submit=job.submit_s)
         self.run_dir = f"/sim/{job.name}"
@@ -175,7 +190,7 @@ class SimJob:
             samples *= share
             finish = t1 - useful * (1 - share)
         self.samples_done += samples
-        self.effective_done += samples * self.observed_psi
+        self.effective_done += samples * self.observed_psi * self._efficiency(cfg)
         self._epoch_reports(reports)
         limit = MAX_WORK_FACTOR * self.spec.max_epochs * self.epoch_samples
         if finish is not None or self.samples_done >= limit:
@@ -223,6 +238,7 @@ class SimJob:
         self.observed_psi = frozen_penalty(
             sum(stats.grad_var[:frozen]), sum(stats.grad_var[frozen:])
         )
+        self.grad_sums = (sum(stats.grad_var[frozen:]), sum(stats.grad_sqr[frozen:]))
         reports.grad_stats = stats
         reports.metric = MetricReport(epoch, self.spec.target_metric, self._metric_value())
         reports.progress = ProgressReport(
@@ -233,12 +249,65 @@ class SimJob:
         )
 
     def _metric_value(self) -> float:
-        """A stand-in validation metric: the target approached in proportion to the true
-        progress (the scheduler does not use the value; the finished report carries it)."""
-        target, p = self.spec.target_value, min(self.run.progress, 1.0)
-        if self.spec.target_op == ">=":
-            return target * p
-        return target * (1 + 4 * (1 - p)) if math.isfinite(target) else target
+        """The validation metric the job reports: :func:`metric_curve` at its true progress
+        with this job's hidden shape, plus noise (none once the target is reached)."""
+        spec = self.spec
+        value = metric_curve(
+            min(self.run.progress, 1.0), target=spec.target_value,
+            higher_is_better=spec.target_op == ">=", shape=self.metric_shape,
+        )  # fmt: skip
+        if self.run.reached or not math.isfinite(value):
+            return value
+        gap = (abs(spec.target_value) or 1.0) * self.metric_shape.margin
+        return value + float(self.metric_rng.normal(0.0, METRIC_NOISE * gap))
+
+    def _efficiency(self, cfg: Config) -> float:
+        """Base-batch samples one sample at ``cfg``'s global batch is worth, as the job can
+        judge it: Pollux's efficiency (``core/goodput.py``) from its latest observed gradient
+        statistics, its base batch the smallest global batch it may train with (the
+        estimator's), 1 for a job that keeps a declared global batch or has no statistics."""
+        if self.spec.global_batch or self.grad_sums is None:
+            return 1.0
+        var, sqr = self.grad_sums
+        base = self.spec.min_gpus * self.spec.min_batch
+        return efficiency(var=var, sqr=sqr, batch=cfg.step_batch, base_batch=base)
+
+
+@dataclass(frozen=True)
+class MetricShape:
+    """A job's hidden learning curve: the metric's asymptote beyond the target (``margin``,
+    a fraction of the target), its start (``start``, a multiple of the target) and the
+    curve's exponent ``alpha``."""
+
+    margin: float
+    start: float
+    alpha: float
+
+
+def draw_metric_shape(rng: np.random.Generator, *, higher_is_better: bool) -> MetricShape:
+    """A job's hidden learning curve: margin 2-6 % of the target, exponent 0.5-2, a metric
+    that starts at 0 (higher is better) or at 3-8 times the target (lower is better)."""
+    margin = float(rng.uniform(0.02, 0.06))
+    alpha = float(np.exp(rng.uniform(math.log(0.5), math.log(2.0))))
+    start = 0.0 if higher_is_better else float(rng.uniform(3.0, 8.0))
+    return MetricShape(margin=margin, start=start, alpha=alpha)
+
+
+def metric_curve(
+    progress: float, *, target: float, higher_is_better: bool, shape: MetricShape
+) -> float:
+    """The validation metric at true ``progress`` (0..1): a saturating learning curve
+    ``v = A - (A - v0) / (1 + k p) ** alpha`` (higher is better; mirrored when lower is
+    better) from v0 = start x target toward the asymptote A = target x (1 +- margin),
+    with k such that it meets the target exactly at progress 1. The policies never see this
+    function: they fit a curve of their own to the noisy reports (``core/tta.py``)."""
+    if not math.isfinite(target):
+        return target
+    sign = 1.0 if higher_is_better else -1.0
+    asymptote = target + sign * (abs(target) or 1.0) * shape.margin
+    v0 = shape.start * target
+    k = float(((asymptote - v0) / (asymptote - target)) ** (1.0 / shape.alpha)) - 1.0
+    return asymptote - (asymptote - v0) / float((1.0 + k * max(progress, 0.0)) ** shape.alpha)
 
 
 def _gpu_weight(cfg: Config) -> float:

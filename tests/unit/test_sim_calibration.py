@@ -95,7 +95,7 @@ def test_scaled_tasks() -> None:
     slow = resnet.throughput(gpus=1, batch=128) / ddpm.throughput(gpus=1, batch=128)
     assert slow == pytest.approx(ratio, rel=1e-6)
     base = catalog.get("ddpm-cifar10")
-    assert ddpm.samples_to_target(base.min_batch) == pytest.approx(base.base_samples)
+    assert ddpm.samples_to_target(base.min_batch) == pytest.approx(base.target_samples)
 
 
 def test_declared_size_classes_match_gpu_time() -> None:
