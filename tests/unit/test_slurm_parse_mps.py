@@ -1,30 +1,38 @@
 """The Slurm parsers on a cluster that shares GPUs by CUDA MPS, pinned by golden output of
-the real 22.05 daemons (tests/golden/slurm-22.05-mps, tests/golden/capture-mps.sh)."""
+the real 22.05 and 24.11 daemons (tests/golden/slurm-V-mps, tests/golden/capture-mps.sh)."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from icefrog_slurm.domain.cluster import Gres
 from icefrog_slurm.slurm import capacity, commands, parse
 
-GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "slurm-22.05-mps"
+GOLDEN = Path(__file__).resolve().parent.parent / "golden"
+VERSIONS = ["slurm-22.05-mps", "slurm-24.11-mps"]
 
 
-def golden(name: str) -> str:
-    return (GOLDEN / name).read_text()
+@pytest.fixture(params=VERSIONS)
+def version(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
-def test_sinfo_counts_the_typed_mps_of_each_node() -> None:
-    nodes = parse.parse_sinfo_nodes(golden("sinfo.txt"))
+def golden(version: str, name: str) -> str:
+    return (GOLDEN / version / name).read_text()
+
+
+def test_sinfo_counts_the_typed_mps_of_each_node(version: str) -> None:
+    nodes = parse.parse_sinfo_nodes(golden(version, "sinfo.txt"))
     assert [(n.name, n.gpus, n.shards, n.mps, n.usable) for n in nodes] == [
         (f"node{i}", 4, 0, 400, True) for i in range(1, 5)
     ]
 
 
-def test_squeue_json_reads_mps_requests() -> None:
-    jobs = parse.parse_squeue_json(golden("squeue.json"))
+def test_squeue_json_reads_mps_requests(version: str) -> None:
+    jobs = parse.parse_squeue_json(golden(version, "squeue.json"))
     by_key = {j.tag.key: j for j in jobs.values() if j.tag}
     a, b = by_key["golden-mps-a"], by_key["golden-mps-b"]
     assert (a.state, a.gres, a.nodelist) == ("RUNNING", Gres("mps", 30), "node1")
@@ -36,14 +44,16 @@ def test_squeue_json_reads_mps_requests() -> None:
     assert (foreign.user_id, foreign.gres, foreign.tag) == (65534, Gres("mps", 50), None)
 
 
-def test_gres_detail_names_the_gpu_an_mps_job_sits_on() -> None:
-    [mps] = parse.parse_gres_detail(golden("scontrol-d-mps.txt"))
+def test_gres_detail_names_the_gpu_an_mps_job_sits_on(version: str) -> None:
+    [mps] = parse.parse_gres_detail(golden(version, "scontrol-d-mps.txt"))  # (IDX:0) / (30/100,..)
     assert (mps.nodes, mps.kind, mps.count, mps.indices) == (("node1",), "mps", 30, (0,))
 
 
-def test_a_foreign_mps_job_holds_one_gpu_of_its_node() -> None:
-    nodes = parse.parse_sinfo_nodes(golden("sinfo.txt"))
-    jobs = [d.state_view() for d in parse.parse_squeue_json(golden("squeue.json")).values()]
+def test_a_foreign_mps_job_holds_one_gpu_of_its_node(version: str) -> None:
+    nodes = parse.parse_sinfo_nodes(golden(version, "sinfo.txt"))
+    jobs = [
+        d.state_view() for d in parse.parse_squeue_json(golden(version, "squeue.json")).values()
+    ]
     foreign = capacity.foreign_shard_jobs(jobs)
     assert len(foreign) == 1  # the icefrog jobs sharing node1 are not foreign
     # counted by MPS (ceil(50 / 100 a GPU)) or by its GPU index: one GPU either way
@@ -60,16 +70,20 @@ def test_a_foreign_mps_job_holds_one_gpu_of_its_node() -> None:
         assert cap.available_gpus == 15
 
 
-def test_an_mps_count_update_is_read_back() -> None:
-    assert parse.parse_gres_request(golden("gres-after-mps-update.txt").strip()) == Gres("mps", 45)
-    assert "Invalid generic resource" in golden("update-gpu-to-mps.txt")
-    assert "Invalid generic resource" in golden("shard-on-mps.txt")
+def test_an_mps_count_update_is_read_back(version: str) -> None:
+    assert parse.parse_gres_request(golden(version, "gres-after-mps-update.txt").strip()) == Gres(
+        "mps", 45
+    )
+    # a pending job cannot change from gpu to mps on 22.05; 24.11 can (one path: resubmit)
+    refused = "Invalid generic resource" in golden(version, "update-gpu-to-mps.txt")
+    assert refused == (version == "slurm-22.05-mps")
+    assert "Invalid generic resource" in golden(version, "shard-on-mps.txt")
 
 
-def test_slurm_gives_each_mps_job_its_thread_percentage() -> None:
+def test_slurm_gives_each_mps_job_its_thread_percentage(version: str) -> None:
     """What an mps job's processes see: the GPU, and its share as the MPS thread limit."""
     for name, share in (("job-env-a.txt", "30"), ("job-env-b.txt", "60")):
-        env = dict(line.split("=", 1) for line in golden(name).splitlines())
+        env = dict(line.split("=", 1) for line in golden(version, name).splitlines())
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == share
         assert env["CUDA_VISIBLE_DEVICES"] == env["SLURM_JOB_GPUS"] == "0"
 
@@ -85,7 +99,7 @@ def test_the_mps_node_scripts_comment_every_command_and_parse() -> None:
     """slurm_conf's prolog, task prolog and epilog for MPS nodes: each command has its
     comment above it (a continued line, or the fi/done/} closing a block, goes with the
     command it ends), and bash reads them (they need a GPU to run)."""
-    scripts = sorted((GOLDEN.parents[2] / "slurm_conf").glob("*-mps.sh.example"))
+    scripts = sorted((GOLDEN.parents[1] / "slurm_conf").glob("*-mps.sh.example"))
     assert [p.name for p in scripts] == [
         "epilog-mps.sh.example",
         "prolog-mps.sh.example",
