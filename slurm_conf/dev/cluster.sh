@@ -39,7 +39,7 @@
 #
 # --sharing (default: $ICEFROG_CLUSTER_SHARING, else shard) chooses the GRES a GPU is shared
 # by: shard (8 shards a node, 2 a GPU) or mps (CUDA MPS: 400 mps a node, 100 a GPU; Slurm
-# sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for a job). Slurm cannot have both on one node.
+# sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for a job). One or the other: icefrog asks for one.
 # Give an MPS cluster its own folder and ports, e.g. ICEFROG_CLUSTER_DIR=<repo>/var/cluster-mps
 # ICEFROG_CLUSTER_CTLD_PORT=16857 ICEFROG_CLUSTER_NODE_PORT=17041.
 set -euo pipefail
