@@ -16,6 +16,9 @@ For each job of a snapshot, from what the job reported:
   FreezeOut schedule at its training progress (``"freezeout"``, ``core/freezeout.py``:
   the baselines' "+" and ICEFROG's ablation), the schedule tuned once per job by
   effective progress at its requested GPU count when its first statistics arrive;
+- with ``explore`` (ICEFROG's estimator; the baselines keep their own rules) at most twice
+  the largest GPU count the job has measured (AdaptDL's rule, :func:`exploration_cap`), so
+  a count the model mispredicts is reached in steps, measured and corrected;
 - the sharing predictor (eq 8's regressions) from samples that measured utilization and
   memory; before the job reported any sample, its declared tables
   (``core.sharing.DeclaredLoad``), so a waiting job may start on a shared GPU; with samples
@@ -132,8 +135,15 @@ class Estimator:
     none, until a later round; its measured configurations are used as measured anyway.
     """
 
-    def __init__(self, freezing: Freezing | None = None, batch_scaling: bool | None = None) -> None:
+    def __init__(
+        self,
+        freezing: Freezing | None = None,
+        batch_scaling: bool | None = None,
+        *,
+        explore: bool = False,
+    ) -> None:
         self._cache: dict[int, _Cached] = {}
+        self._explore = explore  # offer at most twice the largest measured GPU count
         self._budget = -1  # fits left this round; -1: unlimited
         self._priors: dict[tuple[object, ...], ThroughputModel] = {}
         self._freezing = freezing  # None: the setting policy.freezing
@@ -205,7 +215,8 @@ class Estimator:
             cached.grids, cached.grids_for = {}, predicted_by
         out: list[Candidate] = []
         psi_values: FloatArray | None = None  # psi of each frozen candidate, once a call
-        for gpus, shared in _configurations(job, gpus_per_node, capacity, settings, cached):
+        top = exploration_cap(job) if self._explore else capacity
+        for gpus, shared in _configurations(job, gpus_per_node, top, capacity, settings, cached):
             if (gpus, shared) not in cached.tuned:
                 if psi_values is None:
                     psi_values = np.array([psi(k) for k in frozen], dtype=float)
@@ -489,11 +500,23 @@ def _tune_shared(
     return None if best is None else best[0]
 
 
+def exploration_cap(job: JobSnapshot) -> int:
+    """The most GPUs a job may be offered when exploring (AdaptDL's rule, ``max_replicas =
+    max(2 x max_profiled_replicas, 1)``): twice the largest GPU count it has measured
+    (unshared), and its smallest legal count before it measured any. A prediction for a
+    count far beyond what was measured is not trusted; one within twice it is tried,
+    measured, and corrected by the refit."""
+    spec = job.job.spec
+    measured = max((s.gpus for s in job.view.samples if not s.shared), default=0)
+    first = spec.parallelism.legal_gpu_counts(spec.min_gpus, spec.max_gpus)
+    return max(2 * measured, first[0] if first else spec.min_gpus)
+
+
 def _configurations(
-    job: JobSnapshot, gpn: int, capacity: int, settings: Settings, cached: _Cached
+    job: JobSnapshot, gpn: int, cap: int, capacity: int, settings: Settings, cached: _Cached
 ) -> list[tuple[int, bool]]:
     spec = job.job.spec
-    top = min(spec.max_gpus, capacity)
+    top = min(spec.max_gpus, capacity, cap)
     counts = spec.parallelism.legal_gpu_counts(spec.min_gpus, top) if top >= spec.min_gpus else ()
     out = [(g, False) for g in counts if g <= gpn or g % gpn == 0]
     if (
