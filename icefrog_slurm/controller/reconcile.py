@@ -288,11 +288,8 @@ class Reconciler:
         target: SlurmRequest,
         r: ReconcileResult,
     ) -> str:
-        release = state.held or self.timing.release_unfinished(job_id, sid)
-        if release and not (
-            self.timing.launch_retry_due(job_id, state)
-            and self.timing.after_requeue_gap(job_id, sid)
-        ):
+        release, may = self.timing.release(job_id, sid, state)
+        if not may:
             raise _Waiting  # look again next pass, before any update
         if state.held or target.nodes or not matches(state, target):
             # (an unheld pending job is moved to the round's nodes: see tick.action_for)

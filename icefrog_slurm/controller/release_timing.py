@@ -13,10 +13,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from icefrog_slurm.controller.ports import Clock, StorePort
 from icefrog_slurm.controller.tick import launch_refused
 from icefrog_slurm.domain.cluster import SlurmJobState
+from icefrog_slurm.domain.records import SlurmAction
 from icefrog_slurm.jsonio import printable
 from icefrog_slurm.settings import Settings
 
@@ -24,52 +26,36 @@ log = logging.getLogger(__name__)
 
 
 class ReleaseTiming:
-    """The release rules above, for the reconcile pass: each reads the job's audit log."""
+    """The release rules above, for the reconcile pass, from one read of the job's audit
+    log."""
 
     def __init__(self, *, store: StorePort, clock: Clock, settings: Settings) -> None:
         self.store, self.clock, self.settings = store, clock, settings
 
-    def release_unfinished(self, job_id: int, sid: str) -> bool:
-        """Whether the Slurm job was requeued and not released since, by the audit log: a
-        controller stopped inside ``release_now`` released it without ``StartTime=now``, and
-        Slurm would start it only ~2 minutes after the requeue."""
+    def release(self, job_id: int, sid: str, state: SlurmJobState) -> tuple[bool, bool]:
+        """(whether the pending Slurm job is to be released, whether it may be now): it is
+        when it is held or its release is unfinished (:func:`release_unfinished`); it may
+        be once a refused launch's ``launch_retry_s`` (:meth:`launch_retry_due`) and the
+        ``release_gap_s`` after its last requeue (:func:`after_requeue_gap`) have passed."""
         with self.store.transaction() as tx:
-            done = [
-                a
-                for a in tx.actions(job_id=job_id)
-                if a.slurm_job_id == sid
-                and a.outcome == "ok"
-                and a.action in ("requeue_hold", "release")
-            ]
-        return bool(done) and max(done, key=lambda a: a.time).action == "requeue_hold"
-
-    def after_requeue_gap(self, job_id: int, sid: str) -> bool:
-        """Whether ``release_gap_s`` has passed since the Slurm job's last requeue: a release
-        in the same second as the requeue's credential revocation is refused by slurmd."""
-        with self.store.transaction() as tx:
-            requeues = [
-                a.time
-                for a in tx.actions(job_id=job_id)
-                if a.action == "requeue_hold" and a.outcome == "ok" and a.slurm_job_id == sid
-            ]
-        wait = retry_wait_s(
-            last_release=max(requeues, default=None),
-            now=self.clock.now(),
-            retry_s=self.settings.controller.release_gap_s,
+            audit = tx.actions(job_id=job_id)
+        release = state.held or release_unfinished(audit, sid)
+        if not release:
+            return False, True
+        now, c = self.clock.now(), self.settings.controller
+        return True, (
+            self.launch_retry_due(audit, job_id, state)
+            and after_requeue_gap(audit, sid, now=now, gap_s=c.release_gap_s)
         )
-        return wait <= 0
 
-    def launch_retry_due(self, job_id: int, state: SlurmJobState) -> bool:
+    def launch_retry_due(
+        self, actions: Sequence[SlurmAction], job_id: int, state: SlurmJobState
+    ) -> bool:
         """False while a job whose launch slurmd refused is inside ``launch_retry_s`` of its
         refused release (the credential is still revoked; logged); True otherwise."""
         if not launch_refused(state):
             return True
-        with self.store.transaction() as tx:
-            releases = [
-                a.time
-                for a in tx.actions(job_id=job_id)
-                if a.action == "release" and a.outcome == "ok"
-            ]
+        releases = [a.time for a in actions if a.action == "release" and a.outcome == "ok"]
         wait = retry_wait_s(
             last_release=max(releases, default=None),
             now=self.clock.now(),
@@ -82,6 +68,32 @@ class ReleaseTiming:
             )  # fmt: skip
             return False
         return True
+
+
+def release_unfinished(actions: Sequence[SlurmAction], sid: str) -> bool:
+    """Whether the Slurm job was requeued and not released since, by the job's audit log
+    ``actions``: a controller stopped inside ``release_now`` released it without
+    ``StartTime=now``, and Slurm would start it only ~2 minutes after the requeue."""
+    done = [
+        a
+        for a in actions
+        if a.slurm_job_id == sid and a.outcome == "ok" and a.action in ("requeue_hold", "release")
+    ]
+    return bool(done) and max(done, key=lambda a: a.time).action == "requeue_hold"
+
+
+def after_requeue_gap(
+    actions: Sequence[SlurmAction], sid: str, *, now: float, gap_s: float
+) -> bool:
+    """Whether ``gap_s`` (``release_gap_s``) has passed since the Slurm job's last requeue
+    in the job's audit log ``actions``: a release in the same second as the requeue's
+    credential revocation is refused by slurmd."""
+    requeues = [
+        a.time
+        for a in actions
+        if a.action == "requeue_hold" and a.outcome == "ok" and a.slurm_job_id == sid
+    ]
+    return retry_wait_s(last_release=max(requeues, default=None), now=now, retry_s=gap_s) <= 0
 
 
 def retry_wait_s(*, last_release: float | None, now: float, retry_s: float) -> float:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields, replace
 from functools import cache
 from typing import Any, TypeVar
 
-from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy import Table, bindparam, delete, func, insert, select, update
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session
 
@@ -166,7 +166,7 @@ class LedgerTx:
         """Write what reconcile is about to do, before doing it. With ``supersede``, the
         job's earlier open intents are closed as ``superseded`` (a newer plan wins)."""
         if supersede and job_id is not None:
-            self._s.execute(_SUPERSEDE, dict(p_job=job_id, p_now=now), execution_options=_NO_SYNC)
+            self._s.execute(_SUPERSEDE, dict(p_job=job_id, p_now=now))
         return int(
             self._s.execute(
                 _ADD_INTENT,
@@ -189,7 +189,7 @@ class LedgerTx:
         before = self.intent(intent_id)
         if before.status not in OPEN_INTENT_STATES:
             raise StoreError(f"intent {intent_id} is {before.status}, not open")
-        self._s.execute(_START_INTENT, dict(p_id=intent_id, p_now=now), execution_options=_NO_SYNC)
+        self._s.execute(_START_INTENT, dict(p_id=intent_id, p_now=now))
         return replace(before, status="acting", attempts=before.attempts + 1, updated_at=now)
 
     def finish_intent(self, *, intent_id: int, status: str, now: float, detail: str = "") -> None:
@@ -200,7 +200,6 @@ class LedgerTx:
         done = self._s.execute(
             _FINISH_INTENT,
             dict(p_id=intent_id, p_status=status, p_now=now, p_detail=detail[:MAX_DETAIL]),
-            execution_options=_NO_SYNC,
         )
         if not done.rowcount:  # type: ignore[attr-defined]
             raise StoreError(f"no intent {intent_id}")
@@ -337,6 +336,13 @@ class LedgerTx:
         return int(done.rowcount or 0) + int(gone.rowcount or 0)  # type: ignore[attr-defined]
 
 
+def table(model: Any) -> Table:
+    """A model's table: statements on it are plain, without the ORM's bulk and
+    synchronisation work (an ORM-enabled INSERT costs several times the plain one)."""
+    out: Table = model.__table__
+    return out
+
+
 def columns(model: type[Any]) -> list[Any]:
     """Every column of a model, to select plain rows instead of ORM objects."""
     return [getattr(model, attr.key) for attr in sa_inspect(model).column_attrs]
@@ -365,38 +371,37 @@ def _action(r: Any) -> SlurmAction:
     return record(SlurmAction, r, command=tuple(r.command))
 
 
-# Statements built once, read as plain rows (no ORM object): reconcile runs several of
-# these a step, and a cached statement skips SQLAlchemy's per-call construction.
-_NO_SYNC = {"synchronize_session": False}
-_INTENT_COLUMNS = [getattr(IntentRow, n) for n in field_names(Intent)]
-_OPEN_INTENTS = (
-    select(*_INTENT_COLUMNS).where(IntentRow.status.in_(OPEN_INTENT_STATES)).order_by(IntentRow.id)
-)
-_INTENT = select(*_INTENT_COLUMNS).where(IntentRow.id == bindparam("p_id"))
-_ADD_INTENT = insert(IntentRow).returning(IntentRow.id)
+# Statements built once, on the tables (plain statements: no ORM object, no ORM compile or
+# bulk step), read as plain rows: reconcile runs several of these a step, and a statement
+# built once skips SQLAlchemy's per-call construction.
+_I, _A = table(IntentRow).c, table(SlurmActionRow).c
+_INTENT_COLUMNS = select(*(_I[n] for n in field_names(Intent)))
+_OPEN_INTENTS = _INTENT_COLUMNS.where(_I.status.in_(OPEN_INTENT_STATES)).order_by(_I.id)
+_INTENT = _INTENT_COLUMNS.where(_I.id == bindparam("p_id"))
+_ADD_INTENT = insert(table(IntentRow)).returning(_I.id)
 _SUPERSEDE = (
-    update(IntentRow)
-    .where(IntentRow.job_id == bindparam("p_job"), IntentRow.status.in_(OPEN_INTENT_STATES))
+    update(table(IntentRow))
+    .where(_I.job_id == bindparam("p_job"), _I.status.in_(OPEN_INTENT_STATES))
     .values(status="superseded", updated_at=bindparam("p_now"))
 )
 _START_INTENT = (
-    update(IntentRow)
-    .where(IntentRow.id == bindparam("p_id"))
-    .values(status="acting", attempts=IntentRow.attempts + 1, updated_at=bindparam("p_now"))
+    update(table(IntentRow))
+    .where(_I.id == bindparam("p_id"))
+    .values(status="acting", attempts=_I.attempts + 1, updated_at=bindparam("p_now"))
 )
 _FINISH_INTENT = (
-    update(IntentRow)
-    .where(IntentRow.id == bindparam("p_id"))
+    update(table(IntentRow))
+    .where(_I.id == bindparam("p_id"))
     .values(status=bindparam("p_status"), updated_at=bindparam("p_now"),
             detail=bindparam("p_detail"))
 )  # fmt: skip
-_LOG_ACTION = insert(SlurmActionRow).returning(SlurmActionRow.id)
-_ACTION_COLUMNS = select(*(getattr(SlurmActionRow, n) for n in field_names(SlurmAction)))
+_LOG_ACTION = insert(table(SlurmActionRow)).returning(_A.id)
+_ACTION_COLUMNS = select(*(_A[n] for n in field_names(SlurmAction)))
 _ACTIONS = {
     (by_job, by_intent): _ACTION_COLUMNS.where(
-        *([SlurmActionRow.job_id == bindparam("p_job")] if by_job else []),
-        *([SlurmActionRow.intent_id == bindparam("p_intent")] if by_intent else []),
-    ).order_by(SlurmActionRow.id)
+        *([_A.job_id == bindparam("p_job")] if by_job else []),
+        *([_A.intent_id == bindparam("p_intent")] if by_intent else []),
+    ).order_by(_A.id)
     for by_job in (False, True)
     for by_intent in (False, True)
 }

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Table, Text, bindparam, cast, func, insert, select, update
+from sqlalchemy import Text, bindparam, cast, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import identity_key
@@ -31,7 +31,7 @@ from icefrog_slurm.domain.records import (
     StoreSnapshot,
 )
 from icefrog_slurm.protocol import FinishedReport, GradStats, JobSpec, MetricReport, ProgressReport
-from icefrog_slurm.store.ledger import LedgerTx, StoreError, columns, field_names, record
+from icefrog_slurm.store.ledger import LedgerTx, StoreError, field_names, record, table
 from icefrog_slurm.store.models import (
     GradStatsRow,
     JobRow,
@@ -110,15 +110,8 @@ class SqlStoreTx(LedgerTx):
         if state not in JOB_STATES:
             raise StoreError(f"job state {state!r}: must be one of {', '.join(JOB_STATES)}")
         # one UPDATE, no ORM load and flush: a round that starts 960 jobs sets 960 states
-        values: dict[str, Any] = {"state": state}
-        if state == "running":
-            values["start_time"] = func.coalesce(JobRow.start_time, now)
-        if state not in ACTIVE_STATES:
-            values["end_time"] = func.coalesce(JobRow.end_time, now)
-        done = self._s.execute(
-            update(JobRow).where(JobRow.id == job_id).values(values),
-            execution_options={"synchronize_session": False},
-        )
+        statement = _SET_STATE[state == "running", state not in ACTIVE_STATES]
+        done = self._s.execute(statement, dict(p_id=job_id, p_state=state, p_now=now))
         if not done.rowcount:  # type: ignore[attr-defined]
             raise StoreError(f"no icefrog job {job_id}")
         loaded = self._s.identity_map.get(identity_key(JobRow, job_id))
@@ -140,13 +133,10 @@ class SqlStoreTx(LedgerTx):
     def jobs(self, *, states: Iterable[str] | None = None) -> list[JobRecord]:
         """Jobs (in ``states``), read as plain rows: no ORM object per job; a job's spec is
         decoded only when its columns changed since the cache last decoded it."""
-        query = select(*_JOB_COLUMNS).order_by(JobRow.id)
-        chains = select(SlurmJobRow.job_id, SlurmJobRow.slurm_job_id).order_by(
-            SlurmJobRow.job_id, SlurmJobRow.position
-        )
+        query, chains = _JOBS_ALL, _CHAINS_ALL
         if states is not None:
-            query = query.where(JobRow.state.in_(tuple(states)))
-            chains = chains.join(JobRow).where(JobRow.state.in_(tuple(states)))
+            query = query.where(_JOBS.state.in_(tuple(states)))
+            chains = chains.where(_JOBS.state.in_(tuple(states)))
         chain = _group(self._s.execute(chains), lambda r: r.slurm_job_id)
         out = [self._job_record(row, chain.get(row.id, ())) for row in self._s.execute(query)]
         if states is not None and set(states) >= set(ACTIVE_STATES):
@@ -164,7 +154,7 @@ class SqlStoreTx(LedgerTx):
     ) -> None:
         if samples:
             self._s.execute(
-                insert(_table(ProfileSampleRow)),
+                insert(table(ProfileSampleRow)),
                 [
                     dict(job_id=job_id, slurm_job_id=slurm_job_id, time=now, **asdict(sample))
                     for sample in samples
@@ -271,16 +261,9 @@ class SqlStoreTx(LedgerTx):
 
 # Statements built once: executing a cached statement with parameters skips SQLAlchemy's
 # per-call construction and cache-key work (most of the cost of a report at 500+ jobs).
-def _table(model: Any) -> Table:
-    """A model's table: statements on it are plain, without the ORM's bulk and
-    synchronisation work (the writes a report makes, at every report of every job)."""
-    table: Table = model.__table__
-    return table
-
-
-_JOBS = _table(JobRow).c
+_JOBS = table(JobRow).c
 _SET_PROGRESS = (
-    update(_table(JobRow))
+    update(table(JobRow))
     .where(
         _JOBS.id == bindparam("job_id"),
         _JOBS.progress_time.is_(None) | (_JOBS.progress_time <= bindparam("sent")),
@@ -294,7 +277,7 @@ _SET_PROGRESS = (
     )
 )
 _FINISHED = (
-    update(_table(JobRow))
+    update(table(JobRow))
     .where(_JOBS.id == bindparam("p_id"))
     .values(finish_reason=bindparam("p_reason"), final_metric=bindparam("p_metric"))
 )
@@ -303,7 +286,7 @@ _FINISHED = (
 @cache
 def _upsert_for(dialect_name: str, model: Any, key: tuple[str, ...]) -> Any:
     """INSERT ... ON CONFLICT (key) DO UPDATE of every other column (SQLite and Postgres)."""
-    stmt = (postgresql if dialect_name == "postgresql" else sqlite).insert(_table(model))
+    stmt = (postgresql if dialect_name == "postgresql" else sqlite).insert(table(model))
     others = [c.name for c in model.__table__.columns if c.name not in key and c.name != "id"]
     return stmt.on_conflict_do_update(
         index_elements=list(key), set_={c: stmt.excluded[c] for c in others}
@@ -332,14 +315,32 @@ def _speccolumns(spec: JobSpec) -> dict[str, Any]:
 _LAYERS = ("layer_flops", "layer_param_bytes", "layer_boundaries")
 _JSON_SPEC = (*_LAYERS, "parallelism")
 # the jobs query: every column, the spec's JSON ones as their text (decoded only on change)
-_JOB_COLUMNS = [cast(c, Text).label(c.key) if c.key in _JSON_SPEC else c for c in columns(JobRow)]
+_JOB_COLUMNS = [cast(c, Text).label(c.key) if c.key in _JSON_SPEC else c for c in _JOBS]
 _SPEC_AT = [i for i, c in enumerate(_JOB_COLUMNS) if c.key in field_names(JobSpec)]
-_JOB = select(*_JOB_COLUMNS).where(JobRow.id == bindparam("p_id"))
-_CHAIN = (
-    select(SlurmJobRow.slurm_job_id)
-    .where(SlurmJobRow.job_id == bindparam("p_id"))
-    .order_by(SlurmJobRow.position)
+_JOBS_ALL = select(*_JOB_COLUMNS).order_by(_JOBS.id)
+_JOB = select(*_JOB_COLUMNS).where(_JOBS.id == bindparam("p_id"))
+_CHAINS = table(SlurmJobRow).c
+_CHAINS_ALL = (
+    select(_CHAINS.job_id, _CHAINS.slurm_job_id)
+    .join_from(table(SlurmJobRow), table(JobRow), _JOBS.id == _CHAINS.job_id)
+    .order_by(_CHAINS.job_id, _CHAINS.position)
 )
+_CHAIN = (
+    select(_CHAINS.slurm_job_id)
+    .where(_CHAINS.job_id == bindparam("p_id"))
+    .order_by(_CHAINS.position)
+)
+_SET_STATE = {
+    (running, ended): update(table(JobRow))
+    .where(_JOBS.id == bindparam("p_id"))
+    .values(
+        state=bindparam("p_state"),
+        **({"start_time": func.coalesce(_JOBS.start_time, bindparam("p_now"))} if running else {}),
+        **({"end_time": func.coalesce(_JOBS.end_time, bindparam("p_now"))} if ended else {}),
+    )
+    for running in (False, True)
+    for ended in (False, True)
+}
 
 
 def _spec(row: Any) -> JobSpec:
