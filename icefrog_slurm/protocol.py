@@ -121,7 +121,10 @@ def accumulation_steps(global_batch: int, gpus: int, batch: int) -> int:
 class GradStats:
     """Per-layer gradient variance and squared norm over one epoch (kind ``grad_stats``).
 
-    For a frozen layer the values are those taken when it was frozen (spec eq 3)."""
+    ``grad_var`` is the variance of a base-batch gradient, tr(Sigma) / B0 with B0 the job's
+    smallest GPU count x smallest per-GPU batch (Pollux's convention, what
+    ``core.goodput`` reads); ``grad_sqr`` the true gradient's squared norm. For a frozen
+    layer the values are those taken when it was frozen (spec eq 3)."""
 
     epoch: int
     frozen: int

@@ -472,7 +472,10 @@ class Trainer:
         """Report, checkpoint and start the next epoch; whether the job has finished."""
         var, sqr = self.stats.end_epoch(self.frozen)
         self._lr_stats = self.lr_scaling.observe(*training_sums(var, sqr, self.frozen))
-        self.reporter.send("grad_stats", GradStats(self.epoch, self.frozen, tuple(var), tuple(sqr)))
+        # reported as Pollux's traces record it and core.goodput reads it: the variance of a
+        # base-batch gradient, tr(Sigma) / B0 (psi, a ratio of variances, is the same)
+        base_var = tuple(v / self.base_batch for v in var)
+        self.reporter.send("grad_stats", GradStats(self.epoch, self.frozen, base_var, tuple(sqr)))
         self._send_profile()
         self.epoch, self.position = self.epoch + 1, 0
         self.psi = self.stats.penalty(self.frozen)

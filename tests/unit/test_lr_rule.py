@@ -123,7 +123,10 @@ def test_trainer_steps_at_the_scaled_lr_and_keeps_the_users(tmp_path: Path) -> N
     data = torch.utils.data.TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    config = JobConfig(batch=(16, 64), workdir=str(tmp_path), max_epochs=1)
+    config = JobConfig(
+        batch=(16, 64), workdir=str(tmp_path), max_epochs=1, inbox=str(tmp_path / "inbox"),
+        slurm_job_id="7",
+    )  # fmt: skip
     (tmp_path / "decision.json").write_text(Decision(1, 1, 64, 0).to_json())
     trainer = Trainer(model, opt, data, config=config, env={}, lr_rule="linear", lr_warmup_steps=0)
     assert trainer.base_batch == 16
@@ -142,3 +145,12 @@ def test_trainer_steps_at_the_scaled_lr_and_keeps_the_users(tmp_path: Path) -> N
             assert opt.state_dict()["param_groups"][0]["lr"] == 0.01
             checked += 1
     assert checked == 4
+    # the report carries the variance of a base-batch gradient, tr(Sigma) / B0 (Pollux's
+    # convention, core.goodput), the trainer's own statistics stay per sample
+    from icefrog_slurm.protocol import parse_envelope, parse_payload
+
+    (path,) = sorted((tmp_path / "inbox" / "7").glob("*-grad_stats.json"))
+    report = parse_payload("grad_stats", parse_envelope(path.read_bytes()).payload)
+    assert any(v > 0 for v in trainer.stats.last_var)
+    assert list(report.grad_var) == pytest.approx([v / 16 for v in trainer.stats.last_var])
+    assert list(report.grad_sqr) == pytest.approx(trainer.stats.last_sqr)
