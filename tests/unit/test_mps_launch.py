@@ -110,3 +110,21 @@ def test_launch_dry_run_shows_the_mps_limits_from_the_decision(
     out = capsys.readouterr().out
     assert code == 0
     assert f"{MPS_THREADS}=43" in out and f"{MPS_MEMORY}=0=11264M" in out
+
+
+@pytest.mark.parametrize("version", ["22.05", "24.11"])
+def test_the_environment_real_slurm_gives_an_mps_job(version: str) -> None:
+    """Slurm's own variables in an ``mps:30`` job (captured from the dev cluster in MPS mode:
+    tests/golden/slurm-*-mps/job-env-a.txt): one process on the GPU torch sees as cuda:0,
+    the thread percentage the lower of Slurm's 30 and the prediction."""
+    golden = Path(__file__).resolve().parents[1] / "golden" / f"slurm-{version}-mps"
+    lines = (golden / "job-env-a.txt").read_text().splitlines()
+    env = dict(line.split("=", 1) for line in lines if "=" in line)
+    assert env[MPS_THREADS] == "30"
+    layout = layout_from_env(env)
+    assert (layout.nproc_per_node, layout.cuda_visible_devices) == (1, None)  # Slurm's "0"
+    child = child_env(env, layout, {}, MPS)
+    assert (child["CUDA_VISIBLE_DEVICES"], child[MPS_THREADS]) == ("0", "30")
+    assert child[MPS_MEMORY] == "0=11264M"
+    small = SharedLoad(kind="mps", util=0.2, peak_mem_bytes=GIB)
+    assert child_env(env, layout, {}, small)[MPS_THREADS] == "20"
