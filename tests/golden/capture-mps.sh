@@ -6,7 +6,8 @@
 #   slurm_conf/dev/cluster.sh up --sharing mps; eval "$(slurm_conf/dev/cluster.sh env)"
 #   tests/golden/capture-mps.sh tests/golden/slurm-22.05-mps
 # (24.11: ICEFROG_CLUSTER_DIR=$PWD/var/cluster-mps-24.11, ports 16877 and 17061,
-# `up --slurm 24.11 --sharing mps`, `eval "$(... env --slurm 24.11)"`, into slurm-24.11-mps.)
+# `up --slurm 24.11 --sharing mps`, `eval "$(... env --slurm 24.11)"`, into slurm-24.11-mps;
+# 26.05: var/cluster-mps-26.05, ports 16887 and 17071, into slurm-26.05-mps.)
 # Scenario (the unit tests find each job by its comment or name, never by its id):
 #   mps-a    icefrog job, running, mps:30 pinned node1     comment icefrog:golden-mps-a
 #   mps-b    icefrog job, running, mps:60 pinned node1     comment icefrog:golden-mps-b

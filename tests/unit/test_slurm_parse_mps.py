@@ -1,5 +1,5 @@
 """The Slurm parsers on a cluster that shares GPUs by CUDA MPS, pinned by golden output of
-the real 22.05 and 24.11 daemons (tests/golden/slurm-V-mps, tests/golden/capture-mps.sh)."""
+the real 22.05, 24.11 and 26.05 daemons (tests/golden/slurm-V-mps, tests/golden/capture-mps.sh)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from icefrog_slurm.domain.cluster import Gres
 from icefrog_slurm.slurm import capacity, commands, parse
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
-VERSIONS = ["slurm-22.05-mps", "slurm-24.11-mps"]
+VERSIONS = ["slurm-22.05-mps", "slurm-24.11-mps", "slurm-26.05-mps"]
 
 
 @pytest.fixture(params=VERSIONS)
