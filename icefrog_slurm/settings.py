@@ -31,6 +31,9 @@ SharingGres = Literal["shard", "mps"]
 GpuModelName = Literal["v100", "a100", "a800", "h100", "h800"]
 
 
+MOVE_MIN_GAIN = 0.1
+
+
 def _bounds(**kw: float) -> dict[str, float]:
     """Field metadata: ``minimum``, ``maximum`` or ``exclusive_minimum`` for a number."""
     return kw
@@ -226,6 +229,13 @@ class SolverSettings:
     max_fits_per_round: int = field(default=8, metadata=_bounds(minimum=1))
     """Throughput models refitted at most this many a round (oldest jobs first; a fit costs
     about 15 ms on average); the others keep their last model until a later round."""
+
+    move_min_gain: float = field(default=MOVE_MIN_GAIN, metadata=_bounds(minimum=0.0, maximum=1.0))
+    """Hysteresis: a running job is moved to an allocation it is predicted to finish sooner
+    on only when that saves, after paying ``controller.reallocation_overhead_s``, at least
+    this fraction of its remaining time; smaller gains are not worth a restart a
+    prediction's error may undo the next round. 0: every predicted gain moves it. Moves
+    that make a job slower, to give its GPUs to others, are the solver's to decide."""
 
 
 @dataclass(frozen=True)

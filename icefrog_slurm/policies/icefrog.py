@@ -13,7 +13,11 @@ max-min solver, then placement on nodes.
    lambda x the predicted utilisation), which eq 8's pair rule sums.
    The cluster is the partition's nodes that foreign jobs leave whole (the solver plans
    whole, identical nodes; a node a foreign job partly holds is left out this round).
-3. ``solve_and_place``: solve, map counts onto nodes and GPU indices, re-solve without any
+3. Hysteresis (``solver.move_min_gain``): an option a running job is predicted to finish
+   sooner on is forbidden when, after its reallocation overhead, it saves less than that
+   fraction of the job's remaining time at its current allocation (:func:`unpaid_moves`);
+   options that make it slower stay, so the solver can still give its GPUs to others.
+4. ``solve_and_place``: solve, map counts onto nodes and GPU indices, re-solve without any
    option that could not be placed.
 
 Every job gets an allocation: its GPUs, nodes, batch, frozen layers, psi, predicted TTA and
@@ -61,6 +65,7 @@ class IcefrogPolicy:
         self.estimator.forget({j.id for j in snapshot.jobs})
         self.estimator.new_round(fit_budget=settings.solver.max_fits_per_round)
         requests: list[JobRequest] = []
+        unpaid: set[tuple[str, int]] = set()
         options: dict[str, tuple[Candidate, ...]] = {}
         allocations: dict[int, Allocation] = {}
         reasons: dict[int, str] = {}
@@ -81,6 +86,8 @@ class IcefrogPolicy:
             options[str(job.id)] = cands
             waited = self._waited.setdefault(job.id, _waited_before(job, snapshot.time, settings))
             requests.append(_request(job, cands, waited, settings))
+            age = max(0.0, snapshot.time - job.job.submit_time)
+            unpaid |= unpaid_moves(requests[-1], age_s=age, min_gain=settings.solver.move_min_gain)
         if not requests:
             return PolicyResult(allocations=allocations, reasons=reasons)
         solver = SolveOptions(
@@ -94,7 +101,7 @@ class IcefrogPolicy:
         memo: Memo = {}  # this round's solved (sub)problems, one memo per method
         fast_memo: Memo = {}
         solution, placement, _ = solve_and_place(
-            Problem(cluster=cluster, jobs=tuple(requests)),
+            Problem(cluster=cluster, jobs=tuple(requests), forbidden=frozenset(unpaid)),
             lambda p: solve(p, solver, memo),
             steer=None if solver.method == "fast" else lambda p: solve(p, fast, fast_memo),
         )
@@ -182,6 +189,27 @@ def _request(
         ),
         current=current,
     )
+
+
+def unpaid_moves(request: JobRequest, *, age_s: float, min_gain: float) -> set[tuple[str, int]]:
+    """The (job id, option index) pairs of a running job's options that would move it to an
+    allocation it is predicted to finish sooner on, but by less than ``min_gain`` of its
+    remaining time at its current allocation. The options' TTAs include the age ``age_s``
+    and, for a move, the reallocation overhead, so the saving is net of the restart. Empty
+    when the job holds nothing or no option keeps what it holds."""
+    cur = request.current
+    if cur is None or cur.gpus == 0 or min_gain <= 0:
+        return set()
+    kept = [o.tta_s for o in request.options if cur.matches(o)]
+    if not kept:
+        return set()
+    here = kept[0]
+    enough = min_gain * max(here - age_s, 0.0)
+    return {
+        (request.id, i)
+        for i, o in enumerate(request.options)
+        if not cur.matches(o) and o.tta_s < here and here - o.tta_s < enough
+    }
 
 
 def _wait(job: JobSnapshot) -> Allocation:

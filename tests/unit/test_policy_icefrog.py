@@ -183,3 +183,43 @@ def test_a_fit_that_raises_fails_only_its_job(monkeypatch: pytest.MonkeyPatch) -
     assert result.reasons[3] == "EstimateFailed: FloatingPointError: fit diverged"
     assert result.allocations[3].gpus == 0
     assert all(result.allocations[j.id].gpus > 0 for j in good)
+
+
+def test_a_move_that_saves_less_than_its_share_of_the_remaining_time_is_forbidden() -> None:
+    from icefrog_slurm.core.solver import Holding, JobRequest, Option
+    from icefrog_slurm.policies.icefrog import unpaid_moves
+
+    # Running on 2 GPUs: TTA 1000 s at age 400 s, so 600 s remain there.
+    options = (
+        Option(1, 1300.0),  # slower: a move to give GPUs to others, the solver's to decide
+        Option(2, 1000.0),  # what it holds
+        Option(4, 950.0),  # 50 s sooner after its restart: < 10 % of 600 s
+        Option(8, 900.0),  # 100 s sooner: >= 60 s, pays
+    )
+    req = JobRequest("7", options, current=Holding(gpus=2, nodes=(("n1", 2),)))
+    assert unpaid_moves(req, age_s=400.0, min_gain=0.1) == {("7", 2)}
+    assert unpaid_moves(req, age_s=400.0, min_gain=0.2) == {("7", 2), ("7", 3)}
+    assert unpaid_moves(req, age_s=400.0, min_gain=0.0) == set()
+    waiting = JobRequest("8", options)  # nothing held: nothing to keep
+    assert unpaid_moves(waiting, age_s=400.0, min_gain=0.5) == set()
+
+
+def test_hysteresis_keeps_a_running_job_whose_move_would_save_little(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from icefrog_slurm.core.tuner import TunerChoice
+    from icefrog_slurm.policies.estimate import Candidate, Estimator
+
+    # One job on 2 GPUs of an otherwise empty cluster, submitted at 1 s, decided at 1000 s:
+    # 4 GPUs would finish it 100 s sooner of the 3000 s it has left on 2 (3.3 %).
+    def fixed(self: Estimator, job: JobSnapshot, **_: object) -> tuple[tuple[Candidate, ...], str]:
+        choice = TunerChoice(64, 0, 1.0, 100.0, 100.0)
+        return (Candidate(2, False, choice, 3999.0), Candidate(4, False, choice, 3899.0)), ""
+
+    monkeypatch.setattr(Estimator, "candidates_or_reason", fixed)
+    job = _job(1, _spec(1, 8), _small(0), Current(2, False, ("node1",)))
+    kept = IcefrogPolicy().decide(_snap([job]), settings=settings_from_mapping({}))
+    loose = settings_from_mapping({"solver": {"move_min_gain": 0.03}})
+    moved = IcefrogPolicy().decide(_snap([job]), settings=loose)
+    assert kept.allocations[1].gpus == 2  # the default 10 % is not reached: it stays
+    assert moved.allocations[1].gpus == 4  # 3 % is: it moves
