@@ -37,6 +37,10 @@ wait
 """
 
 
+PEAK_MEM = 2.0**33
+"""The predicted peak memory FixedPolicy gives a shared job it predicts (8 GiB)."""
+
+
 class OffsetClock:
     """The real clock plus an offset a test moves forward (to make a round due)."""
 
@@ -56,7 +60,8 @@ class OffsetClock:
 @dataclass
 class FixedPolicy:
     """Decides what the test says: job id -> (gpus, shared, nodes); others wait. ``utils``:
-    job id -> the predicted GPU utilisation of a shared job (an ``mps`` job's share)."""
+    job id -> the predicted GPU utilisation of a shared job (an ``mps`` job's share), which
+    comes with a predicted peak memory of ``PEAK_MEM`` (its MPS memory limit / 1.1)."""
 
     decisions: dict[int, tuple[int, bool, tuple[str, ...]]] = field(default_factory=dict)
     name: str = "fixed"
@@ -69,6 +74,7 @@ class FixedPolicy:
             out[j.id] = Allocation(
                 job_id=j.id, gpus=gpus, batch=32 if gpus else 0, frozen=0, shared=shared,
                 nodes=nodes, predicted_util=self.utils.get(j.id) if shared else None,
+                predicted_mem_bytes=PEAK_MEM if shared and j.id in self.utils else None,
             )  # fmt: skip
         return PolicyResult(allocations=out)
 

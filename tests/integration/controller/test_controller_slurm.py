@@ -7,6 +7,7 @@ Each test drives the real tick + reconcile with the real Slurm CLI backend; a
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import time
 import uuid
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from icefrog_launcher.decision import read_decision
+from icefrog_launcher.launch import mps_env, shared_load
 from icefrog_slurm.controller.daemon import Controller
 from icefrog_slurm.controller.tick import EVICTED
 from icefrog_slurm.core.samples import ProfileSample
@@ -27,6 +30,7 @@ from icefrog_slurm.slurm.parse import expand_hostlist
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.conftest import wait_for
 from tests.integration.controller.support import (
+    PEAK_MEM,
     FixedPolicy,
     OffsetClock,
     backend,
@@ -135,6 +139,15 @@ def test_two_jobs_share_a_gpu_and_one_moves_back(
             env = _job_env(run_dir)
             assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == percent
             assert env["CUDA_VISIBLE_DEVICES"] == str(next(iter(gpus))[1][0])
+            # and what the launcher makes of it with the decision: the same share, and
+            # 1.1 x the predicted peak memory (MiB, rounded up) as the MPS memory limit
+            load = shared_load(read_decision(run_dir / "decision.json"))
+            assert load is not None and (load.kind, load.peak_mem_bytes) == ("mps", PEAK_MEM)
+            limit = math.ceil(settings.sharing.memory_safety * PEAK_MEM / 2**20)
+            assert mps_env(env, load) == {
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": percent,
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={limit}M",
+            }
     policy.decisions[b] = (1, False, ("node4",))
     clock.next_round(settings)
     converge(ctl)
@@ -151,11 +164,15 @@ def test_two_jobs_share_a_gpu_and_one_moves_back(
 def _job_env(run_dir: Path, sid: str | None = None) -> dict[str, str]:
     """The GPU variables the job script saw (``SCRIPT`` writes them at each start), of its
     last start or of Slurm job ``sid``'s."""
-    lines = wait_for("the job's environment", lambda: (run_dir / "env").is_file() and [
-        line for line in (run_dir / "env").read_text().splitlines()
-        if sid is None or line.startswith(f"{sid} ")
-    ])  # fmt: skip
-    return dict(item.split("=", 1) for item in lines[-1].split()[1:])
+
+    def starts() -> list[str]:
+        if not (run_dir / "env").is_file():
+            return []
+        lines = (run_dir / "env").read_text().splitlines()
+        return [line for line in lines if sid is None or line.startswith(f"{sid} ")]
+
+    last = wait_for("the job's environment", starts)[-1]
+    return dict(item.split("=", 1) for item in last.split()[1:])
 
 
 def _foreign_job(node: str | None = None) -> str:
