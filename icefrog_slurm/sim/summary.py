@@ -9,7 +9,8 @@ seed, the settings in force, the version and commit). Plots (matplotlib, the opt
 ``sim`` extra; skipped with a note when absent), each policy in its own colour, in
 ``--plot-format`` png, svg or pdf: ``jct_cdf`` (JCT CDF of every policy), ``gpus_in_use``
 (one panel a policy, with the capacity line) and ``frozen_fraction`` (one panel a policy:
-frozen layers / layers over time of up to four sample jobs).
+frozen layers / layers of up to four jobs that froze, the longest-running, over the hours
+since each started).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import Any
 
 from icefrog_slurm.sim.catalog import Catalog
 from icefrog_slurm.sim.engine import SimResult
+from icefrog_slurm.sim.jobs import JobOutcome
 
-SAMPLE_JOBS = 4  # jobs a policy shown in the frozen-fraction plot
+SAMPLE_JOBS = 4  # jobs a policy shown in the frozen-fraction plot (``sample_frozen``)
 COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")
 """One colour a policy, the same in every plot (Okabe-Ito: told apart with colour-blindness)."""
 
@@ -123,28 +125,51 @@ def write_plots(
     axes[-1].set_xlabel("time (hours)")
     fig.suptitle("GPUs in use")
     paths.append(_save(fig, out / f"gpus_in_use.{fmt}"))
-    fig, axes = _panels(plt, len(results))
+    fig, axes = _panels(plt, len(results), sharex=False)
     for ax, r in zip(axes, results, strict=True):
-        tasks = {j.name: j.task for j in r.jobs}
-        for name, trace in list(r.frozen.items())[:SAMPLE_JOBS]:
-            layers = catalog.layers(tasks[name]).num_layers
-            ax.step([t / 3600 for t, _ in trace], [k / layers for _, k in trace], where="post",
-                    label=f"{name} ({tasks[name]})")  # fmt: skip
+        for job, trace in sample_frozen(r):
+            layers = catalog.layers(job.task).num_layers
+            begun = job.start if job.start is not None else trace[0][0]
+            ax.step([(t - begun) / 3600 for t, _ in trace], [k / layers for _, k in trace],
+                    where="post", label=f"{job.name} ({job.task})")  # fmt: skip
         if not r.frozen:
             ax.text(0.5, 0.5, "no job froze a layer", ha="center", va="center",
                     transform=ax.transAxes)  # fmt: skip
         ax.set(ylabel="frozen fraction", ylim=(0, 1), title=r.policy)
         ax.grid(alpha=0.3)
-        _legend(ax, fontsize=6, loc="upper left")
-    axes[-1].set_xlabel("time (hours)")
-    fig.suptitle(f"Frozen layers / layers ({SAMPLE_JOBS} sample jobs a policy)")
+        _legend(ax, fontsize=6, loc="upper right")
+    axes[-1].set_xlabel("hours since the job started")
+    fig.suptitle(f"Frozen layers / layers (the {SAMPLE_JOBS} longest jobs that froze)")
     paths.append(_save(fig, out / f"frozen_fraction.{fmt}"))
     return paths
 
 
-def _panels(plt: Any, n: int) -> tuple[Any, list[Any]]:
-    """One panel a policy, stacked, sharing the time axis."""
-    fig, axes = plt.subplots(max(n, 1), 1, figsize=(7, 1.9 * max(n, 1) + 0.6), sharex=True,
+def sample_frozen(r: SimResult) -> list[tuple[JobOutcome, list[tuple[float, int]]]]:
+    """Up to SAMPLE_JOBS jobs that froze layers, the longest-running first (one a task
+    before a second of the same task), each with its (time, frozen layers) trace carried to
+    its finish."""
+    froze = sorted(
+        (j for j in r.jobs if j.name in r.frozen),
+        key=lambda j: -((j.finish or r.end_time) - (j.start or j.submit)),
+    )
+    picked: list[JobOutcome] = []
+    for j in froze:  # one a task first
+        if len(picked) < SAMPLE_JOBS and all(p.task != j.task for p in picked):
+            picked.append(j)
+    picked += [j for j in froze if j not in picked][: SAMPLE_JOBS - len(picked)]
+    out = []
+    for j in picked:
+        trace = list(r.frozen[j.name])
+        end = j.finish if j.finish is not None else r.end_time
+        if end > trace[-1][0]:
+            trace.append((end, trace[-1][1]))
+        out.append((j, trace))
+    return out
+
+
+def _panels(plt: Any, n: int, *, sharex: bool = True) -> tuple[Any, list[Any]]:
+    """One panel a policy, stacked (sharing the time axis unless told)."""
+    fig, axes = plt.subplots(max(n, 1), 1, figsize=(7, 1.9 * max(n, 1) + 0.6), sharex=sharex,
                              squeeze=False)  # fmt: skip
     return fig, list(axes[:, 0])
 

@@ -14,7 +14,10 @@ import pytest
 
 from icefrog_slurm.cli import main
 from icefrog_slurm.settings import Settings, settings_from_mapping
+from icefrog_slurm.sim.engine import SimOptions, SimResult
+from icefrog_slurm.sim.jobs import JobOutcome
 from icefrog_slurm.sim.progress import Progress
+from icefrog_slurm.sim.summary import sample_frozen
 
 WORKLOAD = ("name,time,application,num_replicas,batch_size\n"
             "a,0,cifar10,2,256\nb,60,cifar10,4,512\nc,120,cifar10,1,128\n")  # fmt: skip
@@ -133,3 +136,16 @@ def test_plots_in_the_chosen_format_one_panel_a_policy(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exc:  # argparse's refusal, exit 2
         main(["simulate", "--workload", str(wl), "--out", str(out), "--plot-format", "gif"])
     assert exc.value.code == 2
+
+
+def test_frozen_sample_is_the_longest_jobs_one_a_task_first_carried_to_their_finish() -> None:
+    def job(name: str, task: str, hours: float) -> JobOutcome:
+        return JobOutcome(name=name, task=task, submit=0.0, start=0.0, finish=3600.0 * hours)
+
+    jobs = [job("a", "x", 5), job("b", "x", 9), job("c", "y", 1), job("d", "z", 2),
+            job("e", "x", 8), job("f", "w", 30)]  # fmt: skip
+    frozen = {n: [(60.0, 2), (120.0, 3)] for n in "abcde"}  # f never froze
+    r = SimResult("icefrog", SimOptions(gpus=4), jobs, [], [], frozen, end_time=1e6)
+    picked = sample_frozen(r)
+    assert [j.name for j, _ in picked] == ["b", "d", "c", "e"]  # x, z, y; then x's next
+    assert picked[0][1] == [(60.0, 2), (120.0, 3), (9 * 3600.0, 3)]
