@@ -21,6 +21,10 @@ unfrozen time (a fixed cost cannot exceed the whole). :meth:`FreezeParams.beta_f
 :meth:`FreezeParams.beta_sync` report the tied values.
 
 Functions here accept floats or numpy arrays (the fitter evaluates them on arrays).
+
+Before a job's first profile its model is fitted to assumed samples whose times
+:func:`prior_iteration_time` predicts from its declared per-layer FLOPs and parameter bytes
+and the GPU model's datasheet figures (:data:`GPU_MODELS`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.core.parallelism import Kind, Parallelism
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.errors import InputError
 
@@ -328,3 +333,72 @@ def _like(template: Num, value: object) -> Num:
     if isinstance(template, np.ndarray):
         return arr
     return float(arr)
+
+
+# --- the prior: a job's iteration time from its declared tables, before it is profiled ---
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """Datasheet figures of a GPU model the throughput prior reads: peak dense FP32 FLOP/s
+    and the per-GPU bandwidth of its intra-node (NVLink) and inter-node (NIC) links."""
+
+    peak_flops: float
+    intra_bytes_per_s: float
+    inter_bytes_per_s: float
+
+
+GPU_MODELS: dict[str, GpuModel] = {
+    "v100": GpuModel(15.7e12, 300e9, 12.5e9),  # SXM2: NVLink 300 GB/s, 100 Gb/s IB
+    "a100": GpuModel(19.5e12, 600e9, 25e9),  # SXM4: NVLink 600 GB/s, 200 Gb/s IB
+    "a800": GpuModel(19.5e12, 400e9, 25e9),  # A100 with NVLink capped at 400 GB/s
+    "h100": GpuModel(67e12, 900e9, 50e9),  # SXM5: NVLink 900 GB/s, 400 Gb/s IB
+    "h800": GpuModel(67e12, 400e9, 50e9),  # H100 with NVLink capped at 400 GB/s
+}
+"""The GPU models ``slurm.gpu_model`` may name (vendors' datasheets)."""
+
+PRIOR_UTILISATION = 0.4
+"""Share of the peak FP32 FLOP/s a training step is assumed to achieve before it is measured
+(an assumption; the profile replaces it after the job's first iterations)."""
+
+PRIOR_LINK_EFFICIENCY = 0.5
+"""Share of a link's bandwidth an all-reduce is assumed to achieve."""
+
+PRIOR_STEP_OVERHEAD_S = 0.005
+"""Fixed seconds a step is assumed to cost whatever its batch (kernel launches, optimiser)."""
+
+TRAIN_FLOPS_PER_FORWARD = 3.0
+"""A training step's FLOPs per forward FLOP (backward about twice the forward)."""
+
+
+def prior_iteration_time(
+    layers: LayerTable,
+    gpu: GpuModel,
+    parallelism: Parallelism,
+    *,
+    gpus: int,
+    batch: int,
+    nodes: int,
+) -> float:
+    """Seconds of one iteration predicted from the declared tables alone, before any profile.
+
+    A replica computes ``batch`` samples (``layers.flops``: forward FLOPs a sample, x
+    :data:`TRAIN_FLOPS_PER_FORWARD`) at :data:`PRIOR_UTILISATION` of the GPU's peak, spread
+    over its p pipeline stages (PP, HP; no bubble), plus :data:`PRIOR_STEP_OVERHEAD_S`. Then
+    communication of the parameter bytes at :data:`PRIOR_LINK_EFFICIENCY` of NVLink on one
+    node, of the NIC across nodes: DDP's ring all-reduce moves 2 (a-1)/a of them, SDP's
+    all-gathers and reduce-scatter 3 (a-1)/a, PP/HP's all-reduce of a stage's share among
+    its d = a/p replicas 2 (d-1)/d. Nothing overlapped."""
+    if batch < 1 or gpus < 1 or nodes < 1:
+        raise InputError("prior: batch, GPUs and nodes must be >= 1")
+    stages = parallelism.stages
+    replicas = parallelism.replicas(gpus)
+    flops = TRAIN_FLOPS_PER_FORWARD * math.fsum(layers.flops) * batch
+    compute = flops / (stages * gpu.peak_flops * PRIOR_UTILISATION)
+    share = math.fsum(layers.param_bytes) / stages  # what one GPU holds and synchronises
+    if parallelism.kind is Kind.SDP:
+        moved = 3 * (gpus - 1) / gpus * share
+    else:
+        moved = 2 * (replicas - 1) / replicas * share
+    link = (gpu.inter_bytes_per_s if nodes > 1 else gpu.intra_bytes_per_s) * PRIOR_LINK_EFFICIENCY
+    return PRIOR_STEP_OVERHEAD_S + compute + moved / link

@@ -6,9 +6,11 @@ For each job of a snapshot, from what the job reported:
   unshared profile samples (eq 4-7, 14) with the model of its declared parallelism
   (``parallel_fit.fitter_for``: DDP eq 4-7, SDP eq 9-10, PP/HP eq 11-13; with
   ``policy.large_model_models = false`` every job gets the DDP model, the paper's
-  ablation); a job with no sample yet gets the *prior*: the model fitted to one assumed
-  sample, one replica at ``PRIOR_SAMPLES_PER_S`` on its smallest legal GPU count at its
-  smallest batch with nothing frozen, so its GPU-count curve is the fit's default shape;
+  ablation); a job with no sample yet gets the *prior*: the model fitted to assumed
+  samples predicted from its declared per-layer FLOPs and parameter bytes and the GPU
+  model (``slurm.gpu_model``; ``core.throughput.prior_iteration_time``), unfrozen, at its
+  smallest legal GPU count (smallest and largest batch), its smallest count of several GPUs
+  on one node and its smallest count of several nodes (smallest batch);
 - psi from its latest per-layer gradient variances (eq 3); with none yet, freezing is not
   offered (only l = 0, psi = 1): its cost cannot be judged;
 - which frozen depths the Layer Tuner may choose from (``freezing``): every legal one
@@ -73,6 +75,7 @@ from icefrog_slurm.core.sharing import (
     fit_sharing,
     tune_shared,
 )
+from icefrog_slurm.core.throughput import GPU_MODELS, GpuModel, nodes_for, prior_iteration_time
 from icefrog_slurm.core.tta import remaining_work, time_to_accuracy
 from icefrog_slurm.core.tuner import (
     FloatArray,
@@ -90,7 +93,6 @@ from icefrog_slurm.settings import Freezing, Settings
 
 log = logging.getLogger(__name__)
 
-PRIOR_SAMPLES_PER_S = 100.0
 BYTES_PER_GB = 1e9
 
 
@@ -130,9 +132,11 @@ class Estimator:
     """Builds every job's candidates; keeps each job's fitted models between rounds.
 
     A fit costs 0.01-0.1 s a job (``fit_ddp_model``'s least squares), so a round refits at
-    most ``fit_budget`` models (call :meth:`new_round` first; the policy passes the jobs
-    oldest first). A job left over keeps its last fitted model, or the prior when it has
-    none, until a later round; its measured configurations are used as measured anyway.
+    most ``fit_budget`` models (call :meth:`new_round` first): first the jobs that measured
+    themselves but have no fitted model yet (the prior is far less accurate than any fit),
+    then the others in the order the policy asks (oldest first). A job left over keeps its
+    last fitted model, or the prior when it has none, until a later round; its measured
+    configurations are used as measured anyway.
     """
 
     def __init__(
@@ -145,14 +149,31 @@ class Estimator:
         self._cache: dict[int, _Cached] = {}
         self._explore = explore  # offer at most twice the largest measured GPU count
         self._budget = -1  # fits left this round; -1: unlimited
+        self._first: set[int] = set()  # jobs fitted first this round (new_round)
         self._priors: dict[tuple[object, ...], ThroughputModel] = {}
+        self._gpu = GPU_MODELS["a800"]  # the GPU model of the settings last seen
         self._freezing = freezing  # None: the setting policy.freezing
         self._batch_scaling = batch_scaling  # None: the setting policy.batch_scaling
         self._schedules: dict[int, FreezeOut | None] = {}  # FreezeOut, tuned once a job
         self._layers: dict[int, tuple[JobSpec, LayerTable]] = {}
 
-    def new_round(self, *, fit_budget: int | None) -> None:
+    def new_round(self, *, fit_budget: int | None, jobs: Sequence[JobSnapshot] = ()) -> None:
+        """Start a round that fits at most ``fit_budget`` models (None: no limit). Given the
+        round's ``jobs``, the budget goes first to those that measured themselves but have no
+        fitted model yet (new, or back from the prior; oldest first), then to the jobs whose
+        models are stale, in the order their candidates are asked for."""
         self._budget = -1 if fit_budget is None else fit_budget
+        self._first = set()
+        if fit_budget is None:
+            return
+        for job in sorted(jobs, key=lambda j: (j.job.submit_time, j.id)):
+            if len(self._first) >= fit_budget:
+                break
+            cached = self._cache.get(job.id)
+            fitted = cached is not None and not cached.prior and cached.model is not None
+            if not fitted and any(not s.shared for s in job.view.samples):
+                self._first.add(job.id)
+        self._budget = fit_budget - len(self._first)
 
     def candidates_or_reason(
         self,
@@ -189,6 +210,7 @@ class Estimator:
     ) -> tuple[Candidate, ...]:
         spec = job.job.spec
         layers = self._layer_table(job.id, spec)
+        self._gpu = GPU_MODELS[settings.slurm.gpu_model]
         cached = self._models(job, layers, gpus_per_node, modelled_parallelism(spec, settings))
         stats = job.view.grad_stats
         psi: Callable[[int], float]
@@ -346,7 +368,8 @@ class Estimator:
     def _model(
         self, job: JobSnapshot, cached: _Cached, layers: LayerTable, gpus_per_node: int
     ) -> ThroughputModel:
-        """The job's fitted model, refitted when stale and the round's budget allows."""
+        """The job's fitted model, refitted when stale and the round's budget allows (first
+        for the jobs :meth:`new_round` picked)."""
         if cached.model is not None and not cached.stale:
             return cached.model
         if cached.prior:
@@ -354,8 +377,11 @@ class Estimator:
             cached.stale = False
             cached.version += 1
             return cached.model
-        if self._budget != 0:
-            self._budget -= self._budget > 0
+        if job.id in self._first or self._budget != 0:
+            if job.id in self._first:
+                self._first.discard(job.id)
+            else:
+                self._budget -= self._budget > 0
             cached.model, cached.stale = cached.history.model(), False
             cached.version += 1
             return cached.model
@@ -366,12 +392,12 @@ class Estimator:
     def _prior_model(
         self, job: JobSnapshot, layers: LayerTable, gpus_per_node: int, modelled: Parallelism
     ) -> ThroughputModel:
-        """The prior's model, fitted once for each (layer table, sample, node size, model)."""
-        sample = _prior(job, modelled)
-        key = (layers, sample, gpus_per_node, modelled)
+        """The prior's model, fitted once for each (layer table, samples, node size, model)."""
+        samples = _prior(job, modelled, layers, gpus_per_node, self._gpu)
+        key = (layers, samples, gpus_per_node, modelled)
         if key not in self._priors:
             history = _history(layers, gpus_per_node, modelled)
-            history.add([sample])
+            history.add(samples)
             self._priors[key] = history.model()
         return self._priors[key]
 
@@ -385,7 +411,7 @@ class Estimator:
             history = _history(layers, gpus_per_node, modelled)
             cached = _Cached(0, history, None, prior=not measured, modelled=modelled)
             if not measured:
-                history.add([_prior(job, modelled)])
+                history.add(_prior(job, modelled, layers, gpus_per_node, self._gpu))
             self._cache[job.id] = cached
         if cached.samples != len(samples) or cached.samples == 0:
             cached.stale |= cached.history.add(samples[cached.samples :])
@@ -445,17 +471,31 @@ def _history(layers: LayerTable, gpus_per_node: int, modelled: Parallelism) -> P
     return ProfileHistory(layers, gpus_per_node=gpus_per_node, fitter=fitter)
 
 
-def _prior(job: JobSnapshot, modelled: Parallelism) -> ProfileSample:
-    """One assumed sample: one replica at PRIOR_SAMPLES_PER_S on the smallest legal count."""
+def _prior(
+    job: JobSnapshot, modelled: Parallelism, layers: LayerTable, gpn: int, gpu: GpuModel
+) -> tuple[ProfileSample, ...]:
+    """Assumed samples from the declared tables (``prior_iteration_time``), unfrozen: the
+    smallest legal count at the smallest and the largest batch, the smallest count of several
+    GPUs within a node and the smallest of whole nodes (two or more) at the smallest batch."""
     spec = job.job.spec
-    batch = powers_of_two(spec.min_batch, spec.max_batch)[0]
-    gpus = spec.parallelism.legal_gpu_counts(spec.min_gpus, spec.max_gpus)[0]
-    t_iter = batch / PRIOR_SAMPLES_PER_S
-    return ProfileSample(
-        gpus=gpus, batch=batch, frozen=0, shared=False, t_fwd_s=0.0, t_bwd_s=0.0,
-        t_sync_s=0.0, t_iter_s=t_iter,
-        samples_per_s=modelled.global_batch(gpus, batch) / t_iter,
-    )  # fmt: skip
+    batches = powers_of_two(spec.min_batch, spec.max_batch)
+    counts = spec.parallelism.legal_gpu_counts(spec.min_gpus, spec.max_gpus)
+    first = counts[0]
+    within = [g for g in counts if first < g <= gpn][:1]
+    across = [g for g in counts if g > gpn and g % gpn == 0 and g > first][:1]
+    configs = [(first, batches[0]), (first, batches[-1])]
+    configs += [(g, batches[0]) for g in (*within, *across)]
+    out = []
+    for gpus, batch in dict.fromkeys(configs):
+        t_iter = prior_iteration_time(
+            layers, gpu, modelled, gpus=gpus, batch=batch, nodes=nodes_for(gpus, gpn)
+        )
+        out.append(ProfileSample(
+            gpus=gpus, batch=batch, frozen=0, shared=False, t_fwd_s=0.0, t_bwd_s=0.0,
+            t_sync_s=0.0, t_iter_s=t_iter,
+            samples_per_s=modelled.global_batch(gpus, batch) / t_iter,
+        ))  # fmt: skip
+    return tuple(out)
 
 
 def _sharing(samples: Sequence[ProfileSample], layers: LayerTable) -> SharingPredictor | None:

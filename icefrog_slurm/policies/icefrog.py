@@ -63,7 +63,7 @@ class IcefrogPolicy:
     def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
         cluster = _cluster(snapshot, settings)
         self.estimator.forget({j.id for j in snapshot.jobs})
-        self.estimator.new_round(fit_budget=settings.solver.max_fits_per_round)
+        self.estimator.new_round(fit_budget=settings.solver.max_fits_per_round, jobs=snapshot.jobs)
         requests: list[JobRequest] = []
         unpaid: set[tuple[str, int]] = set()
         options: dict[str, tuple[Candidate, ...]] = {}

@@ -6,7 +6,8 @@ the per-GPU batch and frozen layers of its latest ``decision.json``, and on a sh
 the true shared speed with the jobs on the same GPU), loses
 ``controller.reallocation_overhead_s`` after every (re)start, and reports what a real job's
 trainer would report: noisy profile samples of each new configuration, per-layer gradient
-statistics and progress at every epoch, a finished report when it reaches its target.
+statistics and progress at every epoch (and the statistics so far at every eighth of one), a
+finished report when it reaches its target.
 
 Its effective progress (spec section 4) is what the trainer can know: samples x psi with psi
 from its own *observed* gradient variances (eq 3), never the truth's; a job whose global
@@ -41,6 +42,11 @@ from icefrog_slurm.sim.workload import TraceJob
 
 PROFILE_SAMPLES_PER_CONFIG = 3
 """Profile samples a job reports for each (GPUs, batch, frozen, shared) it runs in."""
+
+GRAD_REPORTS_PER_EPOCH = 8
+"""Gradient statistics a job reports an epoch: at its end and after every further eighth
+(a long epoch would otherwise leave freezing and the batch's efficiency unjudged for hours;
+the Pollux trainer's statistics are likewise running averages, read at any step)."""
 
 METRIC_NOISE = 0.15
 """sd of a validation report's noise, as a fraction of the gap between the target and the
@@ -125,6 +131,7 @@ class SimJob:
         self.samples_done = 0.0
         self.effective_done = 0.0
         self.epoch = 0
+        self.grad_part = 0  # 1/GRAD_REPORTS_PER_EPOCH parts of an epoch reported
         self.profiled: dict[tuple[int, int, int, int, bool], int] = {}
         self.observed_psi = 1.0
         self.done = False
@@ -229,17 +236,18 @@ class SimJob:
         self.profiled[key] = PROFILE_SAMPLES_PER_CONFIG
 
     def _epoch_reports(self, reports: Reports) -> None:
-        epoch = int(self.samples_done // self.epoch_samples)
+        """At an epoch's end: gradient statistics, the validation metric and progress; at
+        every further 1/GRAD_REPORTS_PER_EPOCH of an epoch: the statistics so far, labelled
+        with the epoch in progress (its end replaces them)."""
+        part = int(self.samples_done * GRAD_REPORTS_PER_EPOCH // self.epoch_samples)
+        epoch = part // GRAD_REPORTS_PER_EPOCH
         if epoch <= self.epoch:
+            if part > self.grad_part:
+                self.grad_part = part
+                reports.grad_stats = self._grad_stats(self.epoch + 1)
             return
-        self.epoch = epoch
-        stats = self.run.observe_grad_stats(epoch=epoch)
-        frozen = stats.frozen
-        self.observed_psi = frozen_penalty(
-            sum(stats.grad_var[:frozen]), sum(stats.grad_var[frozen:])
-        )
-        self.grad_sums = (sum(stats.grad_var[frozen:]), sum(stats.grad_sqr[frozen:]))
-        reports.grad_stats = stats
+        self.epoch, self.grad_part = epoch, part
+        reports.grad_stats = self._grad_stats(epoch)
         reports.metric = MetricReport(epoch, self.spec.target_metric, self._metric_value())
         reports.progress = ProgressReport(
             epoch=epoch,
@@ -247,6 +255,16 @@ class SimJob:
             effective_samples_done=self.effective_done,
             checkpoint_path=f"{self.run_dir}/checkpoints/ckpt-{epoch}.pt",
         )
+
+    def _grad_stats(self, epoch: int) -> GradStats:
+        """Observe the gradient statistics; psi and the efficiency follow them."""
+        stats = self.run.observe_grad_stats(epoch=epoch)
+        frozen = stats.frozen
+        self.observed_psi = frozen_penalty(
+            sum(stats.grad_var[:frozen]), sum(stats.grad_var[frozen:])
+        )
+        self.grad_sums = (sum(stats.grad_var[frozen:]), sum(stats.grad_sqr[frozen:]))
+        return stats
 
     def _metric_value(self) -> float:
         """The validation metric the job reports: :func:`metric_curve` at its true progress
