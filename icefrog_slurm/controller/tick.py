@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
+from dataclasses import replace
 
 from icefrog_slurm.domain.cluster import Gres, SlurmJobState
 from icefrog_slurm.domain.plan import Action, JobPlan, Plan, Policy, PolicyResult, SlurmRequest
@@ -74,6 +76,7 @@ def tick(snapshot: Snapshot, policy: Policy, settings: Settings) -> Plan:
     for job_id in shared_without_consent(live, allocations):
         allocations[job_id] = Allocation(job_id=job_id, gpus=0, batch=0, frozen=0)
         reasons[job_id] = UNSHARED
+    held = held_mps(live, allocations)
     jobs = tuple(
         _job_plan(
             j,
@@ -81,6 +84,7 @@ def tick(snapshot: Snapshot, policy: Policy, settings: Settings) -> Plan:
             reasons.get(j.id, ""),
             settings,
             moved=before is not None and before.get(j.id, ()) != allocations[j.id].nodes,
+            held=held,
         )
         for j in live
         if j.id in allocations
@@ -253,10 +257,43 @@ def run_dir_of(checkpoint_path: str) -> str:
     return head if sep and head else ""
 
 
+def held_mps(
+    jobs: tuple[JobSnapshot, ...], allocations: Mapping[int, Allocation]
+) -> dict[str, dict[int, int]]:
+    """node -> {job id: its mps count} of the running mps jobs the round keeps shared on
+    that node: they keep their share (:func:`matches`), which a job joining them must fit
+    beside."""
+    out: dict[str, dict[int, int]] = {}
+    for j in jobs:
+        state, alloc = j.slurm, allocations.get(j.id)
+        if state is None or state.gres is None or alloc is None:
+            continue
+        if state.holds_resources and state.gres.kind == "mps" and alloc.shared:
+            node = alloc.nodes[0] if alloc.nodes else ""
+            if node and node in j.current.nodes:
+                out.setdefault(node, {})[j.id] = state.gres.count
+    return out
+
+
 def _job_plan(
-    job: JobSnapshot, alloc: Allocation, reason: str, settings: Settings, *, moved: bool
+    job: JobSnapshot,
+    alloc: Allocation,
+    reason: str,
+    settings: Settings,
+    *,
+    moved: bool,
+    held: Mapping[str, Mapping[int, int]] | None = None,
 ) -> JobPlan:
     target = target_of(alloc, settings)
+    node = target.nodes[0] if target.nodes else ""
+    others = {i: n for i, n in (held or {}).get(node, {}).items() if i != job.id}
+    if target.gres is not None and target.gres.kind == "mps" and others:
+        # a running mps job on the node keeps its share (it may be more than this round
+        # predicts for it): ask for no more than the largest such share leaves of a GPU,
+        # so that this job fits beside whichever of them it joins
+        room = max(settings.slurm.mps_per_gpu - max(others.values()), 1)
+        if target.gres.count > room:
+            target = replace(target, gres=Gres("mps", room))
     return JobPlan(
         job_id=job.id,
         slurm_job_id=job.job.slurm_job_id,

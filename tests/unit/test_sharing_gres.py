@@ -8,12 +8,18 @@ import math
 import pytest
 
 from icefrog_slurm.commands.preflight import Failed, check_sharing
-from icefrog_slurm.controller.snapshot import current_of
-from icefrog_slurm.controller.tick import action_for, matches, shared_gres, target_of
+from icefrog_slurm.controller.snapshot import build_snapshot, current_of
+from icefrog_slurm.controller.tick import action_for, matches, shared_gres, target_of, tick
 from icefrog_slurm.domain.cluster import Gres, NodeCapacity, PartitionCapacity, SlurmJobState
-from icefrog_slurm.domain.plan import SlurmRequest
-from icefrog_slurm.domain.records import Allocation, JobRecord, JobView, Progress
-from icefrog_slurm.domain.snapshot import JobSnapshot
+from icefrog_slurm.domain.plan import PolicyResult, SlurmRequest
+from icefrog_slurm.domain.records import (
+    Allocation,
+    JobRecord,
+    JobView,
+    Progress,
+    StoreSnapshot,
+)
+from icefrog_slurm.domain.snapshot import JobSnapshot, Snapshot
 from icefrog_slurm.protocol import JobSpec
 from icefrog_slurm.settings import Settings, settings_from_mapping
 
@@ -132,3 +138,54 @@ def test_the_check_wants_every_node_to_offer_the_configured_kind() -> None:
     assert check_sharing(settings_from_mapping({}), shard_nodes) == "GPUs shared by shard, 2 a GPU"
     off = settings_from_mapping({"sharing": {"max_jobs_per_gpu": 1, "gres": "mps"}})
     assert check_sharing(off, shard_nodes).startswith("sharing off")
+
+
+class _Pair:
+    """Shares node2 between jobs 1 and 2, predicting 0.45 and 0.5 of the GPU."""
+
+    name = "pair"
+
+    def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
+        utils = {1: 0.45, 2: 0.5}
+        return PolicyResult(
+            {
+                j.id: Allocation(j.id, 1, 32, 0, True, ("node2",), predicted_util=utils[j.id])
+                for j in snapshot.jobs
+            }
+        )
+
+
+def _plan(states: dict[str, SlurmJobState]) -> dict[int, SlurmRequest]:
+    views = []
+    for i in (1, 2):
+        rec = JobRecord(
+            i, f"j{i}", 0, "root", "running", 0.0, None, None, SPEC, (str(i),), Progress()
+        )
+        views.append(JobView(job=rec))
+    cap = PartitionCapacity("gpu", (NodeCapacity("node2", 4, 0, mps=400),), ())
+    snap = build_snapshot(
+        store=StoreSnapshot(jobs=tuple(views), last_round=None), states=states, capacity=cap,
+        now=1000.0,
+    )  # fmt: skip
+    return {j.job_id: j.target for j in tick(snap, _Pair(), _mps()).jobs}
+
+
+def _running(i: int, gres: Gres) -> SlurmJobState:
+    return SlurmJobState(str(i), "RUNNING", gres, 1, "node2", "None", 1, 0, "gpu", "", None)
+
+
+def _held(i: int, gres: Gres) -> SlurmJobState:
+    return SlurmJobState(str(i), "PENDING", gres, 1, "", "JobHeldUser", 1, 0, "gpu", "", None)
+
+
+def test_a_job_joining_a_running_mps_job_fits_beside_its_kept_share() -> None:
+    # both start: each asks for its own prediction
+    both = _plan({"1": _held(1, Gres("gpu", 1)), "2": _held(2, Gres("gpu", 1))})
+    assert (both[1].gres, both[2].gres) == (Gres("mps", 45), Gres("mps", 50))
+    # job 1 runs with the 60 an earlier round gave it, and keeps it (no requeue for drift):
+    # job 2 asks for the 40 left of the GPU, not its 50, else Slurm could not pair them
+    joined = _plan({"1": _running(1, Gres("mps", 60)), "2": _held(2, Gres("gpu", 1))})
+    assert (joined[1].gres, joined[2].gres) == (Gres("mps", 45), Gres("mps", 40))
+    # a share that leaves enough room is asked for as predicted
+    room = _plan({"1": _running(1, Gres("mps", 30)), "2": _held(2, Gres("gpu", 1))})
+    assert room[2].gres == Gres("mps", 50)
