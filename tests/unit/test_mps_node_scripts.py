@@ -134,3 +134,12 @@ def test_the_epilog_quits_the_daemon_after_its_last_client(stub: Path) -> None:
     assert calls(stub) == before
     assert run(stub, "epilog-mps.sh.example", **MPS_JOB).returncode == 0
     assert "quit" not in calls(stub)[len(before) :]
+
+
+def test_the_dev_cluster_refuses_an_unknown_sharing_kind() -> None:
+    out = subprocess.run(
+        ["bash", str(SLURM_CONF / "dev" / "cluster.sh"), "conf", "--sharing", "mig"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 2 and out.stdout == ""
+    assert "--sharing must be shard or mps, not 'mig'" in out.stderr
