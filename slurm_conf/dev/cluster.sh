@@ -204,7 +204,9 @@ JobCompType=jobcomp/none
 KillWait=5
 MinJobAge=600
 MessageTimeout=5
-SchedulerParameters=sched_min_interval=200000
+# a released (resized) job starts at the next pass for queued events, within about a second,
+# not batch_sched_delay (default 3 s) after the last pass (docs/controller.md, reallocation)
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=200000
 NodeName=node[1-4] NodeHostname=localhost Port=[$NODE_PORT0-$((NODE_PORT0 + 3))] CPUs=8 RealMemory=4000 Features=a800,ib Gres=gpu:a800:4,$share_gres State=UNKNOWN
 PartitionName=gpu Nodes=node[1-4] Default=YES MaxTime=INFINITE State=UP DefMemPerGPU=450
 EOF
