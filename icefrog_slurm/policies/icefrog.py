@@ -106,6 +106,7 @@ class IcefrogPolicy:
             steer=None if solver.method == "fast" else lambda p: solve(p, fast, fast_memo),
         )
         solve_s = time.perf_counter() - started
+        solved = {r.id: r for r in requests}
         for job in snapshot.jobs:
             key = str(job.id)
             if key not in options:
@@ -130,6 +131,9 @@ class IcefrogPolicy:
                 psi=cand.choice.psi,
                 predicted_tta_s=cand.tta_s,
                 share=choice.share,
+                # the utilisation eq 8's pair rule summed for it (an MPS job's share)
+                predicted_util=solved[key].options[choice.index].util if cand.load else None,
+                predicted_mem_bytes=cand.load.memory if cand.load else None,
             )
         return PolicyResult(
             allocations=allocations,
