@@ -103,6 +103,9 @@ def test_overload_packs_small_jobs_onto_shared_gpus_on_one_node() -> None:
     allocs = _check(_snap(jobs))
     shared = [a for a in allocs.values() if a.shared]  # type: ignore[attr-defined]
     assert shared and all(len(a.nodes) == 1 for a in shared)  # type: ignore[attr-defined]
+    # each carries eq 8's prediction: an mps job's share and its MPS limits come from it
+    for a in shared:
+        assert 0 < a.predicted_util <= 1 and a.predicted_mem_bytes > 0  # type: ignore[attr-defined]
 
 
 def test_a_job_without_samples_gets_the_prior_and_runs() -> None:
