@@ -102,11 +102,14 @@ def _wrapper(mark: Marks, steps: int) -> Any:
 
     def wrap(name: str, inner: Any) -> Any:
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            # the stop's checkpoint: a save that begins stopped (a signal that comes during
+            # an epoch's save stops the job at the next save)
+            stopping = name == "_save" and self._stop is not None
             if name == "_restore":
                 mark("restore")
             elif name == "_on_signal":
                 mark("signalled")  # the trainer's handler (USR1, or TERM from torchrun)
-            elif name == "_save" and self._stop is not None:
+            elif stopping:
                 mark("checkpoint")
             if name == "_save":
                 mark("save", last=True)  # any checkpoint (an epoch's end too): the latest
@@ -115,7 +118,7 @@ def _wrapper(mark: Marks, steps: int) -> Any:
                 mark("saved", last=True)
             if name == "_restore":
                 mark("restored")
-            elif name == "_save" and self._stop is not None:
+            elif stopping:
                 mark("checkpointed")
             elif name == "_after_step":
                 done[0] += 1
