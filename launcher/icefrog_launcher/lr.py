@@ -37,8 +37,9 @@ from icefrog_slurm.errors import InputError
 
 Rule = Literal["none", "linear", "sqrt", "adascale"]
 RULES: tuple[Rule, ...] = get_args(Rule)
-DEFAULT_RULE: Rule = "adascale"
-"""The rule a Trainer applies unless told otherwise (chosen by experiments/batch_change)."""
+DEFAULT_RULE: Rule = "sqrt"
+"""The rule a Trainer applies unless told otherwise: the one that kept convergence with a
+learning rate tuned for the base batch in experiments/batch_change (docs/trainer.md)."""
 DEFAULT_WARMUP_STEPS = 20
 SMOOTHING = 0.5
 """Weight of the past in the epoch-to-epoch average of the statistics (``Scaling.observe``)."""

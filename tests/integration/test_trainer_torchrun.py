@@ -189,7 +189,9 @@ def test_registered_objects_resume_exactly_on_another_process_count(tmp_path: Pa
     then (decision: 1 GPU, the same global batch) 4 on 1 process. Every epoch's learning
     rate, scaler state and count are those of the uninterrupted run, to the last digit.
     Before, the schedule restarted at the resume (measured: LR 0.4665/0.3750 at epochs 4-5
-    instead of 0.25/0.067 of lr 1), the scaler and the counter from their fresh states."""
+    instead of 0.25/0.067 of lr 1), the scaler and the counter from their fresh states.
+    After the loop the 2 processes all-reduce (the group outlives the loop), and rank 0
+    works 2 s longer while rank 1 goes to its exit: the run still ends with 0."""
     base, resized = tmp_path / "base", tmp_path / "resized"
     epochs = {"ICEFROG_MAX_EPOCHS": "6", "ICEFROG_BATCH": "32-64"}
     done = _torchrun(2, _env(base, PROBE_MODE="objects", **epochs))
@@ -210,6 +212,10 @@ def test_registered_objects_resume_exactly_on_another_process_count(tmp_path: Pa
     assert [e["counter"] for e in whole] == [24 * (e + 1) for e in range(6)]  # 1500 / 64
     scales = [e["scaler"]["scale"] for e in whole]
     assert scales == sorted(scales) and scales[-1] > scales[0]  # it grew: a state to keep
+    # after the loop the process group still works; rank 1 reached its exit while rank 0
+    # worked on, waited there for it, and both ended cleanly (exit 0 above)
+    assert a["after_loop_sum"] == 3.0
+    assert "exit barrier" not in done.stderr
 
 
 def test_global_batch_same_steps_on_one_and_two_processes(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ probes that record what the tests check. PROBE_MODE selects the scenario:
 - ``objects``: SGD with a per-epoch CosineAnnealingLR (``scheduler=``), a
   ``torch.amp.GradScaler`` on the CPU (``scaler=``, growing its scale every 40 steps) and a
   user's step counter (``register_state``); with PROBE_RESIZE_AT as ``resize``. Records
-  each epoch's learning rate, scaler state and count.
+  each epoch's learning rate, scaler state and count; after the loop, with several
+  processes, an all-reduce (the group outlives the loop), then rank 0 works 2 s longer.
 - ``global``: SGD with momentum, the loop of every mode, for a job declaring
   ``--global-batch``; records the optimizer steps, the all-reduced elements and the final
   parameters.
@@ -25,6 +26,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -147,6 +149,14 @@ def main() -> None:
         trainable_numel=sum(p.numel() for p in model.parameters() if p.requires_grad),
         params=[p.detach().flatten().tolist() for p in model.parameters()],
     )
+    if mode == "objects" and torch.distributed.is_initialized():
+        # the group is still there after the loop; rank 0 then works on while the others
+        # go to their exit first, which waits for it (the trainer's end of the run)
+        total = torch.tensor([float(trainer.rank + 1)])
+        torch.distributed.all_reduce(total)
+        out["after_loop_sum"] = float(total)
+        if trainer.rank == 0:
+            time.sleep(2.0)
     if trainer.rank == 0:
         Path(os.environ["PROBE_OUT"]).write_text(json.dumps(out))
     del workdir
