@@ -1,16 +1,17 @@
 """How far a simulation is, on stderr, for the one who waits for it.
 
-On a terminal a progress bar (tqdm): jobs done of the workload's, the rate, the elapsed time
-and the ETA, and the simulated time beside them. Anywhere else (a log file, a pipe, the
-evaluation runner's capture) plain lines, never ``\\r`` frames: one when the job count
-crosses each further tenth of the workload or ``every_s`` seconds of wall time have passed
-since the last line, whichever comes first, and one at the end. A line reads
+On a terminal (one with a size) a progress bar (tqdm): jobs done of the workload's, the
+rate, the elapsed time and the ETA, and the simulated time beside them. Anywhere else (a log
+file, a pipe, the evaluation runner's capture) plain lines, never ``\\r`` frames: one when
+the job count crosses each further tenth of the workload or ``every_s`` seconds of wall time
+have passed since the last line, whichever comes first, and one at the end. A line reads
 ``icefrog: 36/120 jobs done (30 %), 5.2 h simulated, 1m40s wall, ETA 3m53s``; the ETA
 assumes the jobs left take as long each as the jobs done so far (none before the first).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -79,9 +80,10 @@ class Progress:
 
 
 def _isatty(stream: TextIO) -> bool:
+    """A terminal with a size (tqdm draws nothing on one that reports 0 columns or rows)."""
     try:
-        return stream.isatty()
-    except (AttributeError, ValueError):  # closed or not a file
+        return stream.isatty() and min(os.get_terminal_size(stream.fileno())) > 0
+    except (AttributeError, ValueError, OSError):  # closed, not a file, no size
         return False
 
 
