@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from icefrog_slurm.cli import main
+from icefrog_slurm.evaluation.runs import source_commit
 from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.sim.engine import SimOptions, SimResult
 from icefrog_slurm.sim.jobs import JobOutcome
@@ -149,3 +150,17 @@ def test_frozen_sample_is_the_longest_jobs_one_a_task_first_carried_to_their_fin
     picked = sample_frozen(r)
     assert [j.name for j, _ in picked] == ["b", "d", "c", "e"]  # x, z, y; then x's next
     assert picked[0][1] == [(60.0, 2), (120.0, 3), (9 * 3600.0, 3)]
+
+
+def test_without_git_the_commit_is_unknown_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no git to be found
+    assert source_commit() == "?"
+    wl = tmp_path / "w.csv"
+    wl.write_text(WORKLOAD)
+    out = tmp_path / "o"
+    argv = ["simulate", "--workload", str(wl), "--gpus", "4", "--policy", "slurm", "--out",
+            str(out), "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    assert json.loads((out / "summary.json").read_text())["run"]["commit"] is None
