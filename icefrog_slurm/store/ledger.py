@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from functools import cache
+from operator import attrgetter
 from typing import Any, TypeVar
 
 from sqlalchemy import Table, bindparam, delete, func, insert, select, update
@@ -95,30 +96,31 @@ class LedgerTx:
         """Record a round's decision: one row for the round, one a job, with the reason the
         policy gave for a job (why it waits) when it gave one."""
         self._written_rounds.add(round_no)
-        self._s.add(
-            RoundRow(
+        self._s.execute(
+            insert(table(RoundRow)),
+            dict(
                 round_no=round_no,
                 time=now,
                 policy=policy,
                 capacity_gpus=capacity_gpus,
                 solve_s=solve_s,
                 min_share=min_share,
-            )
+            ),
         )
-        self._s.flush()
-        if allocations:  # one bulk INSERT, not one ORM object a job
+        if allocations:  # one bulk INSERT of plain rows, not one ORM object a job
             why = reasons or {}
             names = field_names(Allocation)  # asdict would deep-copy every field
+            values = attrgetter(*names)
             rows = [
-                {
-                    **{n: getattr(a, n) for n in names},
-                    "round_no": round_no,
-                    "nodes": list(a.nodes),
-                    "reason": why.get(a.job_id, ""),
-                }
+                dict(
+                    zip(names, values(a), strict=True),
+                    round_no=round_no,
+                    nodes=list(a.nodes),
+                    reason=why.get(a.job_id, ""),
+                )
                 for a in allocations
             ]
-            self._s.execute(insert(AllocationRow), rows)
+            self._s.execute(insert(table(AllocationRow)), rows)
 
     def round(self, round_no: int | None = None) -> RoundRecord | None:
         """A round's decision (the last one when ``round_no`` is None)."""
