@@ -29,6 +29,10 @@ from tests.integration.conftest import REPO
 from tests.integration.controller.support import OffsetClock
 
 DIGITS = REPO / "examples" / "train_digits.py"
+JOB_ENV = {"OMP_NUM_THREADS": "1"}
+"""What a submitted job's environment adds: one OpenMP thread per training process, as
+torchrun gives each of several. Unset, a one-process run starts one per core, and on a
+loaded two-core machine its epoch took 15-25x as long (40-65 s, 2.6 s on two processes)."""
 
 
 class TwoStepPolicy:
@@ -49,8 +53,10 @@ class TwoStepPolicy:
         return PolicyResult(allocations=out)
 
 
-def icefrog(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+def icefrog(
+    *args: str, timeout: float = 60, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(extra_env or {})}
     return subprocess.run(
         [sys.executable, "-m", "icefrog_slurm", *args],
         capture_output=True, text=True, timeout=timeout, env=env, check=False,
@@ -104,10 +110,10 @@ class Rig:
 
     def submit(self, workdir: Path, *options: str) -> str:
         """``icefrog submit`` into this rig's inbox (``options`` end with ``-- train.py
-        ARGS``); the Slurm job id."""
+        ARGS``), with ``JOB_ENV`` in the job's environment; the Slurm job id."""
         done = icefrog(
             "submit", "--workdir", str(workdir), "--config", str(self.config),
-            "--partition", "gpu", *options,
+            "--partition", "gpu", *options, extra_env=JOB_ENV,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         return done.stdout.split()[-1]
