@@ -191,6 +191,12 @@ class SharingSettings:
     util_window: int = field(default=5, metadata=_bounds(minimum=2))
     """Shared profile samples the utilization check looks at."""
 
+    before_samples: bool = False
+    """Offer a job that has reported no sample yet a shared GPU, its load judged from its
+    declared layer tables (``core.sharing.DeclaredLoad``). Off by default: on the 48-GPU
+    2x trace it started many waiting jobs in pairs their first samples then rejected, and
+    the moves back cost more than the earlier starts gained (docs/eval/HISTORY.md)."""
+
     gres: SharingGres = "shard"
     """The GRES a shared job asks for: ``shard`` (``--gres=shard:K``, the jobs' kernels
     time-sliced, no limit enforced) or ``mps`` (``--gres=mps:N``, CUDA MPS: kernels run

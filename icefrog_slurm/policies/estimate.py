@@ -22,8 +22,8 @@ For each job of a snapshot, from what the job reported:
   the largest GPU count the job has measured (AdaptDL's rule, :func:`exploration_cap`), so
   a count the model mispredicts is reached in steps, measured and corrected;
 - the sharing predictor (eq 8's regressions) from samples that measured utilization and
-  memory; before the job reported any sample, its declared tables
-  (``core.sharing.DeclaredLoad``), so a waiting job may start on a shared GPU; with samples
+  memory; before the job reported any sample, with ``sharing.before_samples``, its declared
+  tables (``core.sharing.DeclaredLoad``), so a waiting job may start on a shared GPU; with samples
   but none of them measuring its load, the job is not offered a shared GPU. The shared
   option's (m, l) is its own: the Layer Tuner's best among the configurations whose
   predicted load fits one job's part of a GPU (``core.sharing.tune_shared``);
@@ -256,7 +256,7 @@ class Estimator:
                 eff = None if goodput is None else goodput(gpus, at)
                 cached.tuned[gpus, shared] = (
                     _tune_shared(at, frozen, psi_values, grid, eff, current_frozen,
-                                 _loads(job, cached), layers, settings)
+                                 _loads(job, cached, settings), layers, settings)
                     if shared
                     else tune_grid(
                         batch_sizes=at, frozen_candidates=frozen, psi=psi_values,
@@ -274,7 +274,7 @@ class Estimator:
                 tta += settings.controller.reallocation_overhead_s
             if not math.isfinite(tta) or tta <= 0:
                 continue
-            loads = _loads(job, cached) if shared else None
+            loads = _loads(job, cached, settings) if shared else None
             load = None
             if loads is not None:
                 load = loads.predict(batch=best.batch, frozen=best.frozen, layers=layers)
@@ -505,13 +505,13 @@ def _sharing(samples: Sequence[ProfileSample], layers: LayerTable) -> SharingPre
         return None
 
 
-def _loads(job: JobSnapshot, cached: _Cached) -> LoadModel | None:
+def _loads(job: JobSnapshot, cached: _Cached, settings: Settings) -> LoadModel | None:
     """What judges the job's load on a shared GPU: its fitted regressions (eq 8); before it
-    reported any sample, its declared tables (``core.sharing.DeclaredLoad``); None when it
-    has samples but none measured utilisation and memory (it cannot be judged)."""
+    reported any sample, with ``sharing.before_samples``, its declared tables
+    (``core.sharing.DeclaredLoad``); else None (it cannot be judged)."""
     if cached.sharing is not None:
         return cached.sharing
-    return None if job.view.samples else DeclaredLoad()
+    return None if job.view.samples or not settings.sharing.before_samples else DeclaredLoad()
 
 
 def _tune_shared(
@@ -564,7 +564,7 @@ def _configurations(
         and spec.parallelism == DDP
         and spec.min_gpus == 1
         and settings.sharing.max_jobs_per_gpu >= 2
-        and _loads(job, cached) is not None
+        and _loads(job, cached, settings) is not None
         and capacity >= 1
     ):
         out.append((1, True))

@@ -10,9 +10,10 @@ from icefrog_slurm.domain.records import JobRecord, JobView, Progress
 from icefrog_slurm.domain.snapshot import Current, JobSnapshot
 from icefrog_slurm.policies.estimate import Estimator
 from icefrog_slurm.protocol import GradStats, JobSpec
-from icefrog_slurm.settings import settings_from_mapping
+from icefrog_slurm.settings import Settings, settings_from_mapping
 
 SETTINGS = settings_from_mapping({})
+BEFORE_SAMPLES = settings_from_mapping({"sharing": {"before_samples": True}})
 L = 4
 SPEC = JobSpec(1, 8, 32, 64, 0.9, "acc", ">=", 0.9, 10, 10000, (1.0,) * L, (1.0,) * L)
 
@@ -26,25 +27,27 @@ def _job(samples: tuple[ProfileSample, ...] = (), grad: GradStats | None = None)
     return JobSnapshot(JobView(rec, samples, grad), None, Current())
 
 
-def _cands(job: JobSnapshot, est: Estimator | None = None) -> dict[tuple[int, bool], object]:
+def _cands(
+    job: JobSnapshot, est: Estimator | None = None, settings: Settings = SETTINGS
+) -> dict[tuple[int, bool], object]:
     est = est or Estimator()
-    got = est.candidates(job, now=100.0, gpus_per_node=4, capacity=16, settings=SETTINGS)
+    got = est.candidates(job, now=100.0, gpus_per_node=4, capacity=16, settings=settings)
     return {(c.gpus, c.shared): c for c in got}
 
 
-def test_a_job_without_samples_gets_prior_options_without_freezing() -> None:
-    cands = _cands(_job())
-    assert set(cands) == {(1, False), (2, False), (3, False), (4, False), (8, False), (1, True)}
+def test_a_job_without_samples_gets_prior_options_without_freezing_or_sharing() -> None:
+    cands = _cands(_job())  # sharing.before_samples is off by default
+    assert set(cands) == {(1, False), (2, False), (3, False), (4, False), (8, False)}
     assert all(c.choice.frozen == 0 and c.tta_s > 100.0 for c in cands.values())  # type: ignore[attr-defined]
 
 
 def test_a_job_that_never_ran_is_offered_a_shared_gpu_from_its_declared_tables() -> None:
-    shared = _cands(_job())[(1, True)]
+    shared = _cands(_job(), settings=BEFORE_SAMPLES)[(1, True)]
     assert shared.load is not None and shared.load.util == PRIOR_UTIL  # type: ignore[attr-defined]
     # Its memory comes from the tables: too large a model for half a GPU gets no shared option.
     huge = replace(SPEC, layer_param_bytes=(6e9,) * L)  # 24 GB of weights, x4 with Adam
     rec = JobRecord(1, "j", 0, "root", "pending", 0.0, None, None, huge, ("7",), Progress())
-    got = _cands(JobSnapshot(JobView(rec, (), None), None, Current()))
+    got = _cands(JobSnapshot(JobView(rec, (), None), None, Current()), settings=BEFORE_SAMPLES)
     assert (1, True) not in got and (1, False) in got
 
 

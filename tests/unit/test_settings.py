@@ -80,7 +80,7 @@ def test_every_field_has_a_docstring() -> None:
     [
         (
             {"sharing": {"lamda": 0.9}},
-            "sharing.lamda: unknown field; allowed: gres, max_jobs_per_gpu, memory_safety",
+            "sharing.lamda: unknown field; allowed: before_samples, gres, max_jobs_per_gpu",
         ),
         ({"metric": {}}, "metric: unknown field; allowed: controller, inbox, logging"),
         (
