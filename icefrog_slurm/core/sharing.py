@@ -28,10 +28,10 @@ keep the speed the solver counts on (``docs/method.md``, "Sharing";
 
 The shared option picks its own (batch, depth) (:func:`tune_shared`): the best goodput x
 psi among the configurations that fit one job's part of a GPU, so any two shared options
-are admissible together. A job with no measurement yet is judged from its declared tables
-(:class:`DeclaredLoad`), so a waiting job may start on a shared GPU; its first samples
-replace the prior the next round, and the eviction check (``controller/tick.py``) moves it
-off an unstable pair.
+are admissible together. A job with no measurement yet can be judged from its declared
+tables (:class:`DeclaredLoad`; the policy's ``sharing.before_samples``), so a waiting job
+may start on a shared GPU; its first samples replace the prior the next round, and the
+eviction check (``controller/tick.py``) moves it off an unstable pair.
 """
 
 from __future__ import annotations
