@@ -20,8 +20,8 @@ from icefrog_slurm.settings import Settings, settings_from_mapping
 
 L = 4
 SPEC = JobSpec(1, 4, 32, 64, 0.9, "acc", ">=", 0.9, 10, 10000, (1.0,) * L, (1.0,) * L)
-ON = Settings()  # the default: batch and layer elasticity together
-OFF = settings_from_mapping({"policy": {"batch_scaling": False}})  # the paper's protocol
+ON = settings_from_mapping({"policy": {"batch_scaling": True}})  # batch and layer elasticity
+OFF = Settings()  # the default: the paper's protocol
 # the squared norm dominates the variance: a doubled batch is worth little more than one
 LOW_NOISE = GradStats(epoch=3, frozen=0, grad_var=(0.01,) * L, grad_sqr=(1.0,) * L)
 
