@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -44,35 +45,55 @@ def cluster_sh(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
     )
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster(slurm_version: str) -> Iterator[str]:
-    """Path of the running cluster's slurm.conf (its environment exported while tests run)."""
-    version = ("--slurm", slurm_version)
-    started = False
-    status = cluster_sh("status", *version)
-    if status.returncode != 0:
-        up = cluster_sh("up", *version)
-        if up.returncode != 0:
-            pytest.fail(f"cluster.sh up {slurm_version} failed:\n{up.stdout}\n{up.stderr}")
-        # ours to bring down only if its slurmctld was not running: a node that was down
-        # (a test stopped its slurmd) does not make another session's cluster this one's
-        started = "slurmctld:  up" not in status.stdout
-    conf = cluster_sh("conf", *version).stdout.strip()
-    env = {"SLURM_CONF": conf, "ICEFROG_SLURM": slurm_version}
-    if slurm_version != "host":
-        env["PATH"] = f"{Path(conf).parent.parent / 'bin'}{os.pathsep}{os.environ['PATH']}"
+@contextmanager
+def _exported(env: dict[str, str]) -> Iterator[None]:
+    """``env`` in os.environ while the block runs, the old values back after it."""
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        yield conf
+        yield
     finally:
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextmanager
+def _running_cluster(
+    version: str, env: dict[str, str] | None = None, what: str = ""
+) -> Iterator[dict[str, str]]:
+    """A running cluster of Slurm ``version`` (cluster.sh with ``env``), brought up when
+    down; yields its client environment (SLURM_CONF, ICEFROG_SLURM and, for a version from
+    a Debian root, PATH with its client commands first); at the end it is brought down
+    again only if this session started it."""
+    args = ("--slurm", version)
+    started = False
+    status = cluster_sh("status", *args, env=env)
+    if status.returncode != 0:
+        up = cluster_sh("up", *args, env=env)
+        if up.returncode != 0:
+            pytest.fail(f"cluster.sh up {version}{what} failed:\n{up.stdout}\n{up.stderr}")
+        # ours to bring down only if its slurmctld was not running: a node that was down
+        # (a test stopped its slurmd) does not make another session's cluster this one's
+        started = "slurmctld:  up" not in status.stdout
+    conf = cluster_sh("conf", *args, env=env).stdout.strip()
+    out = {"SLURM_CONF": conf, "ICEFROG_SLURM": version}
+    if version != "host":
+        out["PATH"] = f"{Path(conf).parent.parent / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    try:
+        yield out
+    finally:
         if started:
-            cluster_sh("down", *version)
+            cluster_sh("down", *args, env=env)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(slurm_version: str) -> Iterator[str]:
+    """Path of the running cluster's slurm.conf (its environment exported while tests run)."""
+    with _running_cluster(slurm_version) as env, _exported(env):
+        yield env["SLURM_CONF"]
 
 
 MPS_CLUSTERS = {
@@ -95,23 +116,8 @@ def mps_cluster(slurm_version: str) -> Iterator[dict[str, str]]:
         "ICEFROG_CLUSTER_NODE_PORT": str(node),
         "ICEFROG_CLUSTER_SHARING": "mps",
     }
-    version = ("--slurm", slurm_version)
-    status = cluster_sh("status", *version, env=env)
-    started = False
-    if status.returncode != 0:
-        up = cluster_sh("up", *version, env=env)
-        if up.returncode != 0:
-            pytest.fail(f"cluster.sh up --sharing mps failed:\n{up.stdout}\n{up.stderr}")
-        started = "slurmctld:  up" not in status.stdout
-    conf = cluster_sh("conf", *version, env=env).stdout.strip()
-    out = {"SLURM_CONF": conf, "ICEFROG_SLURM": slurm_version}
-    if slurm_version != "host":
-        out["PATH"] = f"{Path(conf).parent.parent / 'bin'}{os.pathsep}{os.environ['PATH']}"
-    try:
+    with _running_cluster(slurm_version, env, " --sharing mps") as out:
         yield out
-    finally:
-        if started:
-            cluster_sh("down", *version, env=env)
 
 
 @pytest.fixture(params=["shard", "mps"])
@@ -122,17 +128,8 @@ def sharing(request: pytest.FixtureRequest) -> Iterator[str]:
     if kind == "shard":
         yield kind
         return
-    env: dict[str, str] = request.getfixturevalue("mps_cluster")
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with _exported(request.getfixturevalue("mps_cluster")):
         yield kind
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture(autouse=True)

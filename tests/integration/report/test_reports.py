@@ -220,6 +220,8 @@ def test_show_job_trajectory_chain_and_actions(
             "psi": 1.0,
             "predicted_tta_s": None,
             "share": 0.6,
+            "predicted_util": None,  # eq 8's prediction: none recorded for this round
+            "predicted_mem_bytes": None,
         }
     ]
     assert detail["actions"] == [] and detail["actions_total"] == 0
