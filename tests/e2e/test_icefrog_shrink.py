@@ -1,7 +1,9 @@
-"""End to end with the real ICEFROG policy: a job alone on the cluster's one free node gets
-2 GPUs; when two more jobs arrive whose minimums fill the node with it at 1 (a 2-GPU job
-and a 1-GPU job on 4 GPUs), IceShare's max-min shrinks it to 1 (or packs it onto a shared
-GPU: 1 GPU either way). It checkpoints, is requeued, resumes from its checkpoint on one
+"""End to end with the real ICEFROG policy: a job alone on the cluster's one free node starts
+on 1 GPU (exploration: no more than twice what it has measured, nothing yet), and once it
+has measured that, the next round grows it to its maximum, 2; when two more jobs arrive
+whose minimums fill the node with it at 1 (a 2-GPU job and a 1-GPU job on 4 GPUs),
+IceShare's max-min shrinks it to 1 (or packs it onto a shared GPU: 1 GPU either way).
+It checkpoints, is requeued, resumes from its checkpoint on one
 process, reaches its target, and ``icefrog sacct`` shows the restart.
 
 A foreign job holds node2-node4 throughout (the policy plans only with whole nodes
@@ -68,24 +70,36 @@ def test_icefrog_policy_shrinks_a_job_that_resumes_to_its_target(job_dir: Path) 
                 return next((j for j in jobs if j.name == name), None)
 
             deadline = time.monotonic() + 540
-            first_gpus, others_in = 0, False
+            seen: list[int] = []  # the GPU counts it ran on before the others came, in order
+            explored, grown_at, others_in = False, -1, False
             finished = None
             while finished is None and time.monotonic() < deadline:
                 r.controller.tick_once()
                 job = by_name("e2e-shrink")
                 assert job is not None
-                if job.state == "running" and not first_gpus:
+                if job.state == "running" and not others_in:
                     gres = r.cluster.job_detail(job_id=job.slurm_job_id).gres
-                    first_gpus = gres.count if gres is not None else -1
-                if not others_in and job.progress.epoch >= 1:  # a checkpoint exists
-                    sids += [_small(r, job_dir, "e2e-two", "2"), _small(r, job_dir, "e2e-one", "1")]
-                    r.controller.tick_once()  # read their registrations
-                    r.clock.next_round(r.settings)
-                    others_in = True
+                    gpus = gres.count if gres is not None else -1
+                    if seen[-1:] != [gpus]:
+                        seen.append(gpus)
+                    if gpus == 1 and not explored and job.progress.epoch >= 1:
+                        r.clock.next_round(r.settings)  # measured on 1: a round may offer 2
+                        explored = True
+                    elif gpus == 2 and grown_at < 0:
+                        grown_at = job.progress.epoch
+                    elif gpus == 2 and job.progress.epoch > grown_at:  # an epoch on 2 GPUs
+                        sids += [
+                            _small(r, job_dir, "e2e-two", "2"),
+                            _small(r, job_dir, "e2e-one", "1"),
+                        ]
+                        r.controller.tick_once()  # read their registrations
+                        r.clock.next_round(r.settings)
+                        others_in = True
                 finished = job if job.state == "finished" else None
                 time.sleep(0.5)
             logs = logs_of(wide)
-            assert first_gpus == 2, logs[-3000:]  # alone, the policy gave it its maximum
+            # alone: 1 GPU (nothing measured yet), then its maximum; then shrunk
+            assert seen[:2] == [1, 2] and others_in, (seen, logs[-3000:])
             assert finished is not None, logs[-3000:]
             assert "1 processes, was 2" in logs, logs[-3000:]  # resumed from the 2-GPU run
             assert finished.finish_reason == "target_reached", logs[-3000:]
