@@ -54,6 +54,23 @@ LOADER_ARGS = frozenset(inspect.signature(DataLoader.__init__).parameters) - {
 """DataLoader arguments a user may pass (``loader_args``), as this torch names them."""
 
 
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
+"""torchrun's stop (TERM to the trainer's process group) and Slurm's (USR1)."""
+
+
+def _start_workers(loader: DataLoader[Any]) -> Iterator[Any]:
+    """``iter(loader)``, which forks its workers, with the stop signals blocked meanwhile:
+    a worker forked just before a stop signal to the process group would otherwise die of
+    it before its ``worker_init_fn`` leaves the group. The workers inherit the blocked
+    signals and :class:`_WorkerInit` drops one that came early; this process receives its
+    own once they are unblocked."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        return iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class _WorkerInit:
     """A DataLoader worker's ``worker_init_fn``: keep the job's stop signals from killing
     the worker, then run the user's (picklable, as the spawn and forkserver contexts need).
@@ -71,7 +88,13 @@ class _WorkerInit:
 
     def __call__(self, worker_id: int) -> None:
         os.setpgid(0, 0)
+        # forked with the stop signals blocked (_start_workers): one sent to the training
+        # process's group before this worker left it is pending here; ignoring a signal
+        # discards it, then TERM gets back the action it had
+        kept = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if kept is None else kept)
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
         if self.then is not None:
             self.then(worker_id)
 
@@ -254,7 +277,7 @@ class ElasticDataLoader:
             at = self.position
             key = [self.seed, at.epoch, at.samples, self.rank]
             self.dataloader.generator = torch.Generator().manual_seed(_mix(key))
-        return iter(self.dataloader)
+        return _start_workers(self.dataloader)
 
     def __iter__(self) -> Iterator[Any]:
         at = self.position
