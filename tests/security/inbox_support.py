@@ -10,7 +10,10 @@ import json
 import os
 import pickle
 import pwd
-from collections.abc import Callable, Collection
+import shutil
+import uuid
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -181,3 +184,15 @@ def make_site(store: SqlStore, root: Path, uids: dict[str, int], **options: Any)
     )
     inbox.prepare()
     return Site(inbox, root, uids, slurm, socket)
+
+
+@contextmanager
+def site_in_tmp(store: SqlStore, uids: dict[str, int], prefix: str) -> Iterator[Site]:
+    """:func:`make_site` under a fresh folder of /tmp that every user can reach (pytest's
+    tmp_path lies under /root), removed afterwards."""
+    root = Path(f"/tmp/{prefix}-{uuid.uuid4().hex[:8]}")
+    root.mkdir()
+    try:
+        yield make_site(store, root, uids)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from icefrog_slurm.protocol import Envelope
 from icefrog_slurm.store.inbox import DrainResult, slurm_jobs_of
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.controller.support import backend
-from tests.security.inbox_support import METRIC, Site, as_user, make_site, spec_payload
+from tests.security.inbox_support import METRIC, Site, as_user, site_in_tmp, spec_payload
 from tests.security.slurm_support import held_job_as
 from tests.support.munge import USERS
 
@@ -33,12 +32,8 @@ ALICE, BOB = USERS
 
 @pytest.fixture
 def site(store: SqlStore, munge_users: dict[str, int]) -> Iterator[Site]:
-    root = Path(f"/tmp/icefrog-claim-{uuid.uuid4().hex[:8]}")  # every user can reach it
-    root.mkdir()
-    try:
-        yield make_site(store, root, munge_users)
-    finally:
-        subprocess.run(["rm", "-rf", str(root)], check=False)
+    with site_in_tmp(store, munge_users, "icefrog-claim") as site:
+        yield site
 
 
 def _bob_reports(site: Site, job: str, *kinds: tuple[str, dict[str, object]]) -> list[Path]:

@@ -7,15 +7,12 @@ lose by it)."""
 
 from __future__ import annotations
 
-import shutil
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from icefrog_slurm.store.sql import SqlStore
-from tests.security.inbox_support import Site, make_site, spec_payload
+from tests.security.inbox_support import Site, site_in_tmp, spec_payload
 from tests.support.munge import USERS
 
 ALICE, BOB = USERS
@@ -24,12 +21,8 @@ REFUSING = {**spec_payload(), "accepts_shared": False}
 
 @pytest.fixture
 def site(store: SqlStore, munge_users: dict[str, int]) -> Iterator[Site]:
-    root = Path(f"/tmp/icefrog-unshare-{uuid.uuid4().hex[:8]}")  # every user can reach it
-    root.mkdir()
-    try:
-        yield make_site(store, root, munge_users)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with site_in_tmp(store, munge_users, "icefrog-unshare") as site:
+        yield site
 
 
 def _accepts_shared(site: Site, job: str) -> bool:
