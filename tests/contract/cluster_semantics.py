@@ -52,6 +52,11 @@ class ClusterHarness(Protocol):
         """Give the scheduler a pass: what would start by itself has started."""
         ...
 
+    def after_requeue(self) -> None:
+        """Wait as the controller does between a requeue and the next release of the job
+        (its settings' ``release_gap_s``)."""
+        ...
+
     def foreign_job(self, *, gpus: int, node: str, whole_memory: bool = False) -> str:
         """Start a job of another user, without an icefrog comment, on ``node`` (running
         when this returns); ``whole_memory``: it holds the node's whole memory
@@ -139,6 +144,7 @@ class ClusterSemantics:
         requeued = state(h, jid)
         assert requeued.state == "PENDING" and not requeued.holds_resources
         h.port.update_pending(job_id=jid, gres=Gres("gpu", 2))
+        h.after_requeue()
         h.port.release_now(job_id=jid)
         assert running(h, jid).gres == Gres("gpu", 2)
         assert h.port.job_detail(job_id=jid).restarts == 1

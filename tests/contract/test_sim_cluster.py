@@ -49,6 +49,9 @@ class SimHarness:
     def settle(self) -> None:
         self.sim.schedule()
 
+    def after_requeue(self) -> None:
+        pass  # the simulated slurmd refuses no launch
+
     def foreign_job(self, *, gpus: int, node: str, whole_memory: bool = False) -> str:
         jid = self.sim.run_foreign(
             name="ct-foreign", gres=Gres("gpu", gpus), nodes=(node,), user_id=OTHER_UID,

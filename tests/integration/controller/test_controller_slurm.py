@@ -307,13 +307,15 @@ def test_an_unstable_packed_job_is_evicted_and_returns_a_round_later(
     settings = make_settings(tmp_path, sharing)
     clock = OffsetClock()
     shard = Gres("shard", 1) if sharing == "shard" else Gres("mps", 50)
-    a, sid_a, _ = submit_job(store, cluster, base, _key(), gres=shard)
-    b, sid_b, _ = submit_job(store, cluster, base, _key(), gres=shard)  # submitted later
+    a, sid_a, dir_a = submit_job(store, cluster, base, _key(), gres=shard)
+    b, sid_b, dir_b = submit_job(store, cluster, base, _key(), gres=shard)  # submitted later
     policy = FixedPolicy({a: (1, True, ("node3",)), b: (1, True, ("node3",))})
     policy.utils = {a: 0.5, b: 0.5}  # mps:50 each, as submitted
     ctl = make_controller(settings, store, policy, clock)
     converge(ctl)
-    running(cluster, sid_a), running(cluster, sid_b)
+    for sid, run_dir in ((sid_a, dir_a), (sid_b, dir_b)):  # started: its USR1 trap is set
+        running(cluster, sid)
+        wait_for(f"job {sid} started", lambda d=run_dir: (d / "starts").exists())
     with store.transaction() as tx:  # b measures a utilization that swings while packed
         tx.add_profile_samples(
             job_id=b,
@@ -328,6 +330,9 @@ def test_an_unstable_packed_job_is_evicted_and_returns_a_round_later(
     assert ctl.tick_once().plan.jobs[1].reason == EVICTED
     converge(ctl)
     assert state_of(cluster, sid_b).held and running(cluster, sid_a).gres == shard
+    # the offset clock makes the round due at once, but slurmd counts real seconds: a
+    # release in the second of the requeue is refused ("Job credential revoked")
+    time.sleep(settings.controller.release_gap_s)
     clock.next_round(settings)
     converge(ctl)
     assert running(cluster, sid_b).gres == shard  # back in a later round
