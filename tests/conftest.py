@@ -6,7 +6,9 @@ the Slurm versions the tests marked ``slurm`` run against.
 default ``host``. With more than one, a test that takes the cluster through the
 ``slurm_version`` fixture (the integration and end-to-end suites' autouse cluster fixture
 does) runs once a version, its id ending in the version (``test_x[24.11]``); pytest orders
-the tests so that each version's cluster comes up once.
+the tests so that each version's cluster comes up once. A test marked ``one_slurm_version``
+(the controller's own logic, whose Slurm commands other tests cover on every version) runs
+against the first version only; its other versions are deselected.
 """
 
 from __future__ import annotations
@@ -38,6 +40,19 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         versions = slurm_versions()
         if versions != ["host"]:
             metafunc.parametrize("slurm_version", versions, indirect=True, scope="session")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    first = slurm_versions()[0]
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        version = callspec.params.get("slurm_version", first) if callspec else first
+        once = item.get_closest_marker("one_slurm_version") is not None
+        (drop if once and version != first else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")
