@@ -323,6 +323,13 @@ up() {
     echo "cluster up (Slurm $(slurm_version)): export SLURM_CONF=$CONF"
 }
 
+# Whether any of these pids is a live process.
+any_alive() {
+    local pid
+    for pid; do kill -0 "$pid" 2>/dev/null && return 0; done
+    return 1
+}
+
 down() {
     if ctld_answers && ctld_is_ours; then
         local ids deadline=$((SECONDS + 60))
@@ -333,14 +340,21 @@ down() {
             while ((SECONDS < deadline)) && [[ -n $(squeue -h -o %i 2>/dev/null) ]]; do sleep 0.5; done
         fi
     fi
-    local pidfile pid
+    # every daemon is asked to stop at once (each takes about 2 s), then waited for: 5 s,
+    # then killed
+    local pidfile pid pids=() pidfiles=()
     for pidfile in "$DIR"/run/slurmd-*.pid "$DIR/run/slurmctld.pid"; do
         pid=$(alive "$pidfile") || continue
         kill "$pid"
-        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
-        rm -f "$pidfile"
+        pids+=("$pid")
+        pidfiles+=("$pidfile")
     done
+    for _ in $(seq 50); do
+        any_alive "${pids[@]}" || break
+        sleep 0.1
+    done
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && kill -9 "$pid"; done
+    ((${#pidfiles[@]} == 0)) || rm -f "${pidfiles[@]}"
     [[ $SLURM == host ]] || stop_leftovers
     if ((ACCOUNTING)) || [[ -e $DIR/run/slurmdbd.pid || -e $DIR/run/mysqld.pid ]]; then
         "$ACCOUNTING_SH" down
