@@ -11,12 +11,14 @@ import os
 import shlex
 import socket
 import sys
+from functools import partial
 
 from icefrog_launcher.config import JobConfig
 from icefrog_launcher.decision import read_decision
 from icefrog_launcher.launch import (
     DEFAULT_PORT,
     REQUEUE_EXIT_CODE,
+    StopTrap,
     build_command,
     child_env,
     environ,
@@ -61,6 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    trap = StopTrap().install()  # a USR1/TERM from here on checkpoints, never kills
+    try:
+        return _run(args, trap)
+    finally:
+        trap.restore()
+
+
+def _run(args: argparse.Namespace, trap: StopTrap) -> int:
     env = environ()
     script = list(args.script)
     if script and script[0] == "--":
@@ -90,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
     command = build_command(layout, script, torchrun=args.torchrun, port=args.port, relay=relay)
     extra = config.to_env()
     decision = config.decision_path
-    load = mps_load(env, lambda: read_decision(decision)) if config.managed else None
+    read = partial(read_decision, decision)
+    load = mps_load(env, read, stopped=trap.stopped) if config.managed else None
     child = child_env(env, layout, extra, load)
     if args.dry_run:  # the job's variables and what else it adds or changes (device, MPS)
         changed = {k: v for k, v in child.items() if env.get(k) != v}
@@ -107,4 +118,4 @@ def run(args: argparse.Namespace) -> int:
     os.makedirs(config.workdir, exist_ok=True)
     print(f"icefrog launch: {shlex.join(command)}", file=sys.stderr)
     sys.stdout.flush()
-    return run_training(command, child, config.workdir, stop_signal(layout))
+    return run_training(command, child, config.workdir, stop_signal(layout), trap)

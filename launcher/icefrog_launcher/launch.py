@@ -4,7 +4,7 @@ Pure parts (tested with plain dicts for the environment): :func:`layout_from_env
 the job's :class:`NodeLayout` (nodes, processes per node) from the variables Slurm gives the
 batch script, :func:`build_command` turns it into the torchrun (or ``srun ... torchrun``
 across nodes) command line. The impure part, :func:`run_training`, starts that command in
-the background and traps USR1/TERM.
+the background and traps USR1/TERM (from the launcher's first step: :class:`StopTrap`).
 
 Exit status of ``icefrog launch``:
 
@@ -49,6 +49,7 @@ from types import FrameType
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.protocol import Decision, SharedLoad
 from icefrog_slurm.runfiles import CHECKPOINT_MARKER
+from icefrog_slurm.security import write_atomic
 
 REQUEUE_EXIT_CODE = 75  # sysexits EX_TEMPFAIL: checkpointed, please requeue
 DEFAULT_PORT = 29500
@@ -310,28 +311,34 @@ def mps_load(
     wait_s: float = DECISION_WAIT_S,
     sleep: Callable[[float], None] = time.sleep,
     step_s: float = 1.0,
+    stopped: Callable[[], bool] = lambda: False,
 ) -> SharedLoad | None:
     """The shared load the launcher sets MPS limits from: ``read()``'s (the job's
     decision.json), read again every ``step_s`` for up to ``wait_s`` while Slurm gave the
     job an MPS share (:data:`MPS_THREADS` set) and the decision names no MPS load yet.
     None when none comes (the job then runs under Slurm's thread percentage alone, with no
-    memory limit) or when the job is not an MPS job."""
+    memory limit) or when the job is not an MPS job; it stops waiting once ``stopped()``."""
     waited = 0.0
     while True:
         load = shared_load(read())
-        if load is not None or MPS_THREADS not in env or waited >= wait_s:
+        if load is not None or MPS_THREADS not in env or waited >= wait_s or stopped():
             return load
         sleep(step_s)
         waited += step_s
 
 
-class _Trap:
-    """Remembers the first USR1/TERM and passes ``forward`` on to the child process."""
+class StopTrap:
+    """Remembers the first USR1/TERM and passes ``forward`` on to the child process, from
+    :meth:`install` to :meth:`restore`. The launcher installs it first thing: a stop
+    signal that comes before the training started (while it reads its decision, say) ends
+    the launch with 75 instead of killing it, and nothing is lost (Python's own start, a
+    fraction of a second, is the only window left)."""
 
-    def __init__(self, forward: signal.Signals) -> None:
+    def __init__(self, forward: signal.Signals = signal.SIGTERM) -> None:
         self.forward = forward
         self.signalled: int | None = None
         self.child: subprocess.Popen[bytes] | None = None
+        self._old: dict[signal.Signals, object] = {}
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if self.signalled is None:
@@ -339,24 +346,39 @@ class _Trap:
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(self.forward)
 
+    def stopped(self) -> bool:
+        return self.signalled is not None
+
+    def install(self) -> StopTrap:
+        self._old = {s: signal.signal(s, self) for s in (signal.SIGUSR1, signal.SIGTERM)}
+        return self
+
+    def restore(self) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler)  # type: ignore[arg-type]
+        self._old = {}
+
 
 def supervise(
     command: Sequence[str],
     env: Mapping[str, str],
     forward: signal.Signals = signal.SIGTERM,
     child_ignores: Sequence[signal.Signals] = (),
+    trap: StopTrap | None = None,
 ) -> tuple[int, int | None]:
     """Run ``command`` in the background, passing ``forward`` on for each USR1/TERM, and
-    wait: its exit status (128 + N when signal N killed it) and the first signal seen.
-    The child starts with ``child_ignores`` ignored (inherited through exec; a program
-    that installs its own handler, like the trainer, still gets them)."""
+    wait: its exit status (128 + N when signal N killed it) and the first signal seen
+    (also one ``trap``, installed earlier, saw before). The child starts with
+    ``child_ignores`` ignored (inherited through exec; a program that installs its own
+    handler, like the trainer, still gets them)."""
 
     def ignore() -> None:
         for s in child_ignores:
             signal.signal(s, signal.SIG_IGN)
 
-    trap = _Trap(forward)
-    old = {s: signal.signal(s, trap) for s in (signal.SIGUSR1, signal.SIGTERM)}
+    if trap is None:
+        trap = StopTrap().install()
+    trap.forward = forward
     try:
         trap.child = subprocess.Popen(
             list(command), env=dict(env), preexec_fn=ignore if child_ignores else None
@@ -370,8 +392,7 @@ def supervise(
             except InterruptedError:  # pragma: no cover - PEP 475 retries for us
                 continue
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+        trap.restore()
     return (code if code >= 0 else 128 - code), trap.signalled
 
 
@@ -380,12 +401,24 @@ def run_training(
     env: Mapping[str, str],
     workdir: str,
     forward: signal.Signals = signal.SIGTERM,
+    trap: StopTrap | None = None,
 ) -> int:
     """Run ``command`` (:func:`supervise`, passing ``forward`` on) and map the outcome to
-    the launcher's exit status."""
+    the launcher's exit status. Stopped (``trap`` saw USR1/TERM) before the training
+    started, it starts nothing: it writes the checkpoint marker (the last checkpoint is
+    current: nothing ran since) and asks to be requeued."""
     marker = Path(workdir) / CHECKPOINT_MARKER
+    if trap is not None and trap.signalled is not None:
+        trap.restore()
+        write_atomic(marker, b"stopped before the training started\n")
+        print(
+            f"icefrog launch: stopped before the training started; exiting "
+            f"{REQUEUE_EXIT_CODE} (requeue me)",
+            file=sys.stderr,
+        )
+        return REQUEUE_EXIT_CODE
     marker.unlink(missing_ok=True)
-    code, signalled = supervise(command, env, forward)
+    code, signalled = supervise(command, env, forward, trap=trap)
     if signalled is not None or marker.exists():
         print(
             f"icefrog launch: checkpointed; exiting {REQUEUE_EXIT_CODE} (requeue me)",

@@ -250,3 +250,48 @@ def test_cli_help(capsys: pytest.CaptureFixture[str]) -> None:
         main(["launch", "--help"])
     assert exited.value.code == 0
     assert f"{REQUEUE_EXIT_CODE} checkpointed" in capsys.readouterr().out
+
+
+def _catches_usr1(pid: int) -> bool:
+    """Whether process ``pid`` has a handler for USR1 (/proc's SigCgt mask)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(x for x in status.splitlines() if x.startswith("SigCgt:")).split()[1], 16)
+    return bool(caught >> (signal.SIGUSR1 - 1) & 1)
+
+
+def test_a_stop_signal_before_the_training_started_asks_requeue_and_runs_nothing(
+    tmp_path: Path,
+) -> None:
+    """A launcher Slurm started with an MPS share waits for its decision; USR1 then (Slurm's
+    time-limit signal, the controller's checkpoint request) ends it with 75 and the
+    checkpoint marker (nothing ran since the last checkpoint), not killed by the signal and
+    not recorded a failure, and the training never starts."""
+    import subprocess
+
+    ran = tmp_path / "ran"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(ran)!r}, 'w').write('1')\n")
+    env = {
+        **os.environ,
+        "ICEFROG_MANAGED": "1",
+        "SLURM_JOB_ID": "41",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_GPUS_ON_NODE": "1",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",  # an MPS share: it waits for the decision
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "icefrog_slurm", "launch", "--workdir", str(tmp_path),
+         "--torchrun", sys.executable, "--", str(script)],
+        env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not _catches_usr1(proc.pid):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == REQUEUE_EXIT_CODE, err
+    assert time.monotonic() - started < 5  # it stopped waiting for the decision (30 s)
+    assert "stopped before the training started" in err
+    assert (tmp_path / CHECKPOINT_MARKER).exists() and not ran.exists()
