@@ -98,6 +98,12 @@ class SlurmJobDetail:
         )
 
 
+USABLE_NODE_STATES = frozenset(
+    {"idle", "mix", "mixed", "alloc", "allocated", "comp", "completing", "plnd", "planned"}
+)
+"""sinfo's node states (``%t`` and ``%T``, suffixes removed) whose GPUs icefrog counts."""
+
+
 @dataclass(frozen=True)
 class NodeGpus:
     """One node of a partition as ``sinfo -N`` shows it: state, GPUs, GRES shards and GRES
@@ -116,8 +122,10 @@ class NodeGpus:
 
     @property
     def usable(self) -> bool:
+        """Up and schedulable. ``plnd`` is an idle node the backfill scheduler plans for a
+        pending job (a ``-`` suffix: a busy one it plans): its GPUs are there and free."""
         base = self.state.rstrip("*~#!%$@^-")
-        return base in ("idle", "mix", "mixed", "alloc", "allocated", "comp", "completing")
+        return base in USABLE_NODE_STATES
 
 
 @dataclass(frozen=True)

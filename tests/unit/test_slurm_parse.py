@@ -149,6 +149,12 @@ def test_sinfo_and_hostnames_golden(version: str) -> None:
     assert [(n.name, n.gpus, n.shards, n.usable) for n in nodes] == [
         (f"node{i}", 4, 8, True) for i in range(1, 5)
     ]
+    # a node the backfill scheduler plans for a pending job is up, its GPUs free: counted
+    planned = parse.parse_sinfo_nodes(golden(version, "sinfo-planned.txt"))
+    assert [(n.name, n.state, n.usable) for n in planned][2:] == [
+        ("node3", "plnd", True),
+        ("node4", "mix" if version == "slurm-22.05" else "mix-", True),
+    ]
     names = parse.parse_hostnames(golden(version, "hostnames.txt"))
     assert (
         names == parse.expand_hostlist("node[1-3],node4") == tuple(f"node{i}" for i in range(1, 5))
