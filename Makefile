@@ -40,7 +40,9 @@ importlint: $(VENV)/.installed
 # Debian 12) and on 24.11 and 26.05 (each from a Debian root: slurm_conf/dev/cluster.sh
 # --slurm, built the first time, about a minute each), in one pytest session listing each
 # test once a version (test_x[host], test_x[24.11], test_x[26.05]); pytest orders them so
-# that each version's cluster comes up once. `pytest` runs everything else on the host's.
+# that each version's cluster comes up once. Tests marked one_slurm_version (kill points the
+# controller recovers from by itself, the pyslurm stand-in) run on the first version only.
+# `pytest` runs everything else on the host's.
 SLURM_VERSIONS ?= host,24.11,26.05
 comma := ,
 SLURM_MATRIX := tests/integration/test_cluster.py tests/integration/test_slurm_contract.py \
