@@ -269,6 +269,11 @@ def _read_marks(path: Path) -> dict[str, float]:
     return marks
 
 
+def registered(store: SqlStore, sid: str) -> bool:
+    with store.transaction() as tx:
+        return tx.job_by_slurm_id(sid) is not None
+
+
 def wait_for(check: Callable[[], bool], timeout_s: float, what: str, logs: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -418,6 +423,8 @@ def bench(
     sid = submitted.stdout.split()[-1]
     results: list[dict[str, float]] = []
     try:
+        # the controller knows the job once it drained its register report from the inbox
+        wait_for(lambda: registered(store, sid), 60, "the job's registration", jobdir)
         rounds.due()  # the first round starts it
         wait_for(lambda: any("ready" in r for r in runs(out)), 300, "the first run", jobdir)
         for i in range(1, args.resizes + 1):
