@@ -368,7 +368,8 @@ def supervise(
 ) -> tuple[int, int | None]:
     """Run ``command`` in the background, passing ``forward`` on for each USR1/TERM, and
     wait: its exit status (128 + N when signal N killed it) and the first signal seen
-    (also one ``trap``, installed earlier, saw before). The child starts with
+    (also one ``trap``, installed and later restored by the caller, saw before; without
+    one, a trap of its own is installed for the run). The child starts with
     ``child_ignores`` ignored (inherited through exec; a program that installs its own
     handler, like the trainer, still gets them)."""
 
@@ -376,6 +377,7 @@ def supervise(
         for s in child_ignores:
             signal.signal(s, signal.SIG_IGN)
 
+    own = trap is None
     if trap is None:
         trap = StopTrap().install()
     trap.forward = forward
@@ -392,7 +394,8 @@ def supervise(
             except InterruptedError:  # pragma: no cover - PEP 475 retries for us
                 continue
     finally:
-        trap.restore()
+        if own:
+            trap.restore()
     return (code if code >= 0 else 128 - code), trap.signalled
 
 
@@ -408,8 +411,7 @@ def run_training(
     started, it starts nothing: it writes the checkpoint marker (the last checkpoint is
     current: nothing ran since) and asks to be requeued."""
     marker = Path(workdir) / CHECKPOINT_MARKER
-    if trap is not None and trap.signalled is not None:
-        trap.restore()
+    if trap is not None and trap.stopped():
         write_atomic(marker, b"stopped before the training started\n")
         print(
             f"icefrog launch: stopped before the training started; exiting "
