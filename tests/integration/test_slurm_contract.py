@@ -129,6 +129,14 @@ def _request(script: Path, key: str, gres: Gres, **kw: object) -> SubmitRequest:
     )
 
 
+def _after_requeue() -> None:
+    """Wait as the controller does (settings' release_gap_s) before releasing a requeued
+    job: a launch credential made in the second the requeue revoked the last one is
+    refused ("Job credential revoked"), which 24.11 and 26.05, starting a released job at
+    once, meet more often than 22.05; the job ends FAILED instead of starting."""
+    time.sleep(ControllerSettings().release_gap_s)
+
+
 T = TypeVar("T")
 
 
@@ -155,9 +163,7 @@ class SlurmHarness:
         time.sleep(1)
 
     def after_requeue(self) -> None:
-        # a launch credential made in the second the requeue revoked the last one is
-        # refused ("Job credential revoked"): the job ends FAILED instead of starting
-        time.sleep(ControllerSettings().release_gap_s)
+        _after_requeue()
 
     def foreign_job(self, *, gpus: int, node: str, whole_memory: bool = False) -> str:
         memory = ("--mem=0",) if whole_memory else ()
@@ -231,10 +237,7 @@ def test_a_requeued_job_restarts_at_once_and_sees_its_new_gpus(
     port.requeue_hold(job_id=jid)
     wait_for("requeued and held", lambda: _state(port, jid).held, timeout=20)
     port.update_pending(job_id=jid, gres=Gres("gpu", 2))
-    # as the controller does (settings' release_gap_s): a launch credential made in the
-    # second the requeue revoked the last one is refused ("Job credential revoked"), which
-    # 24.11 and 26.05, starting a released job at once, meet more often than 22.05
-    time.sleep(ControllerSettings().release_gap_s)
+    _after_requeue()
     started = time.monotonic()
     port.release_now(job_id=jid)
     _running(port, jid, timeout=30)  # without StartTime=now it would wait ~120 s

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,8 +53,15 @@ Slurm command the recovery must read back from that Slurm (signal, requeue_hold,
 of a requeued job, release without StartTime=now, a resubmission's sbatch)."""
 
 
-def _points(points: list[object], every_version: set[object]) -> list[object]:
-    return [p if p in every_version else pytest.param(p, marks=ONCE) for p in points]
+def _points(points: list[Any], every_version: set[Any]) -> list[Any]:
+    """``points`` as parameters, those not in ``every_version`` marked :data:`ONCE` (a
+    tuple is one test's several arguments)."""
+    return [
+        p
+        if p in every_version
+        else pytest.param(*(p if isinstance(p, tuple) else (p,)), marks=ONCE)
+        for p in points
+    ]
 
 
 @pytest.fixture
@@ -245,12 +253,11 @@ def _move_child(url: str, state_dir: str, job: int, at: str, nth: int, sharing: 
 
 @pytest.mark.parametrize(
     ("at", "nth", "sharing"),
-    [
-        k
-        if k[2] == "mps" or k in {(RECONCILE_STEPS, 5, "shard"), ("run:sbatch", 1, "shard")}
-        else pytest.param(*k, marks=ONCE)
-        for k in MOVE_KILLS_BY_KIND
-    ],
+    _points(
+        MOVE_KILLS_BY_KIND,
+        {k for k in MOVE_KILLS_BY_KIND if k[2] == "mps"}
+        | {(RECONCILE_STEPS, 5, "shard"), ("run:sbatch", 1, "shard")},
+    ),
     indirect=["sharing"],
 )
 def test_killed_while_moving_to_a_shared_gpu_converges_after_restart(
