@@ -3,7 +3,7 @@
     icefrog simulate --workload w.csv --gpus 48 --gpus-per-node 4 --policy all --seed 1 \\
         --out results/ [--no-freeze] [--no-share] [--no-large-models] \\
         [--config FILE] [--set SECTION.KEY=VALUE ...] [--profile-noise SD] [--share-noise SD] \\
-        [--plot-format png|svg|pdf] [--quiet]
+        [--plot-format png|svg|pdf] [--gpu-model a800|v100] [--quiet]
 
 Each policy runs the same workload on the same hidden truth (seeded by ``--seed``) with the
 engine of ``icefrog_slurm/sim/engine.py``; ``all`` is ICEFROG, Lucid+, Optimus+, Pollux+
@@ -23,8 +23,11 @@ the truth's constants); ``--no-large-models`` sets
 ``[policy] large_model_models = false`` on top (the DDP model for every job, the paper's
 ablation; the LLaMA jobs keep their allocation unit). ``--batch paper`` (default): as in the paper's
 evaluation (spec section 12) jobs keep the workload's global batch under every policy but
-Pollux+, which adapts it (its point); ``fixed`` / ``tuned`` apply one rule to all. Bad
-arguments exit with code 2.
+Pollux+, which adapts it (its point); ``fixed`` / ``tuned`` apply one rule to all.
+``--gpu-model`` picks the calibration: ``a800`` (default, the paper's cluster: Pollux's
+V100 measurements moved by stated factors) or ``v100`` (the measurements as fitted, and
+Pollux's applications finishing as AdaptDL's simulator finishes them: ``sim/calibration.py``).
+Bad arguments exit with code 2.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from icefrog_slurm.errors import InputError
 from icefrog_slurm.evaluation.runs import source_commit
 from icefrog_slurm.protocol import fixed_per_gpu_batch
 from icefrog_slurm.settings import Settings, apply_overrides, load_settings
-from icefrog_slurm.sim.calibration import shipped_calibration
+from icefrog_slurm.sim.calibration import GPU_MODELS, shipped_calibration
 from icefrog_slurm.sim.catalog import shipped_catalog
 from icefrog_slurm.sim.engine import Engine, SimOptions, SimResult
 from icefrog_slurm.sim.jobs import MAX_WORK_FACTOR
@@ -127,6 +130,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="png",
         help="file format of the plots (png; svg and pdf are vector)",
     )
+    parser.add_argument(
+        "--gpu-model",
+        default="a800",
+        help=f"the GPUs simulated: {' or '.join(GPU_MODELS)} (a800: the paper's cluster; v100: "
+        "Pollux's measurements as measured and Pollux's completion rule)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -147,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         gpus=args.gpus, gpus_per_node=args.gpus_per_node, seed=args.seed,
         freeze=not args.no_freeze, share=not args.no_share,
         profile_noise=args.profile_noise, share_noise=args.share_noise,
+        gpu_model=args.gpu_model,
     )  # fmt: skip
     options.check()
     if not args.workload.is_file():
@@ -161,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     catalog = shipped_catalog()
     workload = read_workload(args.workload, catalog)
     record = rerun_record(args, settings)  # before anything runs: the workload as read
-    truths = build_truths(catalog, shipped_calibration(), seed=options.seed)
+    truths = build_truths(catalog, shipped_calibration(options.gpu_model), seed=options.seed)
     results: list[SimResult] = []
     for policy in policies:
         if policy.name == SLURM:
@@ -258,7 +268,7 @@ def rerun_record(args: argparse.Namespace, settings: Settings) -> dict[str, Any]
         "icefrog", "simulate", "--workload", str(args.workload), "--gpus", str(args.gpus),
         "--gpus-per-node", str(args.gpus_per_node), "--policy", args.policy,
         "--seed", str(args.seed), "--out", str(args.out), "--batch", args.batch,
-        "--profile-noise", repr(args.profile_noise),
+        "--profile-noise", repr(args.profile_noise), "--gpu-model", args.gpu_model,
     ]  # fmt: skip
     if args.share_noise is not None:
         argv += ["--share-noise", repr(args.share_noise)]

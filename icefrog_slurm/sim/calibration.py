@@ -6,16 +6,26 @@ For a task with Pollux data (``calibration.pollux`` in the catalog):
   are fitted with the core's DDP model (``core.fit.fit_ddp_model``, eq 4-7 at l = 0, one
   compute curve as Pollux has no forward/backward split). A seeded 25 % of the rows is held
   back first and the throughput APE on them is recorded; the kept model is then refitted on
-  every row. The V100 model is moved to the A800 cluster of the paper by the stated factors
+  every row. That V100 model is kept as fitted (``--gpu-model v100``) and moved to the A800
+  cluster of the paper (the default, ``a800``) by the stated factors
   (:data:`A800_COMPUTE_SPEEDUP`, :data:`INTRA_NODE_SYNC_SCALE`, :data:`INTER_NODE_SYNC_SCALE`;
   see docs/simulator.md for why and how uncertain);
 - **convergence** — samples to reach the catalog target at each measured global batch,
-  from ``validation-<batch>.csv`` (first epoch whose metric reaches the target).
+  from ``validation-<batch>.csv`` (first epoch whose metric reaches the target);
+- **Pollux's completion rule** (:class:`PolluxApplication`, used with ``--gpu-model v100``):
+  AdaptDL's simulator (``simulator/simulator.py`` and ``applications.py``) finishes a job
+  when its progress, in steps of the smallest validated batch scaled by statistical
+  efficiency (``progress`` of the validation files), has completed the application's epochs
+  (``max_epochs`` = the shortest validation file, which is what Pollux's simulator uses);
+  each step at global batch B adds ``gain = (var + sqr) / (var / scale + sqr)``, scale =
+  B / the smallest batch, with the gradient statistics of the current epoch interpolated
+  linearly between validated batches.
 
 A task without Pollux data (``calibration.scale_from``) takes its source task's calibration
 scaled by size: compute time x (FLOPs per sample ratio), sync time x (parameter bytes
 ratio) — except that measured single-GPU V100 step times in the catalog (``v100_step_s``)
-replace the FLOP-scaled compute curve — and the source's convergence shape (samples
+replace the FLOP-scaled compute curve (divided by A800_COMPUTE_SPEEDUP on the A800s, as
+measured on the V100s) — and the source's convergence shape (samples
 relative to the smallest batch) applied to its own samples to the target at its own
 smallest global batch (``calibration.target_epochs`` x samples_per_epoch, else its budget
 P_0 = max_epochs x samples_per_epoch).
@@ -32,7 +42,7 @@ import argparse
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -47,8 +57,10 @@ from icefrog_slurm.core.throughput import (
     LinearCurve,
     SyncCurve,
 )
+from icefrog_slurm.core.tuner import powers_of_two
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.jsonio import expect_object, get_number, get_str
+from icefrog_slurm.protocol import JobSpec
 from icefrog_slurm.sim.catalog import Catalog, Task, shipped_catalog
 from icefrog_slurm.sim.pollux import (
     MeasuredRow,
@@ -58,6 +70,8 @@ from icefrog_slurm.sim.pollux import (
     read_validation,
 )
 
+GPU_MODELS = ("a800", "v100")
+"""The GPUs the simulator models: the paper's A800s (default) or Pollux's V100s as measured."""
 A800_COMPUTE_SPEEDUP = 2.0
 """A800 over V100 compute time ratio assumed for training steps (fp32/TF32 mixed)."""
 INTRA_NODE_SYNC_SCALE = 1.0
@@ -72,26 +86,128 @@ CHECKOUT_POLLUX_DIR = Path(__file__).resolve().parents[2] / "data" / "pollux" / 
 ONE_LAYER = LayerTable.uniform(1)
 
 
+def check_gpu_model(name: str) -> str:
+    """``name`` when the simulator models it; else an InputError naming the choices."""
+    if name not in GPU_MODELS:
+        raise InputError(f"--gpu-model: unknown {name!r}; choose from {', '.join(GPU_MODELS)}")
+    return name
+
+
+POLLUX_MAX_REPLICAS = 64
+"""AdaptDL's simulator caps a job at 64 replicas (its cluster, ``get_pollux_job_info``)."""
+POLLUX_MAX_LOCAL_BATCH = {"yolov3": 8}
+"""Per-GPU batch caps AdaptDL's ``applications.py`` sets below its measured range."""
+POLLUX_FIXED = {"ncf": 32768}
+"""Applications AdaptDL's simulator runs at one global batch on one replica (``ncf``:
+``target_batch_size = 32768`` under Pollux, ``max_replicas = 1`` under every policy)."""
+
+
+@dataclass(frozen=True)
+class PolluxApplication:
+    """One application as AdaptDL's simulator defines and finishes it (module doc):
+    progress in steps of ``init_batch`` scaled by efficiency; ``boundaries[e]`` the progress
+    at the end of epoch e (the smallest over the validated batches, Pollux's
+    ``get_progress``); the job is done at ``boundaries[-1]``; ``grad_sqr`` / ``grad_var``
+    per validated batch and epoch; the per-GPU batch range (``local_batch``), the replica
+    cap and the global batch it is held at (``fixed_batch``, 0: free)."""
+
+    init_batch: int
+    boundaries: tuple[float, ...]
+    batches: tuple[int, ...]
+    grad_sqr: tuple[tuple[float, ...], ...]
+    grad_var: tuple[tuple[float, ...], ...]
+    local_batch: tuple[int, int]
+    max_replicas: int
+    fixed_batch: int = 0
+
+    @property
+    def target(self) -> float:
+        return self.boundaries[-1]
+
+    def grad_stats(self, global_batch: float, epoch: int) -> tuple[float, float]:
+        """(grad_sqr, grad_var) in ``epoch`` at ``global_batch``, interpolated linearly in the
+        batch between validated ones (clamped to them), as Pollux's ``get_grad_stats``;
+        grad_var is the variance of an ``init_batch`` gradient."""
+        x = np.asarray(self.batches, dtype=float)
+        sqr = float(np.interp(global_batch, x, [row[epoch] for row in self.grad_sqr]))
+        var = float(np.interp(global_batch, x, [row[epoch] for row in self.grad_var]))
+        return sqr, var
+
+    def gain(self, global_batch: float, epoch: int) -> float:
+        """Progress one step at ``global_batch`` makes in ``epoch`` (Pollux's ``gain``)."""
+        sqr, var = self.grad_stats(global_batch, epoch)
+        scale = max(global_batch, 1.0) / self.init_batch
+        return (var + sqr) / (var / scale + sqr)
+
+    def samples_to_target(self, global_batch: float) -> float:
+        """Samples at a fixed ``global_batch`` from the start to the end of the last epoch."""
+        edges = (0.0, *self.boundaries)
+        return math.fsum(
+            (edges[e + 1] - edges[e]) * global_batch / self.gain(global_batch, e)
+            for e in range(len(self.boundaries))
+        )
+
+    def job_spec(self, spec: JobSpec) -> JobSpec:
+        """``spec`` with this application's limits: per-GPU batches the powers of two in
+        ``local_batch`` (the tuner's grid), at most ``max_replicas`` GPUs and no more than
+        the largest validated global batch at the smallest of them, Pollux's epochs, and
+        ``fixed_batch`` where the job leaves its batch free."""
+        low, high = powers_of_two(*self.local_batch)[0], powers_of_two(*self.local_batch)[-1]
+        gpus = max(1, min(self.max_replicas, self.batches[-1] // low))
+        return replace(
+            spec, min_gpus=1, max_gpus=gpus, min_batch=low, max_batch=high,
+            max_epochs=len(self.boundaries), global_batch=spec.global_batch or self.fixed_batch,
+        )  # fmt: skip
+
+
+def pollux_application(
+    app: str, curves: Mapping[int, ValidationCurve], rows: Sequence[MeasuredRow]
+) -> PolluxApplication:
+    """Application ``app`` as AdaptDL's simulator has it, from its validation curves and
+    measured rows (module doc)."""
+    epochs = min(len(c.progress) for c in curves.values())
+    boundaries = tuple(float(min(c.progress[e] for c in curves.values())) for e in range(epochs))
+    if any(b <= a for a, b in zip((0.0, *boundaries), boundaries, strict=False)):
+        raise InputError(f"{app}: validation progress must increase epoch by epoch")
+    order = sorted(curves)
+    local = [s.batch for s, _ in rows]
+    high = min(max(local), POLLUX_MAX_LOCAL_BATCH.get(app, max(local)))
+    return PolluxApplication(
+        init_batch=order[0],
+        boundaries=boundaries,
+        batches=tuple(order),
+        grad_sqr=tuple(tuple(float(v) for v in curves[b].grad_sqr[:epochs]) for b in order),
+        grad_var=tuple(tuple(float(v) for v in curves[b].grad_var[:epochs]) for b in order),
+        local_batch=(min(local), high),
+        max_replicas=1 if app in POLLUX_FIXED else POLLUX_MAX_REPLICAS,
+        fixed_batch=POLLUX_FIXED.get(app, 0),
+    )
+
+
 @dataclass(frozen=True)
 class TaskCalibration:
-    """One task's calibrated unfrozen A800 model, convergence and provenance."""
+    """One task's calibrated unfrozen model (of one GPU model), convergence and provenance."""
 
     task: str
     source: str  # "pollux:<app>" or "scaled:<task>"
-    model: DdpThroughputModel  # unfrozen, A800; forward folded into the backward curve
+    model: DdpThroughputModel  # unfrozen; forward folded into the backward curve
     batches: tuple[int, ...]  # global batches with a measured convergence point
     samples: tuple[float, ...]  # samples to reach the target at each
     heldback_ape: Mapping[str, float]  # mean / p95 / max throughput APE % (Pollux tasks)
+    application: PolluxApplication | None = None  # Pollux's rule (V100), else the target's
 
     def samples_to_target(self, global_batch: float) -> float:
-        """Unfrozen samples to reach the target at ``global_batch``: log-log interpolation
-        between measured batches, the nearest end beyond them."""
+        """Unfrozen samples to finish at ``global_batch``: by Pollux's rule where it applies,
+        else to reach the target (log-log interpolation between measured batches, the
+        nearest end beyond them)."""
+        if self.application is not None:
+            return self.application.samples_to_target(global_batch)
         x = np.log(np.asarray(self.batches, dtype=float))
         y = np.log(np.asarray(self.samples, dtype=float))
         return float(np.exp(np.interp(math.log(max(global_batch, 1.0)), x, y)))
 
     def throughput(self, *, gpus: int, batch: int, nodes: int | None = None) -> float:
-        """Unfrozen samples a second on A800 (eq 4 at l = 0)."""
+        """Unfrozen samples a second (eq 4 at l = 0)."""
         return self.model.throughput(
             gpus=gpus, batch=batch, frozen=0, layers=ONE_LAYER, nodes=nodes
         )
@@ -171,26 +287,37 @@ def convergence(
     return tuple(batches), tuple(samples)
 
 
-def calibrate_pollux(task: Task, app_dir: Path) -> TaskCalibration:
-    """Fit, held-back APE and convergence of a task with Pollux data (module doc)."""
+def calibrate_pollux(task: Task, app_dir: Path, gpu_model: str = "a800") -> TaskCalibration:
+    """Fit, held-back APE and convergence of a task with Pollux data (module doc); on
+    ``v100`` the fit as measured and Pollux's completion rule."""
     rows = read_placements(app_dir) + read_scalability(app_dir)
     errors = heldback_ape(rows)
-    batches, samples = convergence(read_validation(app_dir), task)
+    curves = read_validation(app_dir)
+    batches, samples = convergence(curves, task)
     stats = {
         "mean": float(errors.mean()),
         "p95": float(np.percentile(errors, 95)),
         "max": float(errors.max()),
         "rows": float(len(rows)),
     }
+    fitted = fit_measured(rows)
+    v100 = check_gpu_model(gpu_model) == "v100"
     return TaskCalibration(
-        task.name, f"pollux:{task.pollux_app}", to_a800(fit_measured(rows)), batches, samples, stats
-    )
+        task.name, f"pollux:{task.pollux_app}", fitted if v100 else to_a800(fitted), batches,
+        samples, stats, pollux_application(task.pollux_app or "", curves, rows) if v100 else None,
+    )  # fmt: skip
 
 
 def calibrate_scaled(
-    task: Task, source: TaskCalibration, source_task: Task, catalog: Catalog
+    task: Task,
+    source: TaskCalibration,
+    source_task: Task,
+    catalog: Catalog,
+    gpu_model: str = "a800",
 ) -> TaskCalibration:
-    """A task without measurements: the source scaled by FLOPs and bytes (module doc)."""
+    """A task without measurements: the source (of the same GPU model) scaled by FLOPs and
+    bytes (module doc)."""
+    speedup = A800_COMPUTE_SPEEDUP if check_gpu_model(gpu_model) == "a800" else 1.0
     mine, theirs = catalog.layers(task.name), catalog.layers(source_task.name)
     flops = math.fsum(mine.flops) / math.fsum(theirs.flops)
     size = math.fsum(mine.param_bytes) / math.fsum(theirs.param_bytes)
@@ -198,9 +325,7 @@ def calibrate_scaled(
     if task.v100_step_s:  # measured single-GPU steps beat FLOP scaling (depthwise convs...)
         xs, ys = zip(*task.v100_step_s, strict=True)
         slope, intercept = np.polyfit(np.array(xs, dtype=float), np.array(ys), 1)
-        compute = LinearCurve(
-            max(float(intercept), 0.0) / A800_COMPUTE_SPEEDUP, float(slope) / A800_COMPUTE_SPEEDUP
-        )
+        compute = LinearCurve(max(float(intercept), 0.0) / speedup, float(slope) / speedup)
         model = replace(model, forward=LinearCurve(0.0, 0.0), backward=compute)
     base = source.samples[0]
     own_base = task.min_gpus * task.min_batch
@@ -209,26 +334,35 @@ def calibrate_scaled(
     return TaskCalibration(task.name, f"scaled:{source_task.name}", model, batches, samples, {})
 
 
-def calibrate_all(pollux_dir: Path, catalog: Catalog) -> dict[str, TaskCalibration]:
-    """Every available catalog task: Pollux-fitted ones first, then the scaled ones."""
+def calibrate_all(
+    pollux_dir: Path, catalog: Catalog, gpu_model: str = "a800"
+) -> dict[str, TaskCalibration]:
+    """Every available catalog task on ``gpu_model``: Pollux-fitted ones first, then the
+    scaled ones."""
     out: dict[str, TaskCalibration] = {}
     available = catalog.available()
     for name in available:
         task = catalog.get(name)
         if task.pollux_app is not None:
-            out[name] = calibrate_pollux(task, pollux_dir / task.pollux_app)
+            out[name] = calibrate_pollux(task, pollux_dir / task.pollux_app, gpu_model)
     for name in available:
         task = catalog.get(name)
         if task.scale_from is not None:
             source = catalog.get(task.scale_from)
-            out[name] = calibrate_scaled(task, out[source.name], source, catalog)
+            out[name] = calibrate_scaled(task, out[source.name], source, catalog, gpu_model)
     return out
 
 
 # --- The shipped JSON form ------------------------------------------------------------------
 
 
-def to_document(calibrations: Mapping[str, TaskCalibration], catalog: Catalog) -> dict[str, Any]:
+def to_document(
+    calibrations: Mapping[str, TaskCalibration],
+    catalog: Catalog,
+    v100: Mapping[str, TaskCalibration] | None = None,
+) -> dict[str, Any]:
+    """The shipped form: the A800 ``calibrations`` and, when given, the ``v100`` ones'
+    models and Pollux completion rules beside them."""
     tasks = {}
     for name, cal in calibrations.items():
         task = catalog.get(name)
@@ -241,6 +375,11 @@ def to_document(calibrations: Mapping[str, TaskCalibration], catalog: Catalog) -
             "reference_gpu_hours": gpu_s / 3600.0,
             "size_class_by_gpu_time": size_class(gpu_s),
         }
+        other = None if v100 is None else v100.get(name)
+        if other is not None:
+            tasks[name]["v100_unfrozen_model"] = _model_values(other.model)
+            if other.application is not None:
+                tasks[name]["pollux_application"] = asdict(other.application)
     return {
         "about": "Generated by python -m icefrog_slurm.sim.calibration; see docs/simulator.md",
         "assumptions": {
@@ -252,14 +391,16 @@ def to_document(calibrations: Mapping[str, TaskCalibration], catalog: Catalog) -
     }
 
 
-def from_document(doc: Any) -> dict[str, TaskCalibration]:
-    """Parse the shipped calibration document (strictly: every field named on error)."""
+def from_document(doc: Any, gpu_model: str = "a800") -> dict[str, TaskCalibration]:
+    """Parse the shipped calibration document for ``gpu_model`` (strictly: every field
+    named on error)."""
+    key = f"{check_gpu_model(gpu_model)}_unfrozen_model"
     root = expect_object(doc, "calibration")
     out = {}
     for name, raw in expect_object(root.get("tasks"), "calibration.tasks").items():
         where = f"calibration.tasks.{name}"
         item = expect_object(raw, where)
-        values = expect_object(item.get("a800_unfrozen_model"), f"{where}.a800_unfrozen_model")
+        values = expect_object(item.get(key), f"{where}.{key}")
         model = ddp_model_from({k: get_number(values, k, where) for k in PARAMETERS}, 4)
         conv = expect_object(item.get("convergence"), f"{where}.convergence")
         batches = tuple(int(b) for b in conv.get("global_batch", ()))
@@ -269,19 +410,45 @@ def from_document(doc: Any) -> dict[str, TaskCalibration]:
         ape_stats = expect_object(item.get("heldback_throughput_ape_pct", {}), where)
         stats = {k: float(v) for k, v in ape_stats.items()}
         source = get_str(item, "source", where)
-        out[name] = TaskCalibration(name, source, model, batches, samples, stats)
+        application = None
+        if gpu_model == "v100" and "pollux_application" in item:
+            application = _application(item["pollux_application"], f"{where}.pollux_application")
+        out[name] = TaskCalibration(name, source, model, batches, samples, stats, application)
     return out
 
 
-_SHIPPED: dict[str, TaskCalibration] = {}
+def _application(raw: Any, where: str) -> PolluxApplication:
+    obj = expect_object(raw, where)
+    try:
+        low, high = (int(v) for v in obj["local_batch"])
+        done = PolluxApplication(
+            init_batch=int(obj["init_batch"]),
+            boundaries=tuple(float(v) for v in obj["boundaries"]),
+            batches=tuple(int(v) for v in obj["batches"]),
+            grad_sqr=tuple(tuple(float(v) for v in row) for row in obj["grad_sqr"]),
+            grad_var=tuple(tuple(float(v) for v in row) for row in obj["grad_var"]),
+            local_batch=(low, high),
+            max_replicas=int(obj["max_replicas"]),
+            fixed_batch=int(obj["fixed_batch"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{where}: malformed ({exc})") from None
+    epochs = len(done.boundaries)
+    rows = (*done.grad_sqr, *done.grad_var)
+    if not epochs or len(done.batches) * 2 != len(rows) or any(len(r) != epochs for r in rows):
+        raise InputError(f"{where}: needs one row of statistics an epoch for each batch")
+    return done
 
 
-def shipped_calibration() -> dict[str, TaskCalibration]:
-    """The calibration shipped as package data (parsed once)."""
-    if not _SHIPPED:
+_SHIPPED: dict[str, dict[str, TaskCalibration]] = {}
+
+
+def shipped_calibration(gpu_model: str = "a800") -> dict[str, TaskCalibration]:
+    """The calibration of ``gpu_model`` shipped as package data (parsed once)."""
+    if check_gpu_model(gpu_model) not in _SHIPPED:
         text = resources.files("icefrog_slurm.sim.data").joinpath("calibration.json").read_text()
-        _SHIPPED.update(from_document(json.loads(text)))
-    return dict(_SHIPPED)
+        _SHIPPED[gpu_model] = from_document(json.loads(text), gpu_model)
+    return dict(_SHIPPED[gpu_model])
 
 
 def _model_values(model: DdpThroughputModel) -> dict[str, float]:
@@ -318,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pollux = CHECKOUT_POLLUX_DIR
     catalog = shipped_catalog()
     calibrations = calibrate_all(pollux, catalog)
-    doc = to_document(calibrations, catalog)
+    doc = to_document(calibrations, catalog, v100=calibrate_all(pollux, catalog, "v100"))
     args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print("| task | source | held-back APE mean / p95 / max % | GPU-h | size (time) | declared |")
     print("| --- | --- | --- | ---: | --- | --- |")

@@ -32,7 +32,7 @@ from icefrog_slurm.errors import InputError
 from icefrog_slurm.limits import MAX_CLUSTER_GPUS, MAX_GPUS_PER_NODE, MAX_SEED
 from icefrog_slurm.protocol import Decision
 from icefrog_slurm.settings import Settings
-from icefrog_slurm.sim.calibration import shipped_calibration
+from icefrog_slurm.sim.calibration import check_gpu_model, shipped_calibration
 from icefrog_slurm.sim.catalog import Catalog, shipped_catalog
 from icefrog_slurm.sim.cluster import SimCluster
 from icefrog_slurm.sim.jobs import Config, JobOutcome, Reports, SimJob
@@ -103,6 +103,7 @@ class SimOptions:
     max_sim_s: float = 60 * 86400.0  # stop (jobs unfinished) after this much simulated time
     profile_noise: float = PROFILE_TIME_NOISE  # sd of log noise on each profiled time
     share_noise: float | None = None  # sd on peak memory (log) and utilisation; None: truth's
+    gpu_model: str = "a800"  # the calibration's GPUs (calibration.GPU_MODELS)
 
     def check(self) -> None:
         """InputError naming the option out of range (the command-line names)."""
@@ -116,6 +117,7 @@ class SimOptions:
                 f"--gpus {self.gpus}: must be a multiple of --gpus-per-node {self.gpus_per_node} "
                 f"within [1, {MAX_CLUSTER_GPUS}]"
             )
+        check_gpu_model(self.gpu_model)
         if not 0 <= self.seed <= MAX_SEED:
             raise InputError(f"--seed: must be within [0, {MAX_SEED}], got {self.seed}")
         for name, sd in (
@@ -173,9 +175,14 @@ class Engine:
         _check_steps(settings)
         self.noise = options.noise()
         self.catalog = catalog or shipped_catalog()
-        self.truths = truths or build_truths(self.catalog, shipped_calibration(), seed=options.seed)
+        self.truths = truths or build_truths(
+            self.catalog, shipped_calibration(options.gpu_model), seed=options.seed
+        )
         self.settings, self.options, self.policy = settings, options, policy
-        self.clock = SimClock(min((j.submit_s for j in workload), default=0.0))
+        first = min((j.submit_s for j in workload), default=0.0)
+        if options.gpu_model == "v100":  # Pollux's simulator: rounds at multiples of its period
+            first -= first % settings.controller.round_period_s
+        self.clock = SimClock(first)
         self.files = SimJobFiles()
         self.cluster = SimCluster(
             nodes=options.gpus // options.gpus_per_node,
@@ -276,12 +283,14 @@ class Engine:
             raise InputError(f"workload job {job.name}: task {name} has no calibrated truth")
         task = self.catalog.get(name)
         spec = task.job_spec(self.catalog.layers(name))
+        if self.options.fixed_batch:  # the job declares the workload's global batch
+            spec = replace(spec, global_batch=job.batch_size)
+        if truth.pollux_app is not None:  # v100: the application as Pollux's simulator has it
+            spec = truth.pollux_app.job_spec(spec)
         if not self.options.freeze:
             spec = replace(spec, max_frozen_fraction=0.0)
         if not self.options.share:
             spec = replace(spec, accepts_shared=False)
-        if self.options.fixed_batch:  # the job declares the workload's global batch
-            spec = replace(spec, global_batch=job.batch_size)
         seed = self.options.seed * 1_000_003 + len(self.jobs)
         sim = SimJob(
             job,

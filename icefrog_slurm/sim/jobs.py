@@ -21,7 +21,7 @@ no more about the remaining work than a real job's would.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from icefrog_slurm.protocol import (
     ProgressReport,
     fixed_per_gpu_batch,
 )
+from icefrog_slurm.sim.calibration import PolluxApplication
 from icefrog_slurm.sim.truth import DEFAULT_NOISE, ProfileNoise, TaskTruth
 from icefrog_slurm.sim.workload import TraceJob
 
@@ -259,12 +260,31 @@ class SimJob:
     def _grad_stats(self, epoch: int) -> GradStats:
         """Observe the gradient statistics; psi and the efficiency follow them."""
         stats = self.run.observe_grad_stats(epoch=epoch)
+        app = self.truth.pollux_app
+        if app is not None and self.config is not None:
+            stats = self._as_pollux(stats, app, self.config.step_batch)
         frozen = stats.frozen
         self.observed_psi = frozen_penalty(
             sum(stats.grad_var[:frozen]), sum(stats.grad_var[frozen:])
         )
         self.grad_sums = (sum(stats.grad_var[frozen:]), sum(stats.grad_sqr[frozen:]))
         return stats
+
+    def _as_pollux(self, stats: GradStats, app: PolluxApplication, batch: int) -> GradStats:
+        """``stats`` rescaled, every layer by one factor (psi unchanged), so that the
+        trainable layers' sums are the application's measured statistics at this epoch and
+        global batch, as AdaptDL's simulator hands them to Pollux (``--gpu-model v100``):
+        grad_var moved from Pollux's base batch to this job's (GradStats' convention)."""
+        sqr, var = app.grad_stats(batch, self.run.epoch)
+        var *= app.init_batch / (self.spec.min_gpus * self.spec.min_batch)
+        k = stats.frozen
+        f_var = var / max(sum(stats.grad_var[k:]), 1e-300)
+        f_sqr = sqr / max(sum(stats.grad_sqr[k:]), 1e-300)
+        return replace(
+            stats,
+            grad_var=tuple(v * f_var for v in stats.grad_var),
+            grad_sqr=tuple(v * f_sqr for v in stats.grad_sqr),
+        )
 
     def _metric_value(self) -> float:
         """The validation metric the job reports: :func:`metric_curve` at its true progress

@@ -58,6 +58,7 @@ def summarize(result: SimResult, catalog: Catalog) -> dict[str, Any]:
             "share": result.options.share, "fixed_batch": result.options.fixed_batch,
             "profile_noise": result.options.profile_noise,
             "share_noise": result.options.share_noise,
+            "gpu_model": result.options.gpu_model,
         },
         "totals": {
             "jobs": len(jobs), "finished": len(done),

@@ -49,7 +49,7 @@ from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.throughput import iteration_time, nodes_for
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.protocol import GradStats, SharingKind
-from icefrog_slurm.sim.calibration import TaskCalibration
+from icefrog_slurm.sim.calibration import PolluxApplication, TaskCalibration
 from icefrog_slurm.sim.catalog import Catalog, Task
 
 FloatArray = npt.NDArray[np.float64]
@@ -148,6 +148,12 @@ class TaskTruth:
         self._cal = cal
         self._hidden = _draw(task, layers, cal, seed)
         self._bwd_suffix = np.concatenate([np.cumsum(self._hidden.layer_bwd[::-1])[::-1], [0.0]])
+
+    @property
+    def pollux_app(self) -> PolluxApplication | None:
+        """The application as AdaptDL's simulator defines it (``--gpu-model v100``), else
+        None: its declared limits, not hidden ones."""
+        return self._cal.application
 
     # --- times -----------------------------------------------------------------------------
 
@@ -321,10 +327,16 @@ class TrainingRun:
         self._at_freeze = np.zeros(n)
         self._observed_at_freeze = np.zeros(n)
         self.progress = 0.0
+        self._epoch = 0  # Pollux's rule: the epoch in progress
 
     @property
     def frozen(self) -> int:
         return self._frozen
+
+    @property
+    def epoch(self) -> int:
+        """The epoch in progress by Pollux's rule (0 under the target's rule)."""
+        return self._epoch
 
     @property
     def reached(self) -> bool:
@@ -360,6 +372,8 @@ class TrainingRun:
         on how the caller slices time (the simulator's steps follow its ticks)."""
         if samples < 0 or not math.isfinite(samples):
             raise InputError(f"samples: must be a finite number >= 0, got {samples}")
+        if self._truth._cal.application is not None:
+            return self._advance_pollux(samples, global_batch, self._truth._cal.application)
         needed = self._truth.samples_to_target(global_batch) * self._job_factor
         if self._frozen == 0:
             gained = samples / needed
@@ -373,6 +387,34 @@ class TrainingRun:
             self.progress += take * per_sample
             gained += take * per_sample
             left = left - take if take < left else 0.0
+        return gained
+
+    def _advance_pollux(
+        self, samples: float, global_batch: float, rule: PolluxApplication
+    ) -> float:
+        """``advance`` by Pollux's completion rule (``calibration.PolluxApplication``): each
+        step of ``global_batch`` adds the gain of the epoch in progress, epoch by epoch, no
+        per-job factor (Pollux's simulator has none); frozen, the progress rate is scaled
+        as in ``advance``, re-evaluated every ``PROGRESS_QUANTUM``."""
+        target, last = rule.target, len(rule.boundaries) - 1
+        gained, left = 0.0, samples
+        while left > 0:
+            epoch = self._epoch
+            per_sample = rule.gain(global_batch, epoch) / max(global_batch, 1.0) / target
+            if self._frozen:
+                noise = float(_lognormal(self._rng, WORK_NOISE))
+                per_sample *= self._truth.progress_rate(self.true_psi()) * noise
+            to_end = rule.boundaries[epoch] / target - self.progress if epoch < last else math.inf
+            room = min(to_end, PROGRESS_QUANTUM) if self._frozen else to_end
+            if left * per_sample < room:
+                self.progress += left * per_sample
+                gained += left * per_sample
+                break
+            self.progress += room
+            gained += room
+            left -= room / per_sample
+            if room == to_end:
+                self._epoch += 1
         return gained
 
     def observe_grad_stats(self, *, epoch: int) -> GradStats:
