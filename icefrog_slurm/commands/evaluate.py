@@ -5,11 +5,12 @@
         [--tasks T,...] [--max-scale GPUS] [--ablation-load W] [--ablation-seeds 1,2,3] \\
         [--workloads N] [--set SECTION.KEY=VALUE ...] [--philly CSV] [--pollux DIR]
 
-TABLE is one of main, size, tta, solver, scale, ablation, batch, faithful, or all
+TABLE is one of main, size, tta, solver, scale, ablation, batch, faithful, fidelity, or all
 (``icefrog_slurm/evaluation``). Every simulation is an ``icefrog simulate`` process whose
 ``summary.json`` under ``--out`` is reused by later commands (resumable); ``--no-run`` makes
 the tables from the runs already there. ``--pollux`` (the folder holding
-``workloads-{0.5,1.5,2.0}``, for ``faithful``) defaults to the repository's ``data/pollux``
+``workloads-{0.5,1.5,2.0}`` and, for ``fidelity``, Pollux's published
+``results-jobload``) defaults to the repository's ``data/pollux``
 in a source checkout and must be given otherwise; ``--philly`` defaults to the trace
 ``icefrog trace sample`` ships. Bad arguments exit 2; a failed simulation makes the exit 1.
 """
@@ -44,7 +45,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-scale", type=int, default=960, help="scale: largest GPUs (960)")
     ap.add_argument("--ablation-load", type=float, help="ablation: load factor (2: the paper's)")
     ap.add_argument("--ablation-seeds", help="ablation: seeds, e.g. 1,2,3 (1,2,3)")
-    ap.add_argument("--workloads", type=int, help="faithful: workloads per load (3)")
+    ap.add_argument(
+        "--workloads", type=int, help="faithful/fidelity: workloads per load (3; Pollux has 8)"
+    )
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="passed to every simulation (part of the run key)")  # fmt: skip
     ap.add_argument(
@@ -54,7 +57,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="Philly trace CSV for trace sample (default: trace sample's own)",
     )
     ap.add_argument("--pollux", type=Path, default=None,
-                    help="folder holding workloads-{0.5,1.5,2.0} (faithful; default: the "
+                    help="folder holding workloads-{0.5,1.5,2.0} and results-jobload "
+                         "(faithful, fidelity; default: the "
                          "repository's data/pollux)")  # fmt: skip
 
 
@@ -92,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--jobs: must be >= 1, got {args.jobs}")
     if args.pollux is None:
         args.pollux = repo_pollux()
-        if args.pollux is None and "faithful" in tables:
+        if args.pollux is None and {"faithful", "fidelity"} & set(tables):
             raise InputError(
                 "--pollux: no data/pollux in a source checkout here; give --pollux DIR "
                 "(the folder holding workloads-0.5, workloads-1.5 and workloads-2.0)"

@@ -5,7 +5,8 @@ load, 3 seeds), ``size`` (JCT by size class), ``tta`` (time to accuracy per task
 Pollux+), ``solver`` (solver time per round per policy and cluster size), ``scale`` (5x/10x/20x
 load on 240/480/960 GPUs), ``ablation`` (ICEFROG at 2x load with one thing changed, 3 seeds),
 ``batch`` (ICEFROG with batch scaling against ICEFROG as is and Pollux+), ``faithful``
-(Optimus+/Pollux+ on Pollux's workloads); ``all`` is every one. ``size``, ``tta`` and
+(Optimus+/Pollux+ on Pollux's workloads), ``fidelity`` (Pollux+ on V100s against Pollux's
+published per-job JCTs); ``all`` is every one. ``size``, ``tta`` and
 ``solver`` read the runs of ``main`` (and ``solver`` those of ``scale``).
 
 - :mod:`.runs`: one simulation (``Run``), one sampled Philly workload (``Trace``) and the

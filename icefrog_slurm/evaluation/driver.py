@@ -25,6 +25,7 @@ from icefrog_slurm.evaluation.grid import (
     ablation_rows,
     batch_runs,
     faithful_runs,
+    fidelity_runs,
     main_runs,
     scale_runs,
 )
@@ -35,6 +36,7 @@ from icefrog_slurm.evaluation.tables import (
     table_ablation,
     table_batch,
     table_faithful,
+    table_fidelity,
     table_main,
     table_scale,
     table_size,
@@ -46,7 +48,8 @@ MAX_LOAD = 100.0
 MAX_SEED = 2**32 - 1  # what icefrog trace sample and simulate accept
 MAX_GPUS = 100_000
 MAX_BASE_JOBS = 1_000_000
-TABLES = ("main", "size", "tta", "solver", "scale", "ablation", "batch", "faithful")
+TABLES = ("main", "size", "tta", "solver", "scale", "ablation", "batch", "faithful", "fidelity")
+MAX_WORKLOADS = 8  # Pollux's workloads a load
 QUICK = Grid(loads=(0.25,), seeds=(1,), gpus=16, ablation_load=0.25, ablation_seeds=(1,),
              scale=((0.5, 32),), faithful_loads=(0.5,), workloads=1)  # fmt: skip
 
@@ -101,9 +104,9 @@ def check_grid(g: Grid) -> Grid:
         raise InputError(f"--base-jobs: must be in [1, {MAX_BASE_JOBS}], got {g.base_jobs}")
     if not (math.isfinite(g.ablation_load) and 0 < g.ablation_load <= MAX_LOAD):
         raise InputError(f"--ablation-load: must be in (0, {MAX_LOAD:g}], got {g.ablation_load}")
-    if not 1 <= g.workloads <= 3:
-        raise InputError(f"--workloads: must be 1, 2 or 3 (Pollux's workloads a load), "
-                         f"got {g.workloads}")  # fmt: skip
+    if not 1 <= g.workloads <= MAX_WORKLOADS:
+        raise InputError(f"--workloads: must be within [1, {MAX_WORKLOADS}] (Pollux's "
+                         f"workloads a load), got {g.workloads}")  # fmt: skip
     return g
 
 
@@ -139,6 +142,8 @@ def build(table: str, g: Grid, runner: Runner) -> Table:
         return table_batch(g, runner.ensure([*main_runs(pair), *batch_runs(g)]))
     if table == "faithful":
         return table_faithful(g, runner.ensure(faithful_runs(g)))
+    if table == "fidelity":
+        return table_fidelity(g, runner.ensure(fidelity_runs(g)))
     raise InputError(f"unknown table {table!r}; choose from {', '.join(TABLES)}, all")
 
 

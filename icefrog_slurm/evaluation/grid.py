@@ -125,6 +125,30 @@ def faithful_runs(g: Grid) -> list[Run]:
     return out
 
 
+POLLUX_RESCALE_S = 30
+"""What a reallocation costs a job in AdaptDL's simulator (``Job.reallocate``:
+``rescale_time = 30``), the fidelity runs' ``controller.reallocation_overhead_s``."""
+FIDELITY_APPS = ("cifar10", "imagenet", "ncf", "yolov3", "bert", "deepspeech2")
+
+
+def fidelity_runs(g: Grid) -> list[Run]:
+    """Pollux+ on Pollux's workloads as AdaptDL's simulator ran Pollux: V100s, Pollux's
+    applications (``--gpu-model v100``), 64 GPUs, 60 s rounds, 30 s a reallocation."""
+    common = (*g.common, "--no-freeze", "--no-share", "--gpu-model", "v100",
+              "--set", f"controller.round_period_s={FAITHFUL_PERIOD_S}",
+              "--set", f"controller.reallocation_overhead_s={POLLUX_RESCALE_S}")  # fmt: skip
+    return [
+        Run(f"fidelity-64g-load{w:g}-w{i}-pollux+", g.pollux / f"workloads-{w:.1f}" /
+            f"workload-{i}.csv", "pollux+", 64, 1, common)
+        for w in g.faithful_loads for i in range(1, g.workloads + 1)
+    ]  # fmt: skip
+
+
+def published_path(g: Grid, w: float) -> Path:
+    """Pollux's published per-job JCTs of its Pollux runs at load ``w``."""
+    return g.pollux / "results-jobload" / f"pollux-{w:.1f}" / "summary.json"
+
+
 def main_key(g: Grid, w: float, s: int, p: str) -> str:
     """The key of ``main``'s run of policy ``p`` at load ``w`` and seed ``s``."""
     return Run(f"main-{g.gpus}g-load{w:g}-seed{s}-{p}", g.trace(w, s), p, g.gpus, s, g.common).key

@@ -7,20 +7,29 @@ placement alone, the baselines their whole ``decide`` (docs/evaluation.md).
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
+from icefrog_slurm.errors import InputError
 from icefrog_slurm.evaluation.grid import (
+    FIDELITY_APPS,
     Grid,
     batch_runs,
     faithful_runs,
+    fidelity_runs,
     main_key,
     main_runs,
+    published_path,
     scale_runs,
 )
 from icefrog_slurm.evaluation.runs import Run, Trace
+from icefrog_slurm.jsonio import expect_object
+from icefrog_slurm.sim.catalog import shipped_catalog
+from icefrog_slurm.userfiles import read_text
 
 SIZES = ("small", "medium", "large", "xlarge")
 PAPER_PHYSICAL = {"lucid+": 1.94, "optimus+": 1.84, "pollux+": 1.51}  # 48 GPUs (spec 14)
@@ -266,6 +275,87 @@ def table_faithful(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
         rows.append([f"{w:.1f}", str(len(got)), _spread(opt), _spread(pol),
                      _spread(ratio, unit="x"), "-" if pub is None else f"{pub:.2f}x",
                      within])  # fmt: skip
+    return header, rows, raw
+
+
+FIDELITY_MEDIAN = (0.8, 1.25)  # the goal for each application's median JCT ratio
+FIDELITY_AVERAGE = 0.15  # and for the average JCT's
+
+
+def published_jcts(g: Grid, w: float) -> dict[str, dict[str, float]]:
+    """Pollux's published per-job JCTs (s) at load ``w``: workload name -> job -> seconds."""
+    path = published_path(g, w)
+    try:
+        doc = expect_object(
+            json.loads(read_text(path, limit=16 << 20, kind="JSON file")), str(path)
+        )
+        jcts = expect_object(doc.get("jcts"), f"{path}: jcts")
+        return {k: {j: float(v) for j, v in expect_object(d, f"{path}: {k}").items()}
+                for k, d in jcts.items()}  # fmt: skip
+    except (json.JSONDecodeError, TypeError, ValueError) as exc:
+        raise InputError(f"{path}: not Pollux's published summary: {exc}") from None
+
+
+def table_fidelity(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
+    """Pollux+ under ``--gpu-model v100`` against Pollux's published per-job JCTs: per load
+    (and all loads), each application's median of our JCT / the published JCT over its
+    jobs, and the average JCT ratio (our mean JCT / the published mean over the same jobs)."""
+    lo, hi = FIDELITY_MEDIAN
+    header = ["load", "workloads", *[f"{a} median (jobs)" for a in FIDELITY_APPS],
+              "avg JCT h ours / published", "avg JCT ratio", "unfinished"]  # fmt: skip
+    catalog = shipped_catalog()
+    runs = fidelity_runs(g)
+    ratios: dict[tuple[str, str], list[float]] = {}
+    sums: dict[str, list[float]] = {}
+    workloads: dict[str, int] = {}
+    unfinished: dict[str, int] = {}
+    for w in g.faithful_loads:
+        published = published_jcts(g, w)
+        for run in runs:
+            if not run.label.startswith(f"fidelity-64g-load{w:g}-") or res[run.key] is None:
+                continue
+            doc = res[run.key]
+            assert doc is not None
+            pub = published.get(Path(str(run.workload)).stem, {})
+            for key in (f"{w:.1f}", "all"):
+                workloads[key] = workloads.get(key, 0) + 1
+            for job in doc["jobs"]:
+                theirs = pub.get(job["name"])
+                if theirs is None or theirs <= 0:
+                    continue
+                if job["jct_s"] is None:
+                    for key in (f"{w:.1f}", "all"):
+                        unfinished[key] = unfinished.get(key, 0) + 1
+                    continue
+                app = catalog.get(job["task"]).pollux_app or job["task"]
+                for key in (f"{w:.1f}", "all"):
+                    ratios.setdefault((key, app), []).append(job["jct_s"] / theirs)
+                    sums.setdefault(key, [0.0, 0.0, 0.0])
+                    sums[key][0] += job["jct_s"]
+                    sums[key][1] += theirs
+                    sums[key][2] += 1
+    rows, raw = [], {}
+    for key in [f"{w:.1f}" for w in g.faithful_loads] + ["all"]:
+        cells = []
+        for app in FIDELITY_APPS:
+            vals = ratios.get((key, app), [])
+            med = statistics.median(vals) if vals else None
+            mark = "" if med is None or lo <= med <= hi else " *"
+            cells.append("-" if med is None else f"{med:.2f}{mark} ({len(vals)})")
+            raw[f"{key}/{app}"] = {"median": med, "ratios": vals}
+        ours, theirs, n = sums.get(key, [0.0, 0.0, 0.0])
+        avg = ours / theirs if theirs else None
+        mark = "" if avg is None or abs(avg - 1) <= FIDELITY_AVERAGE else " *"
+        raw[f"{key}/average"] = {
+            "ours_s": ours / n if n else None,
+            "published_s": theirs / n if n else None,
+            "ratio": avg,
+        }
+        rows.append([
+            key, str(workloads.get(key, 0)), *cells,
+            "-" if not n else f"{ours / n / 3600:.2f} / {theirs / n / 3600:.2f}",
+            "-" if avg is None else f"{avg:.2f}{mark}", str(unfinished.get(key, 0)),
+        ])  # fmt: skip
     return header, rows, raw
 
 
