@@ -100,25 +100,24 @@ class _ModelBase:
     def throughputs(
         self: _WithTable,
         *,
-        gpus: int,
+        gpus: int | IntArray,
         batch: FloatArray,
         frozen: IntArray,
         layers: LayerTable,
         lam: float = 1.0,
     ) -> FloatArray:
-        """:meth:`throughput` at ``gpus`` GPUs for arrays of per-GPU batches and frozen
-        counts (broadcast together) in one :meth:`iteration_times` call (the tuner's grid)."""
+        """:meth:`throughput` for arrays of GPU counts, per-GPU batches and frozen counts
+        (broadcast together) in one :meth:`iteration_times` call (the tuner's grids)."""
         _check_table(self, layers)
-        shape = np.broadcast_shapes(np.shape(batch), np.shape(frozen))
+        shape = np.broadcast_shapes(np.shape(gpus), np.shape(batch), np.shape(frozen))
+        a = np.broadcast_to(np.asarray(gpus, dtype=np.int64), shape).ravel()
         m = np.broadcast_to(np.asarray(batch, dtype=float), shape)
-        _check_run(gpus, int(np.min(m)) if m.size else 1)
+        _check_run(int(np.min(a)) if a.size else 1, int(np.min(m)) if m.size else 1)
         t_iter = self.iteration_times(
-            np.full(m.size, gpus, dtype=np.int64),
-            m.ravel(),
-            np.broadcast_to(np.asarray(frozen, dtype=np.int64), shape).ravel(),
+            a, m.ravel(), np.broadcast_to(np.asarray(frozen, dtype=np.int64), shape).ravel()
         ).reshape(shape)
-        replicas = float(self.parallelism.replicas(gpus))
-        return samples_per_second(np.full(shape, replicas), m, t_iter, lam)
+        replicas = _replicas(self.parallelism, a).reshape(shape)
+        return samples_per_second(replicas, m, t_iter, lam)
 
 
 def _check_table(model: _WithTable, layers: LayerTable) -> None:

@@ -43,6 +43,7 @@ from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.errors import InputError
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 Num = TypeVar("Num", float, FloatArray)
 
 DEFAULT_GPUS_PER_NODE = 4
@@ -272,20 +273,20 @@ class DdpThroughputModel:
     def throughputs(
         self,
         *,
-        gpus: int,
+        gpus: int | IntArray,
         batch: FloatArray,
-        frozen: npt.NDArray[np.int64],
+        frozen: IntArray,
         layers: LayerTable,
         lam: float = 1.0,
     ) -> FloatArray:
-        """:meth:`throughput` at ``gpus`` GPUs for arrays of per-GPU batches and frozen
-        counts (broadcast together), in one evaluation (the Layer Tuner's grid, eq 15)."""
+        """:meth:`throughput` for arrays of GPU counts, per-GPU batches and frozen counts
+        (broadcast together), in one evaluation (the Layer Tuner's grids, eq 15)."""
         if not (np.min(frozen) >= 0 and np.max(frozen) <= layers.num_layers):
             raise InputError(f"frozen: outside 0..{layers.num_layers}")
         theta, omega = layers.fractions
-        shape = np.broadcast_shapes(np.shape(batch), np.shape(frozen))
-        a = np.full(shape, float(gpus))
-        n = np.full(shape, float(nodes_for(gpus, self.gpus_per_node)))
+        shape = np.broadcast_shapes(np.shape(gpus), np.shape(batch), np.shape(frozen))
+        a = np.broadcast_to(np.asarray(gpus, dtype=float), shape)
+        n = -(-a // self.gpus_per_node)
         m = np.broadcast_to(np.asarray(batch, dtype=float), shape)
         th, om = (np.broadcast_to(f[frozen], shape) for f in (theta, omega))
         *_, t_iter = self.components(a, n, m, th, om)

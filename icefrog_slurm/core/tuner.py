@@ -41,9 +41,10 @@ class ThroughputModel(Protocol):
     def throughput(self, *, gpus: int, batch: int, frozen: int, layers: LayerTable) -> float: ...
 
     def throughputs(
-        self, *, gpus: int, batch: FloatArray, frozen: IntArray, layers: LayerTable
+        self, *, gpus: int | IntArray, batch: FloatArray, frozen: IntArray, layers: LayerTable
     ) -> FloatArray:
-        """``throughput`` for arrays of batches and frozen counts (broadcast), in one call."""
+        """``throughput`` for arrays of GPU counts, batches and frozen counts (broadcast), in
+        one call."""
         ...
 
 
@@ -137,37 +138,74 @@ def measured_or_predicted_grid(
     layers: LayerTable,
 ) -> FloatArray:
     """:func:`measured_or_predicted` over the whole grid at once: an array with one row a
-    batch size and one column a frozen count, the model evaluated in one call. A predicted
-    frozen cell (l > 0) is at most T(a, m, 0) x :func:`max_freeze_speedup` (T(a, m, 0)
-    measured when it was); measured cells are used as measured."""
-    shape = (len(batch_sizes), len(frozen_candidates))
-    if model is None or not all(shape):
-        grid = np.zeros(shape)
+    batch size and one column a frozen count (:func:`measured_or_predicted_grids` of one
+    GPU count)."""
+    return measured_or_predicted_grids(
+        configs=((gpus, tuple(batch_sizes)),),
+        frozen_candidates=frozen_candidates,
+        measured=measured,
+        model=model,
+        layers=layers,
+    )[0]
+
+
+def measured_or_predicted_grids(
+    *,
+    configs: Sequence[tuple[int, Sequence[int]]],
+    frozen_candidates: Sequence[int],
+    measured: Mapping[tuple[int, int, int], float],
+    model: ThroughputModel | None,
+    layers: LayerTable,
+) -> list[FloatArray]:
+    """The T(a, m, l) grids of several (GPU count a, batch sizes) configurations, the model
+    evaluated once for all of them: one array per configuration, one row a batch size and
+    one column a frozen count. A predicted frozen cell (l > 0) is at most T(a, m, 0) x
+    :func:`max_freeze_speedup` (T(a, m, 0) measured when it was); measured cells are used
+    as measured."""
+    frozen = np.array(frozen_candidates, dtype=np.int64)
+    widths = [len(batches) for _, batches in configs]
+    if model is None or not (configs and max(widths) and frozen.size):
+        grids: list[FloatArray] = [np.zeros((w, frozen.size)) for w in widths]
     else:
-        batch = np.array(batch_sizes, dtype=float)[:, None]
-        frozen = np.array(frozen_candidates, dtype=np.int64)
-        grid = np.array(
-            model.throughputs(gpus=gpus, batch=batch, frozen=frozen[None, :], layers=layers),
-            dtype=float,
+        # Pad every configuration's batches to the longest with its own last batch, and
+        # evaluate the unfrozen column too when it is not a candidate: one call.
+        width = max(widths)
+        batch: FloatArray = np.array(
+            [[*b, *[b[-1] if b else 1] * (width - len(b))] for _, b in configs], dtype=np.float64
         )
+        gpus = np.array([g for g, _ in configs], dtype=np.int64)
+        zero = int(np.flatnonzero(frozen == 0)[0]) if (frozen == 0).any() else frozen.size
+        columns = frozen if zero < frozen.size else np.append(frozen, 0)
+        pred: FloatArray = np.array(
+            model.throughputs(
+                gpus=gpus[:, None, None],
+                batch=batch[:, :, None],
+                frozen=columns[None, None, :],
+                layers=layers,
+            ),
+            dtype=np.float64,
+        ).reshape(len(configs), width, columns.size)
+        base = pred[:, :, zero].copy()
+        for c, (g, batches) in enumerate(configs):
+            for i, m in enumerate(batches):
+                base[c, i] = measured.get((g, m, 0), base[c, i])
+        theta = layers.fractions[0][frozen]
+        b = BACKWARD_PER_FORWARD
+        caps = np.where(frozen > 0, (1.0 + b) / (1.0 + b * theta), np.inf)
+        grid = pred[:, :, : frozen.size]
         if (frozen > 0).any():
-            zero = np.zeros((1, 1), dtype=np.int64)
-            base = np.array(
-                model.throughputs(gpus=gpus, batch=batch, frozen=zero, layers=layers),
-                dtype=float,
-            ).reshape(-1)
-            for i, m in enumerate(batch_sizes):
-                base[i] = measured.get((gpus, m, 0), base[i])
-            caps = np.array(
-                [max_freeze_speedup(layers, int(k)) if k > 0 else np.inf for k in frozen]
-            )
-            grid = np.minimum(grid, base[:, None] * caps[None, :])
-    rows = {m: i for i, m in enumerate(batch_sizes)}
+            grid = np.minimum(grid, base[:, :, None] * caps[None, None, :])
+        grids = [grid[c, :w].copy() for c, w in enumerate(widths)]
+    where: dict[int, list[int]] = {}
+    for c, (g, _) in enumerate(configs):
+        where.setdefault(g, []).append(c)
+    rows = [{m: i for i, m in enumerate(batches)} for _, batches in configs]
     cols = {k: j for j, k in enumerate(frozen_candidates)}
     for (g, m, k), value in measured.items():
-        if g == gpus and m in rows and k in cols:
-            grid[rows[m], cols[k]] = value
-    return grid
+        for c in where.get(g, ()):
+            if m in rows[c] and k in cols:
+                grids[c][rows[c][m], cols[k]] = value
+    return grids
 
 
 def tune(
@@ -218,21 +256,25 @@ def tune_grid(
     if not (batch_sizes and frozen_candidates):
         return None
     t = np.asarray(throughput, dtype=float) * lam
-    eff = np.ones_like(t) if efficiency is None else np.broadcast_to(efficiency, t.shape)
-    e = np.asarray(psi, dtype=float)[None, :] * t * eff
+    e = np.asarray(psi, dtype=float)[None, :] * t
+    if efficiency is not None:
+        e = e * np.broadcast_to(efficiency, t.shape)
     e = np.where(np.isnan(e), -math.inf, e)
     best_e = float(np.max(e))
     if not best_e > 0:
         return None
-    near = np.argwhere(e >= best_e * (1 - _TIE))
-    i, j = min(
-        near.tolist(),
-        key=lambda ij: (
-            frozen_candidates[ij[1]] != current_frozen,
-            frozen_candidates[ij[1]],
-            batch_sizes[ij[0]],
-        ),
-    )
+    near = e >= best_e * (1 - _TIE)
+    if np.count_nonzero(near) == 1:  # one best: no tie to break
+        i, j = (int(x) for x in np.unravel_index(int(np.argmax(e)), e.shape))
+    else:
+        i, j = min(
+            np.argwhere(near).tolist(),
+            key=lambda ij: (
+                frozen_candidates[ij[1]] != current_frozen,
+                frozen_candidates[ij[1]],
+                batch_sizes[ij[0]],
+            ),
+        )
     return TunerChoice(
         batch_sizes[i], frozen_candidates[j], float(psi[j]), float(t[i, j]), float(e[i, j])
     )

@@ -83,6 +83,7 @@ from icefrog_slurm.core.tuner import (
     TunerChoice,
     legal_frozen,
     measured_or_predicted_grid,
+    measured_or_predicted_grids,
     powers_of_two,
     tune_grid,
 )
@@ -156,6 +157,8 @@ class Estimator:
         self._batch_scaling = batch_scaling  # None: the setting policy.batch_scaling
         self._schedules: dict[int, FreezeOut | None] = {}  # FreezeOut, tuned once a job
         self._layers: dict[int, tuple[JobSpec, LayerTable]] = {}
+        self._tables: dict[tuple[object, ...], LayerTable] = {}  # one object per equal table
+        self._prior_of: dict[int, tuple[tuple[object, ...], ThroughputModel]] = {}
 
     def new_round(self, *, fit_budget: int | None, jobs: Sequence[JobSnapshot] = ()) -> None:
         """Start a round that fits at most ``fit_budget`` models (None: no limit). Given the
@@ -238,21 +241,27 @@ class Estimator:
         out: list[Candidate] = []
         psi_values: FloatArray | None = None  # psi of each frozen candidate, once a call
         top = exploration_cap(job) if self._explore else capacity
-        for gpus, shared in _configurations(job, gpus_per_node, top, capacity, settings, cached):
+        configs = _configurations(job, gpus_per_node, top, capacity, settings, cached)
+        # one per-GPU batch with a global batch; the missing grids in one model evaluation
+        batches = {g: spec.batch_candidates(g) for g, shared in configs}
+        untuned = dict.fromkeys(g for g, shared in configs if (g, shared) not in cached.tuned)
+        missing = [(g, batches[g]) for g in untuned if (g, batches[g], frozen) not in cached.grids]
+        if missing:
+            grids = measured_or_predicted_grids(
+                configs=missing,
+                frozen_candidates=frozen,
+                measured=measured,
+                model=model,
+                layers=layers,
+            )
+            for (g, at), grid in zip(missing, grids, strict=True):
+                cached.grids[g, at, frozen] = grid
+        for gpus, shared in configs:
             if (gpus, shared) not in cached.tuned:
                 if psi_values is None:
                     psi_values = np.array([psi(k) for k in frozen], dtype=float)
-                at = spec.batch_candidates(gpus)  # one per-GPU batch with a global batch
-                grid = cached.grids.get((gpus, at, frozen))
-                if grid is None:
-                    grid = cached.grids[gpus, at, frozen] = measured_or_predicted_grid(
-                        gpus=gpus,
-                        batch_sizes=at,
-                        frozen_candidates=frozen,
-                        measured=measured,
-                        model=model,
-                        layers=layers,
-                    )
+                at = batches[gpus]
+                grid = cached.grids[gpus, at, frozen]
                 eff = None if goodput is None else goodput(gpus, at)
                 cached.tuned[gpus, shared] = (
                     _tune_shared(at, frozen, psi_values, grid, eff, current_frozen,
@@ -361,7 +370,10 @@ class Estimator:
         known = self._layers.get(job_id)
         if known is not None and known[0] == spec:
             return known[1]
-        layers = LayerTable(spec.layer_flops, spec.layer_param_bytes, spec.layer_boundaries)
+        key = (spec.layer_flops, spec.layer_param_bytes, spec.layer_boundaries)
+        layers = self._tables.get(key)
+        if layers is None:
+            layers = self._tables[key] = LayerTable(*key)
         self._layers[job_id] = (spec, layers)
         return layers
 
@@ -392,13 +404,19 @@ class Estimator:
     def _prior_model(
         self, job: JobSnapshot, layers: LayerTable, gpus_per_node: int, modelled: Parallelism
     ) -> ThroughputModel:
-        """The prior's model, fitted once for each (layer table, samples, node size, model)."""
+        """The prior's model, fitted once for each (layer table, samples, node size, model);
+        a job's is looked up again only when its spec or the settings change."""
+        mine = (job.job.spec, gpus_per_node, modelled, self._gpu)
+        known = self._prior_of.get(job.id)
+        if known is not None and known[0] == mine:
+            return known[1]
         samples = _prior(job, modelled, layers, gpus_per_node, self._gpu)
         key = (layers, samples, gpus_per_node, modelled)
         if key not in self._priors:
             history = _history(layers, gpus_per_node, modelled)
             history.add(samples)
             self._priors[key] = history.model()
+        self._prior_of[job.id] = (mine, self._priors[key])
         return self._priors[key]
 
     def _models(
@@ -427,6 +445,10 @@ class Estimator:
             del self._schedules[job_id]
         for job_id in set(self._layers) - keep:
             del self._layers[job_id]
+        for job_id in set(self._prior_of) - keep:
+            del self._prior_of[job_id]
+        live = {id(layers) for _, layers in self._layers.values()}
+        self._tables = {k: t for k, t in self._tables.items() if id(t) in live}
 
 
 def requested_count(job: JobSnapshot) -> int:

@@ -118,10 +118,10 @@ class _Wild:
         return 1000.0 if frozen == 0 else 1000.0 * 10**frozen
 
     def throughputs(
-        self, *, gpus: int, batch: np.ndarray, frozen: np.ndarray, layers: LayerTable
+        self, *, gpus: int | np.ndarray, batch: np.ndarray, frozen: np.ndarray, layers: LayerTable
     ) -> np.ndarray:
         return np.broadcast_to(
-            1000.0 * 10.0 ** frozen.astype(float), np.broadcast(batch, frozen).shape
+            1000.0 * 10.0 ** frozen.astype(float), np.broadcast(gpus, batch, frozen).shape
         )
 
 

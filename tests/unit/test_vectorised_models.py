@@ -21,6 +21,7 @@ from icefrog_slurm.core.tuner import (
     ThroughputModel,
     measured_or_predicted,
     measured_or_predicted_grid,
+    measured_or_predicted_grids,
     tune,
     tune_grid,
 )
@@ -96,6 +97,39 @@ def test_grid_throughput_equals_the_scalar_formula(seed: int) -> None:
                 for j, k in enumerate(frozen):
                     one = model.throughput(gpus=gpus, batch=m, frozen=k, layers=table)
                     assert grid[i, j] == pytest.approx(one, rel=1e-12), (type(model), gpus, m, k)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_grids_of_several_gpu_counts_at_once_equal_each_counts_own_grid(seed: int) -> None:
+    """One model evaluation for a job's GPU counts (each with its own batch sizes, padded
+    inside) gives each count's grid exactly, the measured cells and freeze caps included,
+    with and without the unfrozen column among the candidates."""
+    rng = random.Random(2000 + seed)
+    for model, table, counts in _models(seed):
+        for frozen in (sorted({0, *rng.sample(range(1, table.num_layers + 1), k=2)}),
+                       sorted(rng.sample(range(1, table.num_layers + 1), k=2))):  # fmt: skip
+            configs = [(g, tuple(BATCHES[rng.randint(0, 2) :])) for g in counts]
+            measured = {
+                (g, rng.choice(b), rng.choice([0, *frozen])): rng.uniform(1, 5000)
+                for g, b in configs
+            }
+            together = measured_or_predicted_grids(
+                configs=configs, frozen_candidates=frozen, measured=measured, model=model,
+                layers=table,
+            )  # fmt: skip
+            for (g, batches), grid in zip(configs, together, strict=True):
+                alone = measured_or_predicted_grid(
+                    gpus=g, batch_sizes=batches, frozen_candidates=frozen, measured=measured,
+                    model=model, layers=table,
+                )  # fmt: skip
+                np.testing.assert_array_equal(grid, alone)
+                for i, m in enumerate(batches):
+                    for j, k in enumerate(frozen):
+                        if (g, m, k) in measured:
+                            assert grid[i, j] == measured[g, m, k]
+                        elif k == 0:
+                            one = model.throughput(gpus=g, batch=m, frozen=0, layers=table)
+                            assert grid[i, j] == pytest.approx(one, rel=1e-12)
 
 
 def test_grid_rejects_a_frozen_count_outside_the_table() -> None:
