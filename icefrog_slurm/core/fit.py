@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -91,6 +91,7 @@ def fit_params(
     prior_weight: float = DEFAULT_PRIOR_WEIGHT,
     starts: Sequence[Mapping[str, float]] = (),
     jacobian: Jacobian | None = None,
+    warm: Mapping[str, float] | None = None,
 ) -> FitResult:
     """Minimise ``sum(residuals(p)^2) + prior_weight x sum(((p - default) / scale)^2)`` over
     the free parameters within their bounds (scipy ``least_squares``, method ``trf``).
@@ -101,6 +102,9 @@ def fit_params(
     again.
     ``jacobian``: the residuals' derivatives at a parameter point, one column a parameter
     in ``params`` order (fixed ones included); without it scipy's finite differences.
+    ``warm``: a refit's start, the last fit's values (a partial mapping over the defaults):
+    the only point solved from (the same objective, from where its minimum last was; the
+    defaults and ``starts`` guarded the first fit).
     """
     names = [p.name for p in params]
     if len(set(names)) != len(names):
@@ -138,7 +142,7 @@ def fit_params(
     how: dict[str, Any] = {"jac": total_jacobian} if jacobian is not None else {}
     best: FitResult | None = None
     solved: list[FloatArray] = []
-    for start in [{}, *starts]:
+    for start in [{}, *starts] if warm is None else [warm]:
         x0 = np.array([start.get(p.name, p.default) for p in free], dtype=float)
         x0 = _inside(x0, lower, upper)
         if any(np.array_equal(x0, done) for done in solved):
@@ -304,6 +308,16 @@ def ddp_model_from(values: Mapping[str, Any], gpus_per_node: int) -> DdpThroughp
     )
 
 
+def ddp_values(model: DdpThroughputModel) -> dict[str, float]:
+    """The parameter values of a DDP model by name (the inverse of :func:`ddp_model_from`)."""
+    fw, bw, sy, fr = model.forward, model.backward, model.sync, model.freeze
+    values = (
+        fw.intercept, fw.slope, bw.intercept, bw.slope, sy.alpha_intra, sy.beta_intra,
+        sy.alpha_inter, sy.beta_inter, fr.alpha_flop, fr.gamma_flop, fr.alpha_sync, fr.gamma,
+    )  # fmt: skip
+    return {name: float(v) for name, v in zip(PARAMETERS, values, strict=True)}
+
+
 def fit_ddp_model(
     samples: Sequence[ProfileSample],
     layers: LayerTable,
@@ -311,6 +325,8 @@ def fit_ddp_model(
     nodes: Sequence[int] | None = None,
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
     prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+    warm: DdpThroughputModel | None = None,
+    free_before: Collection[str] | None = None,
 ) -> DdpThroughputModel:
     """Fit every parameter of the DDP model (eq 5-7; the system parameters of eq 14) to
     profile samples by bounded least squares on log-ratios of the measured times:
@@ -321,7 +337,30 @@ def fit_ddp_model(
     ``nodes``: each sample's node count; by default ceil(gpus / gpus_per_node). When no
     forward time is measured the forward curve is held at 0 and the backward curve carries
     the whole compute time (as Pollux's single compute curve does).
+
+    ``warm``: the job's last fitted model; a refit then starts from its values alone (see
+    :func:`fit_params`), a few iterations when one new configuration arrived. Given
+    ``free_before``, the parameters that last fit had free, a refit whose samples free
+    another one (the first multi-GPU, multi-node or frozen sample) runs the cold fit's
+    starts again: those starts guard exactly the parameters such samples free.
     """
+    return _fit_ddp(
+        samples, layers, nodes=nodes, gpus_per_node=gpus_per_node, prior_weight=prior_weight,
+        warm=warm, free_before=free_before,
+    )[0]  # fmt: skip
+
+
+def _fit_ddp(
+    samples: Sequence[ProfileSample],
+    layers: LayerTable,
+    *,
+    nodes: Sequence[int] | None,
+    gpus_per_node: int,
+    prior_weight: float,
+    warm: DdpThroughputModel | None,
+    free_before: Collection[str] | None,
+) -> tuple[DdpThroughputModel, frozenset[str]]:
+    """:func:`fit_ddp_model`, and the names of the parameters the fit had free."""
     obs = _observations(samples, layers, nodes, gpus_per_node)
     params, fixed = _ddp_params(obs)
     has_fwd, has_bwd = obs.t_fwd > 0, obs.t_bwd > 0
@@ -359,10 +398,46 @@ def fit_ddp_model(
         return np.concatenate(parts, axis=0)[:, columns]
 
     starts = [{"gamma": 3.0}, {"gamma_flop": 0.5}]
+    free = frozenset(p.name for p in params) - fixed
+    if free_before is not None and not free <= set(free_before):
+        warm = None  # a parameter freed by a new kind of sample: the cold fit's starts
     result = fit_params(
-        residuals, params, fixed=fixed, prior_weight=prior_weight, starts=starts, jacobian=jacobian
-    )
-    return ddp_model_from(result.values, gpus_per_node)
+        residuals, params, fixed=fixed, prior_weight=prior_weight, starts=starts,
+        jacobian=jacobian, warm=None if warm is None else ddp_values(warm),
+    )  # fmt: skip
+    return ddp_model_from(result.values, gpus_per_node), free
+
+
+class Fitter(Protocol):
+    """Fits a job's throughput model to its samples; ``warm``, the job's last fitted model
+    (None on its first fit), may be the start of the refit."""
+
+    def __call__(
+        self, samples: Sequence[ProfileSample], warm: ThroughputModel | None = None, /
+    ) -> ThroughputModel: ...
+
+
+def ddp_fitter(
+    layers: LayerTable,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+    prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+) -> Fitter:
+    """:func:`fit_ddp_model` as a :class:`Fitter` for one job's history: a refit starts from
+    the last fit while the samples free no parameter that fit held (it remembers which)."""
+    free_before: frozenset[str] | None = None
+
+    def fit(
+        samples: Sequence[ProfileSample], warm: ThroughputModel | None = None, /
+    ) -> ThroughputModel:
+        nonlocal free_before
+        model, free_before = _fit_ddp(
+            samples, layers, nodes=None, gpus_per_node=gpus_per_node, prior_weight=prior_weight,
+            warm=warm if isinstance(warm, DdpThroughputModel) else None,
+            free_before=free_before if warm is not None else None,
+        )  # fmt: skip
+        return model
+
+    return fit
 
 
 class ProfileHistory:
@@ -382,14 +457,10 @@ class ProfileHistory:
         *,
         gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
         prior_weight: float = DEFAULT_PRIOR_WEIGHT,
-        fitter: Callable[[Sequence[ProfileSample]], ThroughputModel] | None = None,
+        fitter: Fitter | None = None,
     ) -> None:
         self._layers = layers
-        self._fit = fitter or (
-            lambda samples: fit_ddp_model(
-                samples, layers, gpus_per_node=gpus_per_node, prior_weight=prior_weight
-            )
-        )
+        self._fit = fitter or ddp_fitter(layers, gpus_per_node, prior_weight)
         self._samples: dict[tuple[int, int, int, bool], tuple[ProfileSample, int]] = {}
         self._model: ThroughputModel | None = None
         self._stale = True
@@ -420,9 +491,10 @@ class ProfileHistory:
         }
 
     def model(self) -> ThroughputModel:
-        """The model fitted to every configuration seen so far (refitted when stale)."""
+        """The model fitted to every configuration seen so far (refitted when stale, from
+        the last fit when there is one)."""
         if self._model is None or self._stale:
-            self._model = self._fit(self.samples)
+            self._model = self._fit(self.samples, self._model)
             self._stale = False
         return self._model
 

@@ -10,13 +10,20 @@ iteration times), :func:`fitter_for`, which picks the fit that matches a job's d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import fields, replace
 from typing import TypeVar
 
 import numpy as np
 
-from icefrog_slurm.core.fit import DEFAULT_PRIOR_WEIGHT, Param, fit_ddp_model, fit_params, log_ratio
+from icefrog_slurm.core.fit import (
+    DEFAULT_PRIOR_WEIGHT,
+    Fitter,
+    Param,
+    ddp_fitter,
+    fit_params,
+    log_ratio,
+)
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.parallel import (
     IterationModel,
@@ -28,7 +35,7 @@ from icefrog_slurm.core.parallel import (
     SdpParams,
 )
 from icefrog_slurm.core.samples import ProfileSample
-from icefrog_slurm.core.throughput import DEFAULT_GPUS_PER_NODE, DdpThroughputModel
+from icefrog_slurm.core.throughput import DEFAULT_GPUS_PER_NODE
 from icefrog_slurm.errors import InputError
 
 M = TypeVar("M", SdpModel, PipelineModel)
@@ -100,6 +107,7 @@ def fit_large_model(
     starts: int = 4,
     seed: int = 0,
     min_samples: int | None = None,
+    warm: M | None = None,
 ) -> M:
     """``template`` (its table, parallelism and stages) with parameters fitted to the
     unshared ``samples`` by bounded least squares on log(T_pred / T_iter) plus the prior of
@@ -108,7 +116,10 @@ def fit_large_model(
 
     ``min_samples``: fewer unshared samples are refused (default: one a parameter). The
     scheduler passes 1: its job's model starts from one assumed sample and the prior holds
-    what the samples cannot yet inform, as the DDP fit does."""
+    what the samples cannot yet inform, as the DDP fit does.
+
+    ``warm``: the job's last fitted model of this kind; the refit then starts from its
+    parameters alone (``fit.fit_params``)."""
     used = [s for s in samples if not s.shared]
     need = len(fields(template.params)) if min_samples is None else max(1, min_samples)
     if len(used) < need:
@@ -131,12 +142,11 @@ def fit_large_model(
         {p.name: p.default * float(np.exp(rng.uniform(-1.5, 1.5))) for p in params}
         for _ in range(starts - 1)
     ]
-    result = fit_params(residuals, params, fixed=fixed, prior_weight=prior_weight, starts=extra)
+    last = None if warm is None else {f.name: getattr(warm.params, f.name) for f in fields(cls)}
+    result = fit_params(
+        residuals, params, fixed=fixed, prior_weight=prior_weight, starts=extra, warm=last
+    )
     return build(result.values)
-
-
-ThroughputModel = SdpModel | PipelineModel | DdpThroughputModel
-Fitter = Callable[[Sequence[ProfileSample]], ThroughputModel]
 
 
 def fitter_for(
@@ -153,18 +163,18 @@ def fitter_for(
     of its own is the paper's ablation (section 7: DDP model for SDP/HP jobs).
     ``gpus_per_node``: the DDP model's node size; ``min_samples``: see :func:`fit_large_model`."""
     if parallelism.kind is Kind.DDP:
-        return lambda samples: fit_ddp_model(
-            samples, table, prior_weight=prior_weight, gpus_per_node=gpus_per_node
-        )
+        return ddp_fitter(table, gpus_per_node, prior_weight)
     if parallelism.kind is Kind.SDP:
         sdp = SdpModel(SdpParams(*([1.0] * len(fields(SdpParams)))), table, parallelism)
-        return lambda samples: fit_large_model(
-            sdp, samples, prior_weight=prior_weight, min_samples=min_samples
-        )
+        return lambda samples, warm=None, /: fit_large_model(
+            sdp, samples, prior_weight=prior_weight, min_samples=min_samples,
+            warm=warm if isinstance(warm, SdpModel) else None,
+        )  # fmt: skip
     pipe = PipelineModel(PipelineParams(*([1.0] * 8)), table, parallelism, stage_sizes)
-    return lambda samples: fit_large_model(
-        pipe, samples, prior_weight=prior_weight, min_samples=min_samples
-    )
+    return lambda samples, warm=None, /: fit_large_model(
+        pipe, samples, prior_weight=prior_weight, min_samples=min_samples,
+        warm=warm if isinstance(warm, PipelineModel) else None,
+    )  # fmt: skip
 
 
 def synthetic_samples(

@@ -55,6 +55,21 @@ def synthetic(
     )
 
 
+@pytest.fixture
+def solves(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The evaluations (nfev) of each least-squares solve the fits make, in order."""
+    out: list[int] = []
+    real = fit.least_squares
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        result = real(*args, **kwargs)
+        out.append(result.nfev)
+        return result
+
+    monkeypatch.setattr(fit, "least_squares", counted)
+    return out
+
+
 def test_recovers_known_parameters_within_10pct_ape_on_held_back_configs() -> None:
     rng = np.random.default_rng(2024)
     configs = [
@@ -214,20 +229,59 @@ def test_analytic_jacobian_fit_equals_the_finite_difference_fit(
         assert one == pytest.approx(finite.throughput(gpus=g, batch=m, frozen=k, layers=LAYERS))
 
 
-def test_a_start_at_the_same_point_is_solved_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_start_at_the_same_point_is_solved_once(solves: list[int]) -> None:
     """The DDP fit's extra starts move gamma and gamma_flop; with both held (one GPU,
     nothing frozen) they are the default point again and are not solved again."""
-    calls: list[int] = []
-    real = fit.least_squares
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(fit, "least_squares", counted)
+    calls = solves
     rng = np.random.default_rng(2)
     fit_ddp_model([synthetic(TRUE, 1, m, 0, 0.01, rng) for m in (16, 64)], LAYERS)
     assert len(calls) == 1
     calls.clear()
     fit_ddp_model([synthetic(TRUE, g, 64, k, 0.01, rng) for g, k in ((1, 0), (4, 8))], LAYERS)
     assert len(calls) == 3
+
+
+def test_a_refit_starts_from_the_last_fit_and_ends_where_a_cold_fit_does(
+    solves: list[int],
+) -> None:
+    """A job's history refits from its last model: one solve (not the cold fit's three
+    starts), fewer evaluations, and the same minimum of the same objective."""
+    rng = np.random.default_rng(7)
+    configs = [(1, 32, 0), (2, 64, 4), (4, 64, 8), (8, 128, 0), (16, 32, 12), (1, 128, 16)]
+    samples = [synthetic(TRUE, *c, 0.05, rng) for c in configs]
+    evaluations = solves
+    history = ProfileHistory(LAYERS)
+    history.add(samples[:-1])
+    last = history.model()
+    evaluations.clear()
+    history.add(samples[-1:])
+    warm = history.model()
+    assert len(evaluations) == 1
+    warm_cost = evaluations[0]
+    evaluations.clear()
+    cold = fit_ddp_model(samples, LAYERS)
+    assert len(evaluations) == 3
+    assert warm_cost < sum(evaluations)
+    assert warm is not last and warm != cold  # two computations
+    for g, m, k in [(1, 16, 0), (2, 64, 8), (4, 256, 4), (8, 32, 16), (32, 64, 0)]:
+        one = warm.throughput(gpus=g, batch=m, frozen=k, layers=LAYERS)
+        assert one == pytest.approx(cold.throughput(gpus=g, batch=m, frozen=k, layers=LAYERS))
+
+
+def test_a_sample_that_frees_a_parameter_brings_the_cold_starts_back(
+    solves: list[int],
+) -> None:
+    """The first frozen sample frees gamma_flop, which the cold fit's extra start guards:
+    that refit solves from the defaults and that start, not from the last fit."""
+    rng = np.random.default_rng(11)
+    history = ProfileHistory(LAYERS)
+    history.add([synthetic(TRUE, 1, m, 0, 0.01, rng) for m in (16, 64)])
+    history.model()
+    history.add([synthetic(TRUE, 1, 128, 0, 0.01, rng)])
+    solves.clear()
+    history.model()
+    assert len(solves) == 1  # nothing new freed: from the last fit
+    history.add([synthetic(TRUE, 1, 64, 8, 0.01, rng)])
+    solves.clear()
+    history.model()
+    assert len(solves) == 2  # gamma_flop freed: the defaults and its start

@@ -63,6 +63,40 @@ def test_fitter_follows_the_declared_parallelism() -> None:
     assert isinstance(model, PipelineModel) and model.stage_sizes == (7, 7, 7, 7)
 
 
+@pytest.mark.parametrize("index", [0, 2], ids=["SDP", "HP"])
+def test_a_large_model_refit_starts_from_the_last_fit(
+    index: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refitted with one more sample from its last fit: one solve instead of the cold
+    fit's four starts, and predictions as good on the held-back configurations."""
+    from icefrog_slurm.core import fit
+
+    solves: list[int] = []
+    real = fit.least_squares
+
+    def counted(*args: object, **kwargs: object) -> object:
+        solves.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fit, "least_squares", counted)
+    scenario = scenarios("llama-3b")[index]
+    truth = scenario.model
+    assert isinstance(truth, SdpModel | PipelineModel)
+    samples = synthetic_samples(truth, scenario.configs, noise=0.05, seed=21)
+    fit_set, held = split_held_back(samples, fraction=0.3, seed=22)
+    last = fit_large_model(truth, fit_set[:-1], seed=21)
+    solves.clear()
+    warm = fit_large_model(truth, fit_set, seed=21, warm=last)
+    assert len(solves) == 1
+    cold = fit_large_model(truth, fit_set, seed=21)
+    assert len(solves) == 1 + 4
+    measured = [iteration_seconds(truth, s) for s in held]
+    warm_errors = ape(predict(warm, held), measured)
+    cold_errors = ape(predict(cold, held), measured)
+    assert warm.params != last.params
+    assert warm_errors.max() <= max(PAPER_WORST_APE, cold_errors.max() * 1.05)
+
+
 def test_layer_tuner_uses_a_fitted_large_model() -> None:
     """The tuner (eq 15) takes an SDP model where it takes the DDP one: with psi = 1 the
     deepest freeze is fastest; with a steep penalty it keeps every layer."""
