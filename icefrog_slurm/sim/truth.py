@@ -19,7 +19,8 @@ What is true here (docs/simulator.md argues why each is plausible):
   ``v_i(p) = v0_i x (f_i + (1 - f_i) x exp(-k_i x p))``, the decay rate ``k_i`` larger toward
   the input (front layers settle earlier, spec section 5), the floor ``f_i`` smaller there;
   independent of the batch (eq 3 uses only ratios of variances, where a 1/batch scale
-  cancels);
+  cancels); p is the layer's own progress, which stands still while it is frozen, so a
+  thawed layer resumes where it stopped;
 - **reaching the target** — unfrozen, a job needs the calibrated samples-to-target at its
   global batch (times a hidden per-job factor). With the first l layers frozen, a sample
   counts ``1 / (1 + rho x (1/psi - 1))`` of a full-model sample, psi = eq 3 evaluated on
@@ -236,10 +237,11 @@ class TaskTruth:
 
     # --- gradient variance and the work to the target --------------------------------------
 
-    def grad_var(self, progress: float) -> FloatArray:
-        """True per-layer gradient variance at ``progress`` (0..1 of the unfrozen work)."""
+    def grad_var(self, progress: float | FloatArray) -> FloatArray:
+        """True per-layer gradient variance at ``progress`` (0..1 of the unfrozen work): one
+        value for every layer, or one a layer (each layer's own training progress)."""
         h = self._hidden
-        p = min(max(progress, 0.0), 1.0)
+        p = np.clip(progress, 0.0, 1.0)
         return np.asarray(h.var0 * (h.floor + (1 - h.floor) * np.exp(-h.decay * p)), dtype=float)
 
     def samples_to_target(self, global_batch: float) -> float:
@@ -314,8 +316,12 @@ class TrainingRun:
     """One job's true progress toward its target under changing freezing and batch.
 
     ``progress`` is the fraction of the unfrozen work done; a job reaches its target at 1.
-    Freezing layers records their true variance at that moment (eq 3's sigma^2_t0) and the
-    value the job's profiler observed then (what it keeps reporting for a frozen layer).
+    Each layer also keeps its own progress, which moves only while the layer trains: its
+    variance is the truth's at that progress, so a layer thawed after a freeze comes back
+    where it stopped (its variance as high as then) and a brief thaw does not make up what
+    it missed. Freezing layers records their variance at that moment (eq 3's sigma^2_t0)
+    and the value the job's profiler observed then (what it keeps reporting for a frozen
+    layer).
     """
 
     def __init__(self, truth: TaskTruth, seed: int) -> None:
@@ -326,6 +332,7 @@ class TrainingRun:
         self._frozen = 0
         self._at_freeze = np.zeros(n)
         self._observed_at_freeze = np.zeros(n)
+        self._trained = np.zeros(n)  # each layer's own progress: it moves while it trains
         self.progress = 0.0
         self._epoch = 0  # Pollux's rule: the epoch in progress
 
@@ -347,14 +354,14 @@ class TrainingRun:
         self._truth._check(frozen)
         if frozen > self._frozen:
             new = slice(self._frozen, frozen)
-            now = self._truth.grad_var(self.progress)[new]
+            now = self._truth.grad_var(self._trained)[new]
             self._at_freeze[new] = now
             self._observed_at_freeze[new] = now * _lognormal(self._rng, GRAD_VAR_NOISE, now.size)
         self._frozen = frozen
 
     def layer_variances(self) -> FloatArray:
         """True per-layer variances as eq 3 uses them: frozen layers at freeze time."""
-        out = self._truth.grad_var(self.progress)
+        out = self._truth.grad_var(self._trained)
         out[: self._frozen] = self._at_freeze[: self._frozen]
         return out
 
@@ -377,14 +384,14 @@ class TrainingRun:
         needed = self._truth.samples_to_target(global_batch) * self._job_factor
         if self._frozen == 0:
             gained = samples / needed
-            self.progress += gained
+            self._gain(gained)
             return gained
         gained, left = 0.0, samples
         while left > 0:
             noise = float(_lognormal(self._rng, WORK_NOISE))
             per_sample = self._truth.progress_rate(self.true_psi()) * noise / needed
             take = min(left, PROGRESS_QUANTUM / per_sample) if per_sample > 0 else left
-            self.progress += take * per_sample
+            self._gain(take * per_sample)
             gained += take * per_sample
             left = left - take if take < left else 0.0
         return gained
@@ -407,20 +414,25 @@ class TrainingRun:
             to_end = rule.boundaries[epoch] / target - self.progress if epoch < last else math.inf
             room = min(to_end, PROGRESS_QUANTUM) if self._frozen else to_end
             if left * per_sample < room:
-                self.progress += left * per_sample
+                self._gain(left * per_sample)
                 gained += left * per_sample
                 break
-            self.progress += room
+            self._gain(room)
             gained += room
             left -= room / per_sample
             if room == to_end:
                 self._epoch += 1
         return gained
 
+    def _gain(self, progress: float) -> None:
+        """Progress made: the job's, and that of each layer that trained (the unfrozen)."""
+        self.progress += progress
+        self._trained[self._frozen :] += progress
+
     def observe_grad_stats(self, *, epoch: int) -> GradStats:
         """What the job's gradient statistics report: trainable layers a fresh noisy value,
         frozen layers the value observed when they were frozen (protocol.GradStats)."""
-        now = self._truth.grad_var(self.progress)
+        now = self._truth.grad_var(self._trained)
         noisy = now * _lognormal(self._rng, GRAD_VAR_NOISE, now.size)
         noisy[: self._frozen] = self._observed_at_freeze[: self._frozen]
         sqr = now * self._truth._hidden.snr * _lognormal(self._rng, GRAD_VAR_NOISE, now.size)

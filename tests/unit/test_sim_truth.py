@@ -199,3 +199,36 @@ def test_frozen_progress_does_not_depend_on_how_time_is_sliced() -> None:
         one, many = run_in(1, seed), run_in(500, seed)
         assert one == pytest.approx(many, rel=0.02)
         assert one < 0.6 * 1.3  # frozen: progress no faster than unfrozen (job factor aside)
+
+
+def test_a_brief_thaw_does_not_forgive_what_a_frozen_layer_missed() -> None:
+    """A layer's variance follows its own training: frozen from 0.2 to 0.6 of the work, then
+    thawed for 0.01 and frozen again, it is recorded at 0.21 of its own progress (not at the
+    job's 0.61), and the job's psi after the refreeze is no better than had it stayed frozen
+    (up to what that 0.01 trained). Never frozen, every layer's progress is the job's."""
+    t = truth("resnet18-cifar10")
+    needed = t.samples_to_target(128)
+
+    def run_to(run: object, progress: float) -> None:
+        while run.progress < progress:  # type: ignore[attr-defined]
+            run.advance(samples=needed * 0.002, global_batch=128)  # type: ignore[attr-defined]
+
+    stayed, thawed = t.start_run(seed=9), t.start_run(seed=9)
+    for run in (stayed, thawed):
+        run_to(run, 0.2)
+        run.set_frozen(4)
+        run_to(run, 0.6)
+    frozen_at = stayed.layer_variances()[:4].copy()
+    thawed.set_frozen(0)
+    before = thawed.progress
+    run_to(thawed, before + 0.01)
+    thawed.set_frozen(4)
+    own = 0.2 + (thawed.progress - before)  # about 0.21, give or take one step past 0.2
+    recorded = thawed.layer_variances()[:4]
+    assert recorded == pytest.approx(t.grad_var(np.full(10, own))[:4], rel=0.05)
+    assert np.all(recorded > t.grad_var(thawed.progress)[:4] * 1.01)  # not the job's 0.61
+    assert np.all(recorded <= frozen_at)
+    assert thawed.true_psi() <= stayed.true_psi() * 1.05
+    never = t.start_run(seed=9)
+    run_to(never, 0.5)
+    assert np.array_equal(never.layer_variances(), t.grad_var(never.progress))
