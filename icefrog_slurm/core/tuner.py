@@ -124,8 +124,13 @@ def max_freeze_speedup(layers: LayerTable, frozen: int) -> float:
     iteration's time near zero at deep freezes (docs/evaluation.md, "Ablation: freezing").
     Sync saved beyond compute is not counted, so the cap is conservative for jobs whose
     unfrozen iteration is dominated by synchronisation; measured values are never capped."""
+    return float(_freeze_cap(np.float64(layers.theta(frozen))))
+
+
+def _freeze_cap(theta: FloatArray | np.float64) -> FloatArray:
+    """(1 + B) / (1 + B x theta) of :func:`max_freeze_speedup`, elementwise over theta_l."""
     b = BACKWARD_PER_FORWARD
-    return (1.0 + b) / (1.0 + b * layers.theta(frozen))
+    return np.asarray((1.0 + b) / (1.0 + b * theta), dtype=np.float64)
 
 
 def measured_or_predicted_grid(
@@ -189,9 +194,7 @@ def measured_or_predicted_grids(
         for c, (g, batches) in enumerate(configs):
             for i, m in enumerate(batches):
                 base[c, i] = measured.get((g, m, 0), base[c, i])
-        theta = layers.fractions[0][frozen]
-        b = BACKWARD_PER_FORWARD
-        caps = np.where(frozen > 0, (1.0 + b) / (1.0 + b * theta), np.inf)
+        caps = np.where(frozen > 0, _freeze_cap(layers.fractions[0][frozen]), np.inf)
         grid = pred[:, :, : frozen.size]
         if (frozen > 0).any():
             grid = np.minimum(grid, base[:, :, None] * caps[None, None, :])
