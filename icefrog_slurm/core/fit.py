@@ -48,6 +48,15 @@ Jacobian = Callable[[Mapping[str, Any]], FloatArray]
 DEFAULT_PRIOR_WEIGHT = 1e-3
 """Weight of one prior residual against one data residual (a log-ratio of a time)."""
 
+SCREEN_TOLERANCE = 1e-3
+"""With several starts, each is first solved to this relative tolerance (scipy's ``ftol``
+and ``xtol``; the full solve uses scipy's defaults, 1e-8): enough to rank the minima they
+lead to, a fraction of the iterations of a start that crawls to a poorer one."""
+
+SCREEN_MARGIN = 0.01
+"""Screened starts whose cost is within this fraction of the best one are then solved to
+full tolerance, and the best of those wins: a near tie at screening is decided exactly."""
+
 
 @dataclass(frozen=True)
 class Param:
@@ -99,7 +108,9 @@ def fit_params(
     ``starts``: extra starting points (partial mappings over the defaults); the best end
     point wins, which guards a non-convex model against a poor local minimum; a start that
     is the same point as an earlier one (it moves only parameters held fixed) is not solved
-    again.
+    again. With more than one point, each is screened (solved to ``SCREEN_TOLERANCE``) and
+    those within ``SCREEN_MARGIN`` of the best screened cost are solved on to full
+    tolerance from where screening left them.
     ``jacobian``: the residuals' derivatives at a parameter point, one column a parameter
     in ``params`` order (fixed ones included); without it scipy's finite differences.
     ``warm``: a refit's start, the last fit's values (a partial mapping over the defaults):
@@ -140,22 +151,24 @@ def fit_params(
         return np.concatenate([data, prior_rows], axis=0)
 
     how: dict[str, Any] = {"jac": total_jacobian} if jacobian is not None else {}
-    best: FitResult | None = None
-    solved: list[FloatArray] = []
+
+    def solve(x0: FloatArray, **tolerances: float) -> Any:
+        return least_squares(total, x0, bounds=(lower, upper), method="trf", **how, **tolerances)
+
+    points: list[FloatArray] = []
     for start in [{}, *starts] if warm is None else [warm]:
         x0 = np.array([start.get(p.name, p.default) for p in free], dtype=float)
         x0 = _inside(x0, lower, upper)
-        if any(np.array_equal(x0, done) for done in solved):
-            continue  # the same point: the same end point
-        solved.append(x0)
-        result = least_squares(total, x0, bounds=(lower, upper), method="trf", **how)
-        candidate = FitResult(
-            values_of(result.x), float(result.cost), tuple(p.name for p in free), result.success
-        )
-        if best is None or candidate.cost < best.cost:
-            best = candidate
-    assert best is not None
-    return best
+        if not any(np.array_equal(x0, done) for done in points):
+            points.append(x0)  # a start that is the same point ends at the same point
+    if len(points) == 1:
+        ends = [solve(points[0])]
+    else:
+        screened = [solve(x0, ftol=SCREEN_TOLERANCE, xtol=SCREEN_TOLERANCE) for x0 in points]
+        bar = min(r.cost for r in screened) * (1 + SCREEN_MARGIN)
+        ends = [solve(_inside(r.x, lower, upper)) for r in screened if r.cost <= bar]
+    best = min(ends, key=lambda r: float(r.cost))  # the first of equal ends
+    return FitResult(values_of(best.x), float(best.cost), tuple(p.name for p in free), best.success)
 
 
 def log_ratio(predicted: FloatArray, observed: FloatArray) -> FloatArray:

@@ -1,4 +1,5 @@
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -55,15 +56,28 @@ def synthetic(
     )
 
 
+@dataclass(frozen=True)
+class Solve:
+    nfev: int
+    screen: bool
+
+
+def starts(calls: list[Solve]) -> int:
+    """The starting points a fit solved from: its screens, or its one solve."""
+    screens = sum(c.screen for c in calls)
+    return screens if screens else len(calls)
+
+
 @pytest.fixture
-def solves(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The evaluations (nfev) of each least-squares solve the fits make, in order."""
-    out: list[int] = []
+def solves(monkeypatch: pytest.MonkeyPatch) -> list[Solve]:
+    """Each least-squares solve the fits make, in order: its evaluations (nfev) and whether
+    it screened a start (solved to ``fit.SCREEN_TOLERANCE``)."""
+    out: list[Solve] = []
     real = fit.least_squares
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         result = real(*args, **kwargs)
-        out.append(result.nfev)
+        out.append(Solve(result.nfev, kwargs.get("ftol") == fit.SCREEN_TOLERANCE))
         return result
 
     monkeypatch.setattr(fit, "least_squares", counted)
@@ -229,20 +243,19 @@ def test_analytic_jacobian_fit_equals_the_finite_difference_fit(
         assert one == pytest.approx(finite.throughput(gpus=g, batch=m, frozen=k, layers=LAYERS))
 
 
-def test_a_start_at_the_same_point_is_solved_once(solves: list[int]) -> None:
+def test_a_start_at_the_same_point_is_solved_once(solves: list[Solve]) -> None:
     """The DDP fit's extra starts move gamma and gamma_flop; with both held (one GPU,
     nothing frozen) they are the default point again and are not solved again."""
-    calls = solves
     rng = np.random.default_rng(2)
     fit_ddp_model([synthetic(TRUE, 1, m, 0, 0.01, rng) for m in (16, 64)], LAYERS)
-    assert len(calls) == 1
-    calls.clear()
+    assert solves == [Solve(solves[0].nfev, screen=False)]  # one point: solved, not screened
+    solves.clear()
     fit_ddp_model([synthetic(TRUE, g, 64, k, 0.01, rng) for g, k in ((1, 0), (4, 8))], LAYERS)
-    assert len(calls) == 3
+    assert starts(solves) == 3
 
 
 def test_a_refit_starts_from_the_last_fit_and_ends_where_a_cold_fit_does(
-    solves: list[int],
+    solves: list[Solve],
 ) -> None:
     """A job's history refits from its last model: one solve (not the cold fit's three
     starts), fewer evaluations, and the same minimum of the same objective."""
@@ -256,12 +269,12 @@ def test_a_refit_starts_from_the_last_fit_and_ends_where_a_cold_fit_does(
     evaluations.clear()
     history.add(samples[-1:])
     warm = history.model()
-    assert len(evaluations) == 1
-    warm_cost = evaluations[0]
+    assert len(evaluations) == 1 and not evaluations[0].screen
+    warm_cost = evaluations[0].nfev
     evaluations.clear()
     cold = fit_ddp_model(samples, LAYERS)
-    assert len(evaluations) == 3
-    assert warm_cost < sum(evaluations)
+    assert starts(evaluations) == 3
+    assert warm_cost < sum(e.nfev for e in evaluations)
     assert warm is not last and warm != cold  # two computations
     for g, m, k in [(1, 16, 0), (2, 64, 8), (4, 256, 4), (8, 32, 16), (32, 64, 0)]:
         one = warm.throughput(gpus=g, batch=m, frozen=k, layers=LAYERS)
@@ -269,7 +282,7 @@ def test_a_refit_starts_from_the_last_fit_and_ends_where_a_cold_fit_does(
 
 
 def test_a_sample_that_frees_a_parameter_brings_the_cold_starts_back(
-    solves: list[int],
+    solves: list[Solve],
 ) -> None:
     """The first frozen sample frees gamma_flop, which the cold fit's extra start guards:
     that refit solves from the defaults and that start, not from the last fit."""
@@ -280,8 +293,28 @@ def test_a_sample_that_frees_a_parameter_brings_the_cold_starts_back(
     history.add([synthetic(TRUE, 1, 128, 0, 0.01, rng)])
     solves.clear()
     history.model()
-    assert len(solves) == 1  # nothing new freed: from the last fit
+    assert starts(solves) == 1  # nothing new freed: from the last fit
     history.add([synthetic(TRUE, 1, 64, 8, 0.01, rng)])
     solves.clear()
     history.model()
-    assert len(solves) == 2  # gamma_flop freed: the defaults and its start
+    assert starts(solves) == 2  # gamma_flop freed: the defaults and its start
+
+
+def test_screened_starts_end_where_solving_every_start_fully_does(
+    solves: list[Solve], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cold fit solves its starts to a loose tolerance first and only those near the best
+    on to full tolerance: the minimum of solving every start fully, in fewer evaluations."""
+    rng = np.random.default_rng(5)
+    configs = [(1, 32, 0), (2, 64, 4), (4, 64, 8), (8, 128, 0), (16, 32, 12), (1, 128, 16)]
+    samples = [synthetic(TRUE, *c, 0.05, rng) for c in configs]
+    screened = fit_ddp_model(samples, LAYERS)
+    assert starts(solves) == 3 and len(solves) > 3  # three screens, then the best solved on
+    screened_cost = sum(s.nfev for s in solves)
+    solves.clear()
+    monkeypatch.setattr(fit, "SCREEN_TOLERANCE", 1e-8)  # a "screen" is a full solve
+    full = fit_ddp_model(samples, LAYERS)
+    assert screened_cost < sum(s.nfev for s in solves)
+    for g, m, k in [(1, 16, 0), (2, 64, 8), (4, 256, 4), (8, 32, 16), (32, 64, 0)]:
+        one = screened.throughput(gpus=g, batch=m, frozen=k, layers=LAYERS)
+        assert one == pytest.approx(full.throughput(gpus=g, batch=m, frozen=k, layers=LAYERS))
