@@ -82,17 +82,31 @@ def fit_linear(
     intercept holds its effect): the samples say nothing about it, and a minimum-norm
     solution would otherwise share the target out onto it, e.g. samples of one batch
     size predicting a quarter of their utilisation at half that batch."""
-    if len(features) != len(targets) or not features:
-        raise InputError(f"fit_linear: {len(features)} feature rows for {len(targets)} targets")
+    return _fit_linear(features, [targets])[0]
+
+
+def _fit_linear(
+    features: Sequence[tuple[float, float, float]], targets: Sequence[Sequence[float]]
+) -> list[LinearRegression]:
+    """:func:`fit_linear` of each of ``targets`` on the same features (one design)."""
+    if not features or any(len(features) != len(t) for t in targets):
+        raise InputError(
+            f"fit_linear: {len(features)} feature rows for "
+            f"{' / '.join(str(len(t)) for t in targets)} targets"
+        )
     design = np.array([(1.0, *row) for row in features], dtype=float)
-    varied = np.ptp(design, axis=0) > 1e-12 * np.maximum(1.0, np.abs(design).max(axis=0))
-    varied[0] = True
-    coef = np.zeros(4)
-    coef[varied], *_ = np.linalg.lstsq(
-        design[:, varied], np.asarray(targets, dtype=float), rcond=None
+    varied = design.max(axis=0) - design.min(axis=0) > 1e-12 * np.maximum(
+        1.0, np.abs(design).max(axis=0)
     )
-    c0, c1, c2, c3 = (float(c) for c in coef)
-    return LinearRegression((c0, c1, c2, c3))
+    varied[0] = True
+    design = design[:, varied]
+    out = []
+    for y in targets:
+        coef = np.zeros(4)
+        coef[varied], *_ = np.linalg.lstsq(design, np.asarray(y, dtype=float), rcond=None)
+        c0, c1, c2, c3 = (float(c) for c in coef)
+        out.append(LinearRegression((c0, c1, c2, c3)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -233,10 +247,11 @@ def fit_sharing(samples: Sequence[ProfileSample], layers: LayerTable) -> Sharing
     if not usable:
         return None
     features = [(float(s.batch), layers.theta(s.frozen), layers.omega(s.frozen)) for s in usable]
+    util, memory = _fit_linear(
+        features, [[s.gpu_util for s in usable], [s.peak_mem_bytes for s in usable]]
+    )
     return SharingPredictor(
-        util=fit_linear(features, [s.gpu_util for s in usable]),
-        memory=fit_linear(features, [s.peak_mem_bytes for s in usable]),
-        batches=(min(x[0] for x in features), max(x[0] for x in features)),
+        util=util, memory=memory, batches=(min(x[0] for x in features), max(x[0] for x in features))
     )
 
 

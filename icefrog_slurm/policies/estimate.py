@@ -52,6 +52,7 @@ gradient statistics re-tune a job without predicting again.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -112,7 +113,6 @@ class Candidate:
 class _Cached:
     samples: int  # how many of the job's samples the history holds
     history: ProfileHistory
-    sharing: SharingPredictor | None
     prior: bool  # the history holds only the prior sample
     modelled: Parallelism  # the parallelism whose model the history fits
     model: ThroughputModel | None = None  # the last fitted model
@@ -127,6 +127,10 @@ class _Cached:
         default_factory=dict
     )
     grids_for: tuple[object, ...] = ()
+    # The sharing regressions (eq 8), fitted when a shared option is first considered
+    # after ``sharing_for`` samples (-1: not yet).
+    sharing: SharingPredictor | None = None
+    sharing_for: int = -1
 
 
 class Estimator:
@@ -241,7 +245,7 @@ class Estimator:
         out: list[Candidate] = []
         psi_values: FloatArray | None = None  # psi of each frozen candidate, once a call
         top = exploration_cap(job) if self._explore else capacity
-        configs = _configurations(job, gpus_per_node, top, capacity, settings, cached)
+        configs = _configurations(job, gpus_per_node, top, capacity, settings, cached, layers)
         # one per-GPU batch with a global batch; the missing grids in one model evaluation
         batches = {g: spec.batch_candidates(g) for g, shared in configs}
         untuned = dict.fromkeys(g for g, shared in configs if (g, shared) not in cached.tuned)
@@ -265,7 +269,7 @@ class Estimator:
                 eff = None if goodput is None else goodput(gpus, at)
                 cached.tuned[gpus, shared] = (
                     _tune_shared(at, frozen, psi_values, grid, eff, current_frozen,
-                                 _loads(job, cached, settings), layers, settings)
+                                 _loads(job, cached, layers, settings), layers, settings)
                     if shared
                     else tune_grid(
                         batch_sizes=at, frozen_candidates=frozen, psi=psi_values,
@@ -283,7 +287,7 @@ class Estimator:
                 tta += settings.controller.reallocation_overhead_s
             if not math.isfinite(tta) or tta <= 0:
                 continue
-            loads = _loads(job, cached, settings) if shared else None
+            loads = _loads(job, cached, layers, settings) if shared else None
             load = None
             if loads is not None:
                 load = loads.predict(batch=best.batch, frozen=best.frozen, layers=layers)
@@ -410,7 +414,7 @@ class Estimator:
         known = self._prior_of.get(job.id)
         if known is not None and known[0] == mine:
             return known[1]
-        samples = _prior(job, modelled, layers, gpus_per_node, self._gpu)
+        samples = _prior(job.job.spec, modelled, layers, gpus_per_node, self._gpu)
         key = (layers, samples, gpus_per_node, modelled)
         if key not in self._priors:
             history = _history(layers, gpus_per_node, modelled)
@@ -427,13 +431,12 @@ class Estimator:
         measured = any(not s.shared for s in samples)
         if cached is None or (cached.prior and measured) or cached.modelled != modelled:
             history = _history(layers, gpus_per_node, modelled)
-            cached = _Cached(0, history, None, prior=not measured, modelled=modelled)
+            cached = _Cached(0, history, prior=not measured, modelled=modelled)
             if not measured:
-                history.add(_prior(job, modelled, layers, gpus_per_node, self._gpu))
+                history.add(_prior(job.job.spec, modelled, layers, gpus_per_node, self._gpu))
             self._cache[job.id] = cached
         if cached.samples != len(samples) or cached.samples == 0:
             cached.stale |= cached.history.add(samples[cached.samples :])
-            cached.sharing = _sharing(samples, layers)
             cached.samples = len(samples)
         return cached
 
@@ -493,13 +496,14 @@ def _history(layers: LayerTable, gpus_per_node: int, modelled: Parallelism) -> P
     return ProfileHistory(layers, gpus_per_node=gpus_per_node, fitter=fitter)
 
 
+@functools.lru_cache(maxsize=1024)
 def _prior(
-    job: JobSnapshot, modelled: Parallelism, layers: LayerTable, gpn: int, gpu: GpuModel
+    spec: JobSpec, modelled: Parallelism, layers: LayerTable, gpn: int, gpu: GpuModel
 ) -> tuple[ProfileSample, ...]:
     """Assumed samples from the declared tables (``prior_iteration_time``), unfrozen: the
     smallest legal count at the smallest and the largest batch, the smallest count of several
-    GPUs within a node and the smallest of whole nodes (two or more) at the smallest batch."""
-    spec = job.job.spec
+    GPUs within a node and the smallest of whole nodes (two or more) at the smallest batch.
+    Remembered for the last declarations seen: jobs of one declaration share them."""
     batches = powers_of_two(spec.min_batch, spec.max_batch)
     counts = spec.parallelism.legal_gpu_counts(spec.min_gpus, spec.max_gpus)
     first = counts[0]
@@ -520,20 +524,23 @@ def _prior(
     return tuple(out)
 
 
-def _sharing(samples: Sequence[ProfileSample], layers: LayerTable) -> SharingPredictor | None:
-    try:
-        return fit_sharing(samples, layers)
-    except IcefrogError:
-        return None
-
-
-def _loads(job: JobSnapshot, cached: _Cached, settings: Settings) -> LoadModel | None:
-    """What judges the job's load on a shared GPU: its fitted regressions (eq 8); before it
-    reported any sample, with ``sharing.before_samples``, its declared tables
+def _loads(
+    job: JobSnapshot, cached: _Cached, layers: LayerTable, settings: Settings
+) -> LoadModel | None:
+    """What judges the job's load on a shared GPU: its fitted regressions (eq 8, fitted
+    here, once a change of its samples, for the jobs a shared option is considered for);
+    before it reported any sample, with ``sharing.before_samples``, its declared tables
     (``core.sharing.DeclaredLoad``); else None (it cannot be judged)."""
+    samples = job.view.samples
+    if cached.sharing_for != len(samples):
+        try:
+            cached.sharing = fit_sharing(samples, layers)
+        except IcefrogError:
+            cached.sharing = None
+        cached.sharing_for = len(samples)
     if cached.sharing is not None:
         return cached.sharing
-    return None if job.view.samples or not settings.sharing.before_samples else DeclaredLoad()
+    return None if samples or not settings.sharing.before_samples else DeclaredLoad()
 
 
 def _tune_shared(
@@ -575,7 +582,13 @@ def exploration_cap(job: JobSnapshot) -> int:
 
 
 def _configurations(
-    job: JobSnapshot, gpn: int, cap: int, capacity: int, settings: Settings, cached: _Cached
+    job: JobSnapshot,
+    gpn: int,
+    cap: int,
+    capacity: int,
+    settings: Settings,
+    cached: _Cached,
+    layers: LayerTable,
 ) -> list[tuple[int, bool]]:
     spec = job.job.spec
     top = min(spec.max_gpus, capacity, cap)
@@ -586,7 +599,7 @@ def _configurations(
         and spec.parallelism == DDP
         and spec.min_gpus == 1
         and settings.sharing.max_jobs_per_gpu >= 2
-        and _loads(job, cached, settings) is not None
+        and _loads(job, cached, layers, settings) is not None
         and capacity >= 1
     ):
         out.append((1, True))

@@ -4,6 +4,7 @@ estimator's (a refit's, from the last fit, to the solver's tolerance)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -67,3 +68,32 @@ def test_new_statistics_retune_from_the_cached_grids(monkeypatch: pytest.MonkeyP
         want = fresh[key]
         assert (got.choice.batch, got.choice.frozen) == (want.choice.batch, want.choice.frozen)
         assert got.tta_s == pytest.approx(want.tta_s, rel=1e-6)
+
+
+def test_sharing_regressions_are_fitted_for_shared_options_once_a_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job that cannot share never has its sharing regressions fitted; one that can has
+    them fitted once for each change of its samples, not once a round."""
+    fitted: list[int] = []
+    real = estimate.fit_sharing  # type: ignore[attr-defined]
+
+    def counted(samples: Any, layers: Any) -> Any:
+        fitted.append(len(samples))
+        return real(samples, layers)
+
+    monkeypatch.setattr(estimate, "fit_sharing", counted)
+    samples = (_sample(1, 0, 400.0), _sample(2, 0, 750.0))
+    est = Estimator()
+    record = replace(_job(samples, LOW).job, spec=replace(SPEC, accepts_shared=False))
+    alone = JobSnapshot(JobView(record, samples, LOW), None, Current())
+    assert (1, True) not in _options(est, alone)
+    assert (1, True) not in _options(est, alone)
+    assert fitted == []
+    est = Estimator()
+    assert (1, True) in _options(est, _job(samples, LOW))
+    assert (1, True) in _options(est, _job(samples, HIGH))  # new statistics, same samples
+    assert fitted == [2]
+    more = (*samples, _sample(1, 2, 700.0))
+    assert (1, True) in _options(est, _job(more, HIGH))
+    assert fitted == [2, 3]
