@@ -254,30 +254,67 @@ def tune_grid(
     (batch_sizes[i], frozen_candidates[j]) (``core/goodput.py``): the tuner then maximises
     the goodput psi x T x efficiency, so a larger batch must pay for the extra samples it
     needs (``[policy] batch_scaling``, spec section 15's batch elasticity)."""
+    return tune_grids(
+        batch_sizes=[batch_sizes], frozen_candidates=frozen_candidates, psi=psi,
+        throughputs=[throughput], lam=lam, current_frozen=current_frozen,
+        efficiencies=[efficiency],
+    )[0]  # fmt: skip
+
+
+def tune_grids(
+    *,
+    batch_sizes: Sequence[Sequence[int]],
+    frozen_candidates: Sequence[int],
+    psi: FloatArray,
+    throughputs: Sequence[FloatArray],
+    lam: float = 1.0,
+    current_frozen: int | None = None,
+    efficiencies: Sequence[FloatArray | None] | None = None,
+) -> list[TunerChoice | None]:
+    """:func:`tune_grid` for several configurations of one job at once (one GPU count each:
+    ``batch_sizes[c]``, ``throughputs[c]``, ``efficiencies[c]``, the frozen candidates and
+    psi shared): their grids are stacked, rows padded with -inf, and tuned in one pass.
+    The same choices as one :func:`tune_grid` call a configuration."""
     if not (0 <= lam <= 1 and math.isfinite(lam)):
         raise InputError(f"lambda: must be within [0, 1], got {lam}")
-    if not (batch_sizes and frozen_candidates):
-        return None
-    t = np.asarray(throughput, dtype=float) * lam
-    e = np.asarray(psi, dtype=float)[None, :] * t
-    if efficiency is not None:
-        e = e * np.broadcast_to(efficiency, t.shape)
-    e = np.where(np.isnan(e), -math.inf, e)
-    best_e = float(np.max(e))
-    if not best_e > 0:
-        return None
-    near = e >= best_e * (1 - _TIE)
-    if np.count_nonzero(near) == 1:  # one best: no tie to break
-        i, j = (int(x) for x in np.unravel_index(int(np.argmax(e)), e.shape))
-    else:
-        i, j = min(
-            np.argwhere(near).tolist(),
-            key=lambda ij: (
-                frozen_candidates[ij[1]] != current_frozen,
-                frozen_candidates[ij[1]],
-                batch_sizes[ij[0]],
-            ),
-        )
-    return TunerChoice(
-        batch_sizes[i], frozen_candidates[j], float(psi[j]), float(t[i, j]), float(e[i, j])
-    )
+    if efficiencies is None:
+        efficiencies = [None] * len(throughputs)
+    if not (len(batch_sizes) == len(throughputs) == len(efficiencies)):
+        raise InputError("tune_grids: one batch list, grid and efficiency a configuration")
+    widths = [len(b) for b in batch_sizes]
+    if not (batch_sizes and frozen_candidates and max(widths)):
+        return [None] * len(batch_sizes)
+    stacked = np.full((len(widths), max(widths), len(frozen_candidates)), -math.inf)
+    psi_row = np.asarray(psi, dtype=float)[None, :]
+    t_of: list[FloatArray] = []
+    for c, (w, grid, eff) in enumerate(zip(widths, throughputs, efficiencies, strict=True)):
+        t = np.asarray(grid, dtype=float).reshape(w, len(frozen_candidates)) * lam
+        e = psi_row * t
+        if eff is not None:
+            e = e * np.broadcast_to(eff, t.shape)
+        stacked[c, :w] = e
+        t_of.append(t)
+    stacked[np.isnan(stacked)] = -math.inf
+    best_e = stacked.max(axis=(1, 2))
+    near = stacked >= (best_e * (1 - _TIE))[:, None, None]
+    ties = np.count_nonzero(near, axis=(1, 2))
+    first = stacked.reshape(len(widths), -1).argmax(axis=1)
+    out: list[TunerChoice | None] = []
+    for c, batches in enumerate(batch_sizes):
+        if not best_e[c] > 0:
+            out.append(None)
+            continue
+        if ties[c] == 1:  # one best: no tie to break
+            i, j = (int(x) for x in np.unravel_index(int(first[c]), stacked.shape[1:]))
+        else:
+            i, j = min(
+                np.argwhere(near[c, : widths[c]]).tolist(),
+                key=lambda ij: (
+                    frozen_candidates[ij[1]] != current_frozen,
+                    frozen_candidates[ij[1]],
+                    batches[ij[0]],
+                ),
+            )
+        rate, progress = float(t_of[c][i, j]), float(stacked[c, i, j])
+        out.append(TunerChoice(batches[i], frozen_candidates[j], float(psi[j]), rate, progress))
+    return out

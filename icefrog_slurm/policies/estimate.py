@@ -87,6 +87,7 @@ from icefrog_slurm.core.tuner import (
     measured_or_predicted_grids,
     powers_of_two,
     tune_grid,
+    tune_grids,
 )
 from icefrog_slurm.domain.snapshot import JobSnapshot
 from icefrog_slurm.errors import IcefrogError
@@ -243,7 +244,6 @@ class Estimator:
         if cached.grids_for != predicted_by:
             cached.grids, cached.grids_for = {}, predicted_by
         out: list[Candidate] = []
-        psi_values: FloatArray | None = None  # psi of each frozen candidate, once a call
         top = exploration_cap(job) if self._explore else capacity
         configs = _configurations(job, gpus_per_node, top, capacity, settings, cached, layers)
         # one per-GPU batch with a global batch; the missing grids in one model evaluation
@@ -260,22 +260,23 @@ class Estimator:
             )
             for (g, at), grid in zip(missing, grids, strict=True):
                 cached.grids[g, at, frozen] = grid
-        for gpus, shared in configs:
-            if (gpus, shared) not in cached.tuned:
-                if psi_values is None:
-                    psi_values = np.array([psi(k) for k in frozen], dtype=float)
-                at = batches[gpus]
-                grid = cached.grids[gpus, at, frozen]
-                eff = None if goodput is None else goodput(gpus, at)
-                cached.tuned[gpus, shared] = (
-                    _tune_shared(at, frozen, psi_values, grid, eff, current_frozen,
-                                 _loads(job, cached, layers, settings), layers, settings)
-                    if shared
-                    else tune_grid(
-                        batch_sizes=at, frozen_candidates=frozen, psi=psi_values,
-                        throughput=grid, current_frozen=current_frozen, efficiency=eff,
-                    )
+        if untuned:  # psi once a call, the unshared options tuned together
+            psi_values = np.array([psi(k) for k in frozen], dtype=float)
+            effs = {g: None if goodput is None else goodput(g, batches[g]) for g in untuned}
+            alone = [g for g in untuned if (g, False) not in cached.tuned and (g, False) in configs]
+            chosen = tune_grids(
+                batch_sizes=[batches[g] for g in alone], frozen_candidates=frozen,
+                psi=psi_values, throughputs=[cached.grids[g, batches[g], frozen] for g in alone],
+                current_frozen=current_frozen, efficiencies=[effs[g] for g in alone],
+            )  # fmt: skip
+            cached.tuned.update({(g, False): c for g, c in zip(alone, chosen, strict=True)})
+            if (1, True) in configs and (1, True) not in cached.tuned:
+                cached.tuned[1, True] = _tune_shared(
+                    batches[1], frozen, psi_values, cached.grids[1, batches[1], frozen],
+                    effs[1], current_frozen, _loads(job, cached, layers, settings), layers,
+                    settings,
                 )  # fmt: skip
+        for gpus, shared in configs:
             best = cached.tuned[gpus, shared]
             if best is None:
                 continue

@@ -1,6 +1,7 @@
 """The throughput models and the Layer Tuner evaluated over a whole (batch, frozen) grid in one
 call equal the scalar formulas, configuration by configuration (random models and inputs)."""
 
+import math
 import random
 
 import numpy as np
@@ -24,6 +25,7 @@ from icefrog_slurm.core.tuner import (
     measured_or_predicted_grids,
     tune,
     tune_grid,
+    tune_grids,
 )
 
 SEEDS = range(12)
@@ -205,3 +207,58 @@ def test_tune_grid_breaks_ties_as_the_tuner_does() -> None:
         current_frozen=4,
     )
     assert pick is not None and (pick.batch, pick.frozen) == (8, 4)
+
+
+def _tuned_by_hand(
+    batches: tuple[int, ...],
+    frozen: list[int],
+    psi: np.ndarray,
+    grid: np.ndarray,
+    lam: float,
+    current: int | None,
+    eff: np.ndarray | None,
+) -> tuple[int, int, float] | None:
+    """The tuner's rule cell by cell: the largest E = psi x T x lam (x efficiency), NaN
+    never chosen; cells within 1e-9 of it tie and go to the current depth, then the
+    shallower depth, then the smaller batch."""
+    cells = {}
+    for i, m in enumerate(batches):
+        for j, k in enumerate(frozen):
+            e = psi[j] * (grid[i, j] * lam)
+            if eff is not None:
+                e = e * eff[i, j]
+            if not math.isnan(e):
+                cells[m, k] = e
+    best = max(cells.values(), default=-math.inf)
+    if not best > 0:
+        return None
+    near = [mk for mk, e in cells.items() if e >= best * (1 - 1e-9)]
+    m, k = min(near, key=lambda mk: (mk[1] != current, mk[1], mk[0]))
+    return m, k, cells[m, k]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_tune_grids_tunes_each_configuration_by_the_rule(seed: int) -> None:
+    """Several configurations tuned at once (grids of different heights, ties, NaN cells,
+    an empty and an all-zero configuration, with and without efficiencies) choose what
+    the rule chooses for each alone."""
+    rng = np.random.default_rng(seed)
+    frozen = sorted({0, *rng.choice(20, size=5, replace=False).tolist()})
+    psi = rng.uniform(0.2, 1.0, size=len(frozen))
+    configs = [BATCHES[int(rng.integers(0, 4)) :] for _ in range(4)] + [(), (8, 16)]
+    grids = [rng.choice([100.0, 200.0, 300.0], size=(len(b), len(frozen))) for b in configs]
+    grids[0][0, 0] = math.nan
+    grids[-1][:] = 0.0
+    effs = [None if c % 2 else rng.uniform(0.5, 1.0, size=g.shape) for c, g in enumerate(grids)]
+    for lam, current in ((1.0, None), (0.9, frozen[-1]), (1.0, frozen[1])):
+        got = tune_grids(
+            batch_sizes=configs, frozen_candidates=frozen, psi=psi, throughputs=grids,
+            lam=lam, current_frozen=current, efficiencies=effs,
+        )  # fmt: skip
+        for b, grid, eff, choice in zip(configs, grids, effs, got, strict=True):
+            want = _tuned_by_hand(b, frozen, psi, grid, lam, current, eff)
+            have = (
+                None if choice is None else (choice.batch, choice.frozen, choice.effective_progress)
+            )
+            assert have == want
+        assert got[-2] is None and got[-1] is None
