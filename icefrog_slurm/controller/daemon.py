@@ -17,6 +17,11 @@ loudly, abandons the tick and waits for the lock again (store/leader.py). A tick
    and the intents (nothing at all with ``dry_run``);
 3. advances the open intents on Slurm (:class:`~.reconcile.Reconciler`).
 
+Step 2 runs with Python's cyclic garbage collector paused (:func:`collector_paused`): the
+first round after a start builds every job's models and tables, and the full collections
+that growth set off (each one walks every object the daemon holds) would lengthen the
+round; the collector runs again once the tick's transaction ends.
+
 Callbacks: ``on_tick`` gets each tick's :class:`TickReport` (what the round decided, the
 reconcile pass and the inbox drain did, how long each took), ``on_lead`` True when the
 controller takes the lead and False when it loses or gives it up (the metrics). Every log
@@ -33,9 +38,11 @@ database no lock can guard (``sqlite://`` in memory: InputError) stops it at the
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from icefrog_slurm.controller.ports import Clock, DrainCounts, JobFiles, Lease, StorePort
@@ -198,7 +205,7 @@ class Controller:
             drained = self.drain()
             self._last_drain = now
         started, cpu = time.perf_counter(), time.process_time()
-        with self.store.transaction(consistent=True) as tx:
+        with collector_paused(), self.store.transaction(consistent=True) as tx:
             store_snapshot = tx.snapshot(  # between rounds: the jobs alone
                 measurements=lambda last: round_due(last, now, self.settings)
             )
@@ -286,3 +293,17 @@ class Controller:
                 r.failed,
                 r.commands,
             )
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside, back on (as it was) after: garbage
+    made meanwhile is collected by the next automatic collection. Reference counting,
+    which frees almost everything a tick discards, goes on."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
