@@ -24,6 +24,7 @@ from icefrog_slurm.domain.records import (
     Allocation,
     Intent,
     JobRecord,
+    NewIntent,
     RoundRecord,
     SlurmAction,
     StoreSnapshot,
@@ -127,6 +128,10 @@ class StoreTx(Protocol):
         round_no: int | None = None,
         supersede: bool = True,
     ) -> int: ...
+
+    def add_intents(
+        self, *, intents: Sequence[NewIntent], now: float, round_no: int | None = None
+    ) -> None: ...
 
     def start_intent(self, *, intent_id: int, now: float) -> Intent: ...
 

@@ -19,7 +19,7 @@ from typing import Any
 from icefrog_slurm.controller.ports import StoreTx
 from icefrog_slurm.controller.requeue import REQUEUE
 from icefrog_slurm.domain.plan import Plan
-from icefrog_slurm.domain.records import Intent
+from icefrog_slurm.domain.records import Intent, NewIntent
 
 
 def record(plan: Plan, tx: StoreTx) -> int:
@@ -55,6 +55,7 @@ def record(plan: Plan, tx: StoreTx) -> int:
             reasons={j.job_id: j.reason for j in plan.jobs if j.reason},
         )
     open_by_job = {i.job_id: i for i in tx.open_intents() if i.job_id is not None}
+    new: list[NewIntent] = []
     for job in plan.jobs:
         current = open_by_job.get(job.job_id)
         target = job.target.params()
@@ -84,16 +85,9 @@ def record(plan: Plan, tx: StoreTx) -> int:
         }
         if signalled is not None:
             params["signalled_at"] = signalled  # not signalled twice: wait for that one
-        tx.add_intent(
-            action=action,
-            params=params,
-            now=plan.time,
-            job_id=job.job_id,
-            round_no=plan.round_no,
-            supersede=False,  # done above, without one UPDATE a job
-        )
-        added += 1
-    return added
+        new.append((job.job_id, action, params))  # superseding done above, job by job
+    tx.add_intents(intents=new, now=plan.time, round_no=plan.round_no)
+    return added + len(new)
 
 
 def signalled_at(tx: StoreTx, intent: Intent) -> float | None:

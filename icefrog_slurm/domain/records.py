@@ -99,6 +99,10 @@ class Intent:
     detail: str = ""
 
 
+NewIntent = tuple[int | None, str, Mapping[str, Any]]
+"""An intent to write (``add_intents``): its job id, action and parameters."""
+
+
 @dataclass(frozen=True)
 class SlurmAction:
     id: int

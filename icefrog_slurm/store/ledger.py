@@ -22,6 +22,7 @@ from icefrog_slurm.domain.records import (
     OPEN_INTENT_STATES,
     Allocation,
     Intent,
+    NewIntent,
     RoundRecord,
     SlurmAction,
 )
@@ -169,22 +170,19 @@ class LedgerTx:
         job's earlier open intents are closed as ``superseded`` (a newer plan wins)."""
         if supersede and job_id is not None:
             self._s.execute(_SUPERSEDE, dict(p_job=job_id, p_now=now))
-        return int(
-            self._s.execute(
-                _ADD_INTENT,
-                dict(
-                    round_no=round_no,
-                    job_id=job_id,
-                    action=action,
-                    params=dict(params),
-                    status="pending",
-                    attempts=0,
-                    created_at=now,
-                    updated_at=now,
-                    detail="",
-                ),
-            ).scalar_one()
-        )
+        row = _intent_row(job_id, action, params, now, round_no)
+        return int(self._s.execute(_ADD_INTENT, row).scalar_one())
+
+    def add_intents(
+        self, *, intents: Sequence[NewIntent], now: float, round_no: int | None = None
+    ) -> None:
+        """:meth:`add_intent` for several jobs at once, none superseding: one statement
+        (a round's new intents; the round closes the ones it replaces first)."""
+        if intents:
+            rows = [
+                _intent_row(job, action, params, now, round_no) for job, action, params in intents
+            ]
+            self._s.execute(insert(table(IntentRow)), rows)
 
     def start_intent(self, *, intent_id: int, now: float) -> Intent:
         """Mark an intent as being acted on (counts the attempt); commit before acting."""
@@ -381,6 +379,18 @@ _INTENT_COLUMNS = select(*(_I[n] for n in field_names(Intent)))
 _OPEN_INTENTS = _INTENT_COLUMNS.where(_I.status.in_(OPEN_INTENT_STATES)).order_by(_I.id)
 _INTENT = _INTENT_COLUMNS.where(_I.id == bindparam("p_id"))
 _ADD_INTENT = insert(table(IntentRow)).returning(_I.id)
+
+
+def _intent_row(
+    job_id: int | None, action: str, params: Mapping[str, Any], now: float, round_no: int | None
+) -> dict[str, Any]:
+    """A new intent's row: pending, not yet attempted."""
+    return dict(
+        round_no=round_no, job_id=job_id, action=action, params=dict(params), status="pending",
+        attempts=0, created_at=now, updated_at=now, detail="",
+    )  # fmt: skip
+
+
 _SUPERSEDE = (
     update(table(IntentRow))
     .where(_I.job_id == bindparam("p_job"), _I.status.in_(OPEN_INTENT_STATES))
