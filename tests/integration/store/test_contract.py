@@ -211,6 +211,29 @@ def test_reconcile_intents_and_the_audit_log(store: SqlStore) -> None:
             tx.mark_finished(job_id=999, report=FinishedReport("failed", 1, 0.0), now=9.0)
 
 
+def test_a_rounds_intents_written_at_once(store: SqlStore) -> None:
+    """add_intents writes several pending intents in one statement, in the order given,
+    each as add_intent would; none closes another."""
+    a, b = _job(store), _job(store, slurm_id="101")
+    with store.transaction() as tx:
+        earlier = tx.add_intent(action="start", params={"gpus": 1}, now=1.0, job_id=a)
+        tx.add_intents(
+            intents=[(b, "start", {"gpus": 2}), (a, "change", {"target": {"gpus": 4}})],
+            now=2.0,
+            round_no=None,
+        )
+        tx.add_intents(intents=[], now=3.0)
+    with store.transaction() as tx:
+        got = [(i.job_id, i.action, i.params, i.status, i.attempts) for i in tx.open_intents()]
+        assert got == [
+            (a, "start", {"gpus": 1}, "pending", 0),
+            (b, "start", {"gpus": 2}, "pending", 0),
+            (a, "change", {"target": {"gpus": 4}}, "pending", 0),
+        ]
+        assert tx.open_intents()[0].id == earlier
+        assert [i.created_at for i in tx.open_intents()] == [1.0, 2.0, 2.0]
+
+
 def test_round_trajectory_of_a_job(store: SqlStore) -> None:
     job_id = _job(store)
     with store.transaction() as tx:
