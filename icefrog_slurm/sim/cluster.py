@@ -98,6 +98,9 @@ class SimCluster:
         }
         self._jobs: dict[str, _Job] = {}
         self._foreign: list[str] = []  # ids of foreign jobs, in submission order
+        # ids of the icefrog jobs by tag, and by the id their tag says they replaced
+        self._by_tag: dict[IcefrogTag, list[str]] = {}
+        self._successors: dict[str, list[str]] = {}
         self._memory_taken: set[str] = set()  # nodes a running job holds the whole memory of
         self._next_id = 1
         self.on_signal = on_signal or (lambda _sid: None)
@@ -138,8 +141,9 @@ class SimCluster:
 
     # ----- ClusterPort ---------------------------------------------------------------------
     def submit_held(self, *, request: SubmitRequest) -> str:
-        for job in self._jobs.values():
-            if job.tag == request.tag and job.name == request.name and job.state not in _ENDED:
+        for job_id in self._by_tag.get(request.tag, ()):
+            job = self._jobs[job_id]
+            if job.name == request.name and job.state not in _ENDED:
                 return job.job_id
         job = _Job(
             job_id=str(self._next_id),
@@ -153,6 +157,9 @@ class SimCluster:
         )
         self._next_id += 1
         self._jobs[job.job_id] = job
+        self._by_tag.setdefault(request.tag, []).append(job.job_id)
+        if request.tag.previous_id is not None:
+            self._successors.setdefault(request.tag.previous_id, []).append(job.job_id)
         return job.job_id
 
     def release(self, *, job_id: str) -> None:
@@ -302,14 +309,8 @@ class SimCluster:
         return expand_hostlist(nodelist)
 
     def find_successor(self, *, job_id: str, owner_uid: int) -> str | None:
-        live = [
-            j.job_id
-            for j in self._jobs.values()
-            if j.tag is not None
-            and j.tag.previous_id == job_id
-            and j.user_id == owner_uid
-            and j.state not in _ENDED
-        ]
+        jobs = (self._jobs[sid] for sid in self._successors.get(job_id, ()))
+        live = [j.job_id for j in jobs if j.user_id == owner_uid and j.state not in _ENDED]
         return max(live, key=int) if live else None
 
     # ----- what Slurm's other users do (tests, what-ifs) ---------------------------------------
