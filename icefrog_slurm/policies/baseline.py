@@ -131,10 +131,17 @@ def elastic(
     free: Free,
     value: Callable[[JobOptions, int], float],
     order: Callable[[JobOptions], tuple[float, int]],
+    *,
+    lookahead: bool = False,
 ) -> dict[int, int]:
     """Marginal-gain allocation: in ``order`` each job gets its smallest count while GPUs
     remain, then GPUs go one step at a time to the job whose next count gains the most
-    ``value`` per added GPU (Optimus' greedy). Counts only; placement follows."""
+    ``value`` per added GPU (Optimus' greedy). Counts only; placement follows.
+
+    ``lookahead``: a step may take a job to any larger legal count that fits, the one with
+    the best gain per added GPU, so a value that dips at the next count (the first count
+    across two nodes) and rises beyond it does not stop the job there (a search over whole
+    allocations, as Pollux's genetic algorithm does, reaches such counts)."""
     counts: dict[int, int] = {}
     left = free.total
     for o in sorted(opts, key=order):
@@ -148,12 +155,12 @@ def elastic(
             have = counts.get(o.job.id, 0)
             if not have:
                 continue
-            nxt = next((g for g in o.counts if g > have and g - have <= left), None)
-            if nxt is None:
-                continue
-            gain = (value(o, nxt) - value(o, have)) / (nxt - have)
-            if gain > 0 and (best is None or gain > best[0]):
-                best = (gain, o, nxt)
+            larger = [g for g in o.counts if g > have and g - have <= left]
+            now = value(o, have) if larger else 0.0
+            for nxt in larger if lookahead else larger[:1]:
+                gain = (value(o, nxt) - now) / (nxt - have)
+                if gain > 0 and (best is None or gain > best[0]):
+                    best = (gain, o, nxt)
         if best is None:
             break
         _, o, nxt = best

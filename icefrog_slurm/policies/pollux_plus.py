@@ -16,7 +16,9 @@ Here (simplified; docs/evaluation.md says why):
   AdaptDL's simulator (``simulator/pollux.py``), times its restart penalty
   age / (age + delay) for a changed allocation (delay = the reallocation overhead);
 - the p = -1 power-mean objective (sum of -1/speedup) is maximised by the marginal-gain
-  greedy of ``baseline.elastic`` instead of NSGA-II; exclusive GPUs only.
+  greedy of ``baseline.elastic`` instead of NSGA-II, looking past the next count to every
+  larger one (a job's value may dip at the first count across nodes and rise beyond);
+  exclusive GPUs only.
 """
 
 from __future__ import annotations
@@ -81,7 +83,10 @@ class PolluxPlusPolicy:
             return -1.0 / speedup if speedup > 0 else -NO_SPEEDUP
 
         free = Free(snapshot)
-        counts = elastic(opts, free, value=value, order=lambda o: (o.job.job.submit_time, o.job.id))
+        counts = elastic(
+            opts, free, value=value, order=lambda o: (o.job.job.submit_time, o.job.id),
+            lookahead=True,
+        )  # fmt: skip
         return result(snapshot, place_counts(opts, counts, free), started=started)
 
 
