@@ -182,7 +182,7 @@ class LedgerTx:
             rows = [
                 _intent_row(job, action, params, now, round_no) for job, action, params in intents
             ]
-            self._s.execute(insert(table(IntentRow)), rows)
+            self._s.execute(_ADD_INTENTS, rows)
 
     def start_intent(self, *, intent_id: int, now: float) -> Intent:
         """Mark an intent as being acted on (counts the attempt); commit before acting."""
@@ -371,16 +371,6 @@ def _action(r: Any) -> SlurmAction:
     return record(SlurmAction, r, command=tuple(r.command))
 
 
-# Statements built once, on the tables (plain statements: no ORM object, no ORM compile or
-# bulk step), read as plain rows: reconcile runs several of these a step, and a statement
-# built once skips SQLAlchemy's per-call construction.
-_I, _A = table(IntentRow).c, table(SlurmActionRow).c
-_INTENT_COLUMNS = select(*(_I[n] for n in field_names(Intent)))
-_OPEN_INTENTS = _INTENT_COLUMNS.where(_I.status.in_(OPEN_INTENT_STATES)).order_by(_I.id)
-_INTENT = _INTENT_COLUMNS.where(_I.id == bindparam("p_id"))
-_ADD_INTENT = insert(table(IntentRow)).returning(_I.id)
-
-
 def _intent_row(
     job_id: int | None, action: str, params: Mapping[str, Any], now: float, round_no: int | None
 ) -> dict[str, Any]:
@@ -391,6 +381,15 @@ def _intent_row(
     )  # fmt: skip
 
 
+# Statements built once, on the tables (plain statements: no ORM object, no ORM compile or
+# bulk step), read as plain rows: reconcile runs several of these a step, and a statement
+# built once skips SQLAlchemy's per-call construction.
+_I, _A = table(IntentRow).c, table(SlurmActionRow).c
+_INTENT_COLUMNS = select(*(_I[n] for n in field_names(Intent)))
+_OPEN_INTENTS = _INTENT_COLUMNS.where(_I.status.in_(OPEN_INTENT_STATES)).order_by(_I.id)
+_INTENT = _INTENT_COLUMNS.where(_I.id == bindparam("p_id"))
+_ADD_INTENTS = insert(table(IntentRow))
+_ADD_INTENT = _ADD_INTENTS.returning(_I.id)
 _SUPERSEDE = (
     update(table(IntentRow))
     .where(_I.job_id == bindparam("p_job"), _I.status.in_(OPEN_INTENT_STATES))
