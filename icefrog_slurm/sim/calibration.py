@@ -30,6 +30,14 @@ relative to the smallest batch) applied to its own samples to the target at its 
 smallest global batch (``calibration.target_epochs`` x samples_per_epoch, else its budget
 P_0 = max_epochs x samples_per_epoch).
 
+A fine-tuned transformer (``calibration.fine_tune_from``: the LLaMA tasks) has a model of
+its own (:func:`calibrate_fine_tune`): compute from its per-layer FLOPs at a stated share of
+the GPU's bf16 peak, the pipeline's bubble under HP, a ring all-reduce of its parameter bytes
+(1.5x under SDP, one stage's share among the replicas under HP) at the nodes' link rates,
+and the measured convergence of the source (BERT fine-tuned on SQuAD, Pollux's curves) at
+the same global batches, scaled to its own samples to the target. Each constant names its
+source.
+
 The result ships as ``icefrog_slurm/sim/data/calibration.json`` (regenerate with
 ``python -m icefrog_slurm.sim.calibration``, which reads the repository's
 ``data/pollux/traces``, or ``--pollux DIR`` outside a checkout) so the simulator needs
@@ -51,11 +59,13 @@ import numpy as np
 
 from icefrog_slurm.core.fit import ape, ddp_model_from, fit_ddp_model
 from icefrog_slurm.core.layers import LayerTable
+from icefrog_slurm.core.parallelism import Kind
 from icefrog_slurm.core.throughput import (
     PARAMETERS,
     DdpThroughputModel,
     LinearCurve,
     SyncCurve,
+    nodes_for,
 )
 from icefrog_slurm.core.tuner import powers_of_two
 from icefrog_slurm.errors import InputError
@@ -78,6 +88,27 @@ INTRA_NODE_SYNC_SCALE = 1.0
 """One-node all-reduce time factor: the paper's A800s sit on PCIe 3.0 (spec section 13)."""
 INTER_NODE_SYNC_SCALE = 0.5
 """Multi-node all-reduce time factor: 200 Gbps HDR InfiniBand a node (spec section 13)."""
+PEAK_FLOPS = {"a800": 312e12, "v100": 125e12}
+"""Dense tensor-core peak FLOP/s a GPU (NVIDIA's datasheets: A100/A800 BF16 312 TFLOPS,
+V100 FP16 125 TFLOPS); a fine-tuned transformer trains in bf16 (fp16 on a V100)."""
+FINE_TUNE_MFU = 0.40
+"""The share of that peak a fine-tuned transformer's compute reaches (model FLOPs
+utilisation): LLaMA-7B's pretraining took 82,432 A100-80GB hours for 1.0T tokens (Touvron et
+al. 2023, arXiv 2302.13971, table 15): 3,370 tokens/s a GPU, 43 % of the peak by the 6N
+rule; Llama 2 7B's 184,320 hours for 2T tokens (arXiv 2307.09288, table 2): 39 %."""
+TRAINING_FLOPS_PER_FORWARD = 3.0
+"""A training step's FLOPs over its forward's: backward is twice forward (Kaplan et al.
+2020, arXiv 2001.08361, section 2.1: C = 6N a token, 2N of it forward)."""
+SHARDED_SYNC_VOLUME = 1.5
+"""Bytes a GPU moves a step under sharded data parallelism (ZeRO-3 / FSDP) over DDP's
+all-reduce: two all-gathers of the parameters and a reduce-scatter of the gradients, 3 Psi
+against 2 Psi (Rajbhandari et al. 2020, arXiv 1910.02054, section 7.2.2: "1.5x compared to
+the baseline")."""
+PCIE3_X16_BYTES_S = 15.75e9
+"""A GPU's link on the paper's nodes (PCIe 3.0 x16, spec section 13): 8 GT/s a lane, 16
+lanes, 128b/130b encoding, one direction (PCI-SIG's PCIe 3.0 specification)."""
+HDR_IB_BYTES_S = 25e9
+"""A node's network link (200 Gb/s HDR InfiniBand, spec section 13)."""
 HELD_BACK_FRACTION = 0.25
 SIZE_THRESHOLDS_H = (1.0, 10.0, 100.0)
 """GPU-hours bounds of small / medium / large / xlarge (Pollux's workload generator)."""
@@ -206,17 +237,31 @@ class TaskCalibration:
         y = np.log(np.asarray(self.samples, dtype=float))
         return float(np.exp(np.interp(math.log(max(global_batch, 1.0)), x, y)))
 
-    def throughput(self, *, gpus: int, batch: int, nodes: int | None = None) -> float:
-        """Unfrozen samples a second (eq 4 at l = 0)."""
-        return self.model.throughput(
-            gpus=gpus, batch=batch, frozen=0, layers=ONE_LAYER, nodes=nodes
-        )
+    def throughput(
+        self, *, gpus: int, batch: int, nodes: int | None = None, sync_gpus: int | None = None
+    ) -> float:
+        """Unfrozen samples a second (eq 4 at l = 0): gpus x batch samples an iteration
+        whose all-reduce spans ``sync_gpus`` (the data-parallel replicas; default all
+        ``gpus``) over ``nodes``."""
+        n = nodes_for(gpus, self.model.gpus_per_node) if nodes is None else nodes
+        *_, t_iter = self.model.times(
+            gpus=gpus if sync_gpus is None else sync_gpus, batch=batch, theta=1.0, omega=1.0,
+            nodes=n,
+        )  # fmt: skip
+        return gpus * batch / t_iter
 
     def reference_gpu_seconds(self, task: Task) -> float:
         """GPU time of one run: min_gpus x samples to target / throughput, at the task's
         smallest GPU count and default per-GPU batch (unfrozen)."""
         a, m = task.min_gpus, task.default_batch
-        return a * self.samples_to_target(a * m) / self.throughput(gpus=a, batch=m)
+        rate = self.throughput(gpus=a, batch=m, sync_gpus=sync_group(task, a))
+        return a * self.samples_to_target(a * m) / rate
+
+
+def sync_group(task: Task, gpus: int) -> int:
+    """GPUs an iteration's all-reduce spans on ``gpus``: the data-parallel replicas, a / p
+    under a pipeline of p stages (one stage's share of the model on each), else all a."""
+    return max(1, gpus // task.parallelism.stages)
 
 
 def size_class(gpu_seconds: float) -> str:
@@ -334,6 +379,66 @@ def calibrate_scaled(
     return TaskCalibration(task.name, f"scaled:{source_task.name}", model, batches, samples, {})
 
 
+def calibrate_fine_tune(
+    task: Task,
+    source: TaskCalibration,
+    source_task: Task,
+    catalog: Catalog,
+    gpu_model: str = "a800",
+) -> TaskCalibration:
+    """A fine-tuned transformer (module doc): compute from its FLOPs at
+    :data:`FINE_TUNE_MFU` of the GPU's peak plus the source's measured per-iteration fixed
+    cost; sync a ring all-reduce of its parameter bytes times its parallelism's volume at the
+    links' rates (:func:`ring_allreduce_curve`), overlapped with backward by the source's
+    measured gamma; convergence the source's measured curve at the same global batches
+    (samples, not ratios to a smallest batch), scaled to its own samples to the target.
+
+    Samples an iteration are a x m on a GPUs as for every task. Under SDP each GPU trains
+    its m samples through the whole model and the GPUs exchange 1.5x DDP's bytes
+    (:data:`SHARDED_SYNC_VOLUME`). Under HP (p stages, d = a / p replicas) each replica
+    pipelines its p x m samples as micro-batches of one, each stage taking 1/p of a sample's
+    time, so a stage's step is (p m + p - 1) / p sample times: m plus the bubble (p - 1) / p
+    (Narayanan et al. 2021, arXiv 2104.04473, section 2.2: the bubble is (p - 1) micro-batch
+    times); its all-reduce carries one stage's 1/p of the bytes, among the d replicas (the
+    truth evaluates the curve at d, :meth:`TaskCalibration.throughput`'s ``sync_gpus``)."""
+    gpu = check_gpu_model(gpu_model)
+    mine = catalog.layers(task.name)
+    per_sample = (
+        TRAINING_FLOPS_PER_FORWARD * math.fsum(mine.flops) / (PEAK_FLOPS[gpu] * FINE_TUNE_MFU)
+    )
+    stages = task.parallelism.stages
+    launch = source.model.forward.intercept + source.model.backward.intercept
+    compute = LinearCurve(launch + (stages - 1) / stages * per_sample, per_sample)
+    volume = SHARDED_SYNC_VOLUME if task.parallelism.kind is Kind.SDP else 1.0 / stages
+    size = volume * math.fsum(mine.param_bytes)
+    groups = max(2, task.max_gpus // stages)
+    per_node = source.model.gpus_per_node
+    inter_bw = min(PCIE3_X16_BYTES_S, HDR_IB_BYTES_S)  # a node's traffic crosses PCIe too
+    intra = ring_allreduce_curve(size, PCIE3_X16_BYTES_S, max(2, min(groups, per_node)))
+    inter = ring_allreduce_curve(size, inter_bw, groups)
+    model = replace(
+        source.model, forward=LinearCurve(0.0, 0.0), backward=compute,
+        sync=SyncCurve(intra[0], intra[1], inter[0], inter[1]),
+    )  # fmt: skip
+    samples = tuple(s / source.samples[0] * task.target_samples for s in source.samples)
+    return TaskCalibration(
+        task.name, f"fine-tune:{source_task.name}", model, source.batches, samples, {}
+    )
+
+
+def ring_allreduce_curve(size: float, bandwidth: float, groups: int) -> tuple[float, float]:
+    """(alpha, beta) of the sync curve's form alpha + beta (g - 2) fitted by least squares
+    to a ring all-reduce of ``size`` bytes over g = 2..``groups`` GPUs at ``bandwidth`` bytes
+    a second: each GPU sends and receives 2 (g - 1) / g of the bytes (a one-point fit, g = 2
+    alone, has beta 0)."""
+    g = np.arange(2, max(groups, 2) + 1, dtype=float)
+    t = 2 * (g - 1) / g * size / bandwidth
+    if len(g) == 1:
+        return float(t[0]), 0.0
+    beta, alpha = np.polyfit(g - 2, t, 1)
+    return float(alpha), float(beta)
+
+
 def calibrate_all(
     pollux_dir: Path, catalog: Catalog, gpu_model: str = "a800"
 ) -> dict[str, TaskCalibration]:
@@ -350,6 +455,9 @@ def calibrate_all(
         if task.scale_from is not None:
             source = catalog.get(task.scale_from)
             out[name] = calibrate_scaled(task, out[source.name], source, catalog, gpu_model)
+        elif task.fine_tune_from is not None:
+            source = catalog.get(task.fine_tune_from)
+            out[name] = calibrate_fine_tune(task, out[source.name], source, catalog, gpu_model)
     return out
 
 

@@ -72,16 +72,23 @@ class Task:
     size_class: str
     pollux_app: str | None  # calibrated from Pollux's measured traces/<app>/
     scale_from: str | None  # else scaled from this task by FLOPs and parameter bytes
+    fine_tune_from: str | None  # else a fine-tuned transformer: the analytic model of
+    # calibration.calibrate_fine_tune, with this task's measured sync and convergence
     suite: str  # "icefrog": the paper's tasks (what traces map to); "pollux": Pollux-only apps
     parallelism: Parallelism  # what its simulated job declares (LLaMA: SDP / HP, unit 4)
     aliases: tuple[str, ...] = field(default=())
     v100_step_s: tuple[tuple[int, float], ...] = ()  # measured (per-GPU batch, s) on 1 GPU
-    target_epochs: int = 0  # a scaled task's epochs to its target at its smallest batch
+    target_epochs: int = 0  # a scaled or fine-tuned task's epochs to its target
+
+    @property
+    def source_task(self) -> str | None:
+        """The task whose measurements a task without its own is calibrated from."""
+        return self.scale_from or self.fine_tune_from
 
     @property
     def target_samples(self) -> int:
-        """A scaled task's unfrozen samples to its target at its smallest global batch: the
-        convergence its calibration scales its source's curve to (``target_epochs``; the
+        """A scaled or fine-tuned task's unfrozen samples to its target at its smallest global
+        batch: the convergence its calibration scales its source's curve to (``target_epochs``; the
         budget ``max_epochs`` when not given). The budget may be larger: it is what the job
         declares, not what it needs."""
         return (self.target_epochs or self.max_epochs) * self.samples_per_epoch
@@ -130,8 +137,10 @@ class Catalog:
                     raise InputError(f"tasks: alias {alias!r} is used twice")
                 self._aliases[alias] = task.name
         for task in self._tasks.values():
-            if task.scale_from is not None and task.scale_from not in self._tasks:
-                raise InputError(f"{task.name}.calibration.scale_from: no task {task.scale_from!r}")
+            source = task.source_task
+            if source is not None and source not in self._tasks:
+                kind = "scale_from" if task.scale_from else "fine_tune_from"
+                raise InputError(f"{task.name}.calibration.{kind}: no task {source!r}")
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -209,11 +218,13 @@ def _parse_task(obj: Mapping[str, Any], where: str) -> Task:
     calibration = expect_object(obj.get("calibration"), f"{where}.calibration")
     reject_unknown(
         calibration,
-        ("pollux", "scale_from", "v100_step_s", "target_epochs"),
+        ("pollux", "scale_from", "fine_tune_from", "v100_step_s", "target_epochs"),
         f"{where}.calibration",
     )
-    if ("pollux" in calibration) == ("scale_from" in calibration):
-        raise InputError(f"{where}.calibration: needs exactly one of pollux, scale_from")
+    if sum(k in calibration for k in ("pollux", "scale_from", "fine_tune_from")) != 1:
+        raise InputError(
+            f"{where}.calibration: needs exactly one of pollux, scale_from, fine_tune_from"
+        )
     steps = expect_object(calibration.get("v100_step_s", {}), f"{where}.calibration.v100_step_s")
     task = Task(
         name=get_str(obj, "name", where), model=get_str(obj, "model", where),
@@ -226,6 +237,7 @@ def _parse_task(obj: Mapping[str, Any], where: str) -> Task:
         max_epochs=get_int(obj, "max_epochs", where, minimum=1),
         samples_per_epoch=get_int(obj, "samples_per_epoch", where, minimum=1), size_class=size,
         pollux_app=calibration.get("pollux"), scale_from=calibration.get("scale_from"),
+        fine_tune_from=calibration.get("fine_tune_from"),
         suite=get_str(obj, "suite", where),
         parallelism=Parallelism.from_json(obj.get("parallelism"), f"{where}.parallelism"),
         aliases=_strings(get_list(obj, "aliases", where), f"{where}.aliases"),
@@ -233,8 +245,12 @@ def _parse_task(obj: Mapping[str, Any], where: str) -> Task:
         target_epochs=get_int(calibration, "target_epochs", f"{where}.calibration", minimum=1)
         if "target_epochs" in calibration else 0,
     )  # fmt: skip
-    if task.target_epochs and task.scale_from is None:
-        raise InputError(f"{where}.calibration.target_epochs: only for a scale_from task")
+    if task.target_epochs and task.source_task is None:
+        raise InputError(
+            f"{where}.calibration.target_epochs: only for a scale_from or fine_tune_from task"
+        )
+    if task.v100_step_s and task.scale_from is None:
+        raise InputError(f"{where}.calibration.v100_step_s: only for a scale_from task")
     if task.suite not in ("icefrog", "pollux"):
         raise InputError(f"{where}.suite: must be icefrog or pollux")
     if task.default_batch not in task.batch_sizes():

@@ -50,7 +50,7 @@ from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.throughput import iteration_time, nodes_for
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.protocol import GradStats, SharingKind
-from icefrog_slurm.sim.calibration import PolluxApplication, TaskCalibration
+from icefrog_slurm.sim.calibration import PolluxApplication, TaskCalibration, sync_group
 from icefrog_slurm.sim.catalog import Catalog, Task
 
 FloatArray = npt.NDArray[np.float64]
@@ -174,10 +174,11 @@ class TaskTruth:
         bwd0 = compute - fwd
         fixed = min(h.bwd_fixed_s, 0.5 * bwd0)
         bwd = fixed + (bwd0 - fixed) * float(self._bwd_suffix[self._check(frozen)])
-        sync0 = float(model.sync(float(gpus), float(n)))
+        group = sync_group(self.task, gpus)
+        sync0 = float(model.sync(float(group), float(n)))
         sync = sync0 * (h.sync_fixed_share + (1 - h.sync_fixed_share) * self.layers.omega(frozen))
         gamma = model.freeze.gamma
-        *_, t_cal = model.times(gpus=gpus, batch=batch, theta=1.0, omega=1.0, nodes=n)
+        *_, t_cal = model.times(gpus=group, batch=batch, theta=1.0, omega=1.0, nodes=n)
         ratio = iteration_time(fwd, bwd, sync, gamma) / iteration_time(fwd, bwd0, sync0, gamma)
         return fwd, bwd, sync, float(t_cal * ratio)
 

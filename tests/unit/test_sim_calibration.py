@@ -9,10 +9,17 @@ import pytest
 
 from icefrog_slurm.sim.calibration import (
     A800_COMPUTE_SPEEDUP,
+    FINE_TUNE_MFU,
+    PCIE3_X16_BYTES_S,
+    PEAK_FLOPS,
+    SHARDED_SYNC_VOLUME,
+    TRAINING_FLOPS_PER_FORWARD,
     calibrate_pollux,
     from_document,
+    ring_allreduce_curve,
     shipped_calibration,
     size_class,
+    sync_group,
     to_document,
 )
 from icefrog_slurm.sim.catalog import shipped_catalog
@@ -96,6 +103,51 @@ def test_scaled_tasks() -> None:
     assert slow == pytest.approx(ratio, rel=1e-6)
     base = catalog.get("ddpm-cifar10")
     assert ddpm.samples_to_target(base.min_batch) == pytest.approx(base.target_samples)
+
+
+def test_fine_tuned_transformers_have_a_model_of_their_own() -> None:
+    """LLaMA: compute from its FLOPs at the stated utilisation of the A800's peak, BERT's
+    measured fixed cost an iteration, the pipeline's bubble under HP, a ring all-reduce of
+    its bytes at PCIe 3.0's rate (1.5x under SDP, one stage's share among the replicas under
+    HP), and BERT's measured convergence at the same global batches."""
+    cal, catalog = shipped_calibration(), shipped_catalog()
+    bert = cal["bert-squad"].model
+    launch = bert.forward.intercept + bert.backward.intercept
+    for name in ("llama-3b-squad2", "llama-7b-sst2"):
+        task, c = catalog.get(name), cal[name]
+        assert c.source == "fine-tune:bert-squad"
+        layers = catalog.layers(name)
+        per_sample = (
+            TRAINING_FLOPS_PER_FORWARD * sum(layers.flops) / (PEAK_FLOPS["a800"] * FINE_TUNE_MFU)
+        )
+        p = task.parallelism.stages
+        assert c.model.backward.slope == pytest.approx(per_sample, rel=1e-12)
+        assert c.model.backward.intercept == pytest.approx(
+            launch + (p - 1) / p * per_sample, rel=1e-12
+        )
+        # samples to the target: BERT's measured curve at the same batches, scaled
+        ratios = [s / cal["bert-squad"].samples[0] for s in cal["bert-squad"].samples]
+        for b, r in zip(cal["bert-squad"].batches, ratios, strict=True):
+            assert c.samples_to_target(b) == pytest.approx(r * task.target_samples)
+    sdp, hp = cal["llama-3b-squad2"], cal["llama-7b-sst2"]
+    size = SHARDED_SYNC_VOLUME * sum(catalog.layers("llama-3b-squad2").param_bytes)
+    assert sdp.model.sync(4.0, 1.0) == pytest.approx(1.5 * size / PCIE3_X16_BYTES_S, rel=0.05)
+    # HP on one node of four is one pipeline: nothing to all-reduce, compute alone
+    seven = catalog.get("llama-7b-sst2")
+    assert sync_group(seven, 4) == 1 and sync_group(seven, 16) == 4
+    t_iter = 8 * 4 / hp.throughput(gpus=4, batch=8, sync_gpus=1)
+    assert t_iter == pytest.approx(hp.model.backward(8.0), rel=1e-12)
+    # with replicas, each all-reduces its stage's quarter of the bytes
+    stage = sum(catalog.layers("llama-7b-sst2").param_bytes) / 4
+    assert hp.model.sync(2.0, 2.0) == pytest.approx(stage / PCIE3_X16_BYTES_S, rel=0.2)
+
+
+def test_ring_allreduce_curve_fits_the_ring() -> None:
+    alpha, beta = ring_allreduce_curve(1e9, 1e9, 2)
+    assert (alpha, beta) == (pytest.approx(1.0), 0.0)
+    alpha, beta = ring_allreduce_curve(1e9, 1e9, 4)  # 1, 4/3, 3/2 seconds at 2, 3, 4
+    assert alpha + 2 * beta == pytest.approx(1.5, rel=0.03)
+    assert 0 < beta < 0.5
 
 
 def test_declared_size_classes_match_gpu_time() -> None:

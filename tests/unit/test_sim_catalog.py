@@ -106,6 +106,13 @@ def test_a_valid_document_loads() -> None:
         ({"target": {"metric": "a", "op": "=", "value": 1}}, "target.op"),
         ({"calibration": {}}, "exactly one"),
         ({"calibration": {"scale_from": "nope"}}, "no task 'nope'"),
+        ({"calibration": {"fine_tune_from": "nope"}}, "fine_tune_from: no task 'nope'"),
+        ({"calibration": {"scale_from": "t", "fine_tune_from": "t"}}, "exactly one"),
+        ({"calibration": {"pollux": "bert", "target_epochs": 2}}, "target_epochs: only"),
+        (
+            {"calibration": {"fine_tune_from": "t", "v100_step_s": {"32": 0.1, "64": 0.2}}},
+            "v100_step_s: only for a scale_from",
+        ),
         ({"aliases": [3]}, "aliases"),
     ],
 )

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from icefrog_slurm.core.fit import ape, fit_ddp_model
-from icefrog_slurm.sim.calibration import shipped_calibration
+from icefrog_slurm.sim.calibration import shipped_calibration, sync_group
 from icefrog_slurm.sim.catalog import shipped_catalog
 from icefrog_slurm.sim.truth import (
     GPU_MEMORY_BYTES,
@@ -30,11 +30,14 @@ def truth(name: str, seed: int = 0) -> TaskTruth:
 
 @pytest.mark.parametrize("name", TASKS)
 def test_unfrozen_is_the_calibrated_profile(name: str) -> None:
+    """Unfrozen, the truth is the calibrated model, its all-reduce over the data-parallel
+    replicas (all GPUs but under a pipeline)."""
     t, cal = truth(name), shipped_calibration()[name]
     for gpus in (1, 2, 4, 8, 16):
         for batch in shipped_catalog().get(name).batch_sizes():
+            group = sync_group(t.task, gpus)
             assert t.throughput(gpus=gpus, batch=batch, frozen=0) == pytest.approx(
-                cal.throughput(gpus=gpus, batch=batch), rel=1e-12
+                cal.throughput(gpus=gpus, batch=batch, sync_gpus=group), rel=1e-12
             )
 
 
