@@ -5,7 +5,8 @@
         [--tasks T,...] [--max-scale GPUS] [--ablation-load W] [--ablation-seeds 1,2,3] \\
         [--workloads N] [--set SECTION.KEY=VALUE ...] [--philly CSV] [--pollux DIR]
 
-TABLE is one of main, size, tta, solver, scale, ablation, batch, faithful, fidelity, or all
+TABLE is one of main, size, tta, solver, scale, sharing, ablation, batch, faithful, fidelity,
+or all
 (``icefrog_slurm/evaluation``). Every simulation is an ``icefrog simulate`` process whose
 ``summary.json`` under ``--out`` is reused by later commands (resumable); ``--no-run`` makes
 the tables from the runs already there. ``--pollux`` (the folder holding

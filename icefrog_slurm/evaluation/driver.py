@@ -19,18 +19,18 @@ from typing import Any
 
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.evaluation.grid import (
-    PAPER_SET,
     POLICIES,
     Grid,
     ablation_rows,
-    batch_runs,
     faithful_runs,
     fidelity_runs,
     main_runs,
     scale_runs,
+    sharing_runs,
 )
 from icefrog_slurm.evaluation.runs import Runner
 from icefrog_slurm.evaluation.tables import (
+    BATCH_ROWS,
     Table,
     markdown,
     table_ablation,
@@ -39,6 +39,7 @@ from icefrog_slurm.evaluation.tables import (
     table_fidelity,
     table_main,
     table_scale,
+    table_sharing,
     table_size,
     table_solver,
     table_tta,
@@ -48,7 +49,8 @@ MAX_LOAD = 100.0
 MAX_SEED = 2**32 - 1  # what icefrog trace sample and simulate accept
 MAX_GPUS = 100_000
 MAX_BASE_JOBS = 1_000_000
-TABLES = ("main", "size", "tta", "solver", "scale", "ablation", "batch", "faithful", "fidelity")
+TABLES = ("main", "size", "tta", "solver", "scale", "sharing", "ablation", "batch", "faithful",
+          "fidelity")  # fmt: skip
 MAX_WORKLOADS = 8  # Pollux's workloads a load
 QUICK = Grid(loads=(0.25,), seeds=(1,), gpus=16, ablation_load=0.25, ablation_seeds=(1,),
              scale=((0.5, 32),), faithful_loads=(0.5,), workloads=1)  # fmt: skip
@@ -57,13 +59,7 @@ QUICK = Grid(loads=(0.25,), seeds=(1,), gpus=16, ablation_load=0.25, ablation_se
 def grid_from(args: argparse.Namespace) -> Grid:
     """The grid the options ask for (``args`` as ``icefrog evaluate`` parses them)."""
     g = QUICK if args.quick else Grid()
-    common = (
-        "--batch",
-        "paper",
-        "--set",
-        PAPER_SET,
-        *[x for kv in args.set for x in ("--set", kv)],
-    )
+    common = ("--batch", "paper", *[x for kv in args.set for x in ("--set", kv)])
     scale = tuple(p for p in g.scale if p[1] <= args.max_scale)
     return check_grid(
         Grid(
@@ -129,6 +125,9 @@ def build(table: str, g: Grid, runner: Runner) -> Table:
     if table in ("main", "size", "tta"):
         res = runner.ensure(main_runs(g))
         return {"main": table_main, "size": table_size, "tta": table_tta}[table](g, res)
+    if table == "batch":
+        trio = replace(g, policies=BATCH_ROWS)
+        return table_batch(trio, runner.ensure(main_runs(trio)))
     if table == "scale":
         return table_scale(g, runner.ensure(scale_runs(g)))
     if table == "solver":
@@ -137,9 +136,8 @@ def build(table: str, g: Grid, runner: Runner) -> Table:
         rows = ablation_rows(g)
         res = runner.ensure([r for _, runs in rows for r in runs])
         return table_ablation(rows, res)
-    if table == "batch":
-        pair = replace(g, policies=("icefrog", "pollux+"))
-        return table_batch(g, runner.ensure([*main_runs(pair), *batch_runs(g)]))
+    if table == "sharing":
+        return table_sharing(g, runner.ensure(sharing_runs(g)))
     if table == "faithful":
         return table_faithful(g, runner.ensure(faithful_runs(g)))
     if table == "fidelity":

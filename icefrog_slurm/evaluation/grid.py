@@ -8,9 +8,11 @@ from pathlib import Path
 
 from icefrog_slurm.evaluation.runs import Run, Trace
 
-POLICIES = ("icefrog", "lucid+", "optimus+", "pollux+", "slurm")
-"""The policies of main and scale: ICEFROG, the paper's three baselines and plain Slurm (what
-a site's own scheduler does: FIFO with backfill on the requested GPUs)."""
+POLICIES = ("icefrog", "icefrog-paper", "lucid+", "optimus+", "pollux+", "slurm")
+"""The rows of main and scale: ICEFROG as the product runs it (batch and layer elasticity
+together), ICEFROG under the paper's protocol (layer elasticity alone, the workload's batch),
+the paper's three baselines and plain Slurm (what a site's own scheduler does: FIFO with
+backfill on the requested GPUs)."""
 SCALE_POINTS = ((5.0, 240), (10.0, 480), (20.0, 960))
 ABLATION_LAMBDAS = (0.6, 0.7, 0.8, 0.9, 1.0)
 ABLATION_PERIODS_MIN = (1, 2, 5, 10)
@@ -19,8 +21,14 @@ ABLATION_SHARE_NOISE = (0.5, 1.0)
 FREEZEOUT_SET = "policy.freezing=freezeout"
 BATCH_SCALING_SET = "policy.batch_scaling=true"
 PAPER_SET = "policy.batch_scaling=false"
-"""The paper's protocol for ICEFROG (E alone, the workload's batch): the evaluation's runs
-keep it although batch and layer elasticity together is the product's default."""
+VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "icefrog": ("icefrog", ("--set", BATCH_SCALING_SET)),
+    "icefrog-paper": ("icefrog", ("--set", PAPER_SET)),
+}
+"""A row name that is not a policy's: (the policy, its arguments). Both ICEFROG rows name
+the setting, so a run does not depend on the product's default. Under ``--batch paper``
+every job declares the workload's batch; the settings decide whether ICEFROG (and Pollux+,
+always) may change it."""
 DEFAULT_LAMBDA, DEFAULT_PERIOD_S = 0.9, 300.0
 
 
@@ -40,53 +48,83 @@ class Grid:
     faithful_loads: tuple[float, ...] = (0.5, 1.5, 2.0)
     workloads: int = 3
     pollux: Path = Path("data") / "pollux"  # holds workloads-{0.5,1.5,2.0}
-    common: tuple[str, ...] = ("--batch", "paper", "--set", PAPER_SET)
+    common: tuple[str, ...] = ("--batch", "paper")
 
     def trace(self, load: float, seed: int) -> Trace:
         return Trace(load, seed, self.base_jobs, self.tasks)
 
 
+def variant_run(
+    g: Grid, label: str, name: str, trace: Trace, gpus: int, seed: int, *extra: str, tag: str = ""
+) -> Run:
+    """The run of row ``name`` (a policy or one of :data:`VARIANTS`), labelled
+    ``label-name[-tag]``, with ``extra`` arguments after the row's own."""
+    policy, own = VARIANTS.get(name, (name, ()))
+    full = f"{label}-{name}" + (f"-{tag}" if tag else "")
+    return Run(full, trace, policy, gpus, seed, (*g.common, *own, *extra))
+
+
+def main_run(g: Grid, w: float, s: int, p: str) -> Run:
+    """``main``'s run of row ``p`` at load ``w`` and seed ``s``."""
+    return variant_run(g, f"main-{g.gpus}g-load{w:g}-seed{s}", p, g.trace(w, s), g.gpus, s)
+
+
 def main_runs(g: Grid) -> list[Run]:
-    return [
-        Run(f"main-{g.gpus}g-load{w:g}-seed{s}-{p}", g.trace(w, s), p, g.gpus, s, g.common)
-        for w in g.loads for s in g.seeds for p in g.policies
-    ]  # fmt: skip
+    return [main_run(g, w, s, p) for w in g.loads for s in g.seeds for p in g.policies]
+
+
+def scale_run(g: Grid, w: float, n: int, p: str) -> Run:
+    """``scale``'s run of row ``p`` at load ``w`` on ``n`` GPUs (seed 1)."""
+    return variant_run(g, f"scale-{n}g-load{w:g}-seed1", p, g.trace(w, 1), n, 1)
 
 
 def scale_runs(g: Grid) -> list[Run]:
-    return [
-        Run(f"scale-{n}g-load{w:g}-seed1-{p}", g.trace(w, 1), p, n, 1, g.common)
-        for w, n in g.scale for p in g.policies
-    ]  # fmt: skip
+    return [scale_run(g, w, n, p) for w, n in g.scale for p in g.policies]
+
+
+def sharing_run(g: Grid, w: float, s: int) -> Run:
+    """ICEFROG (the product's row) without sharing on ``main``'s trace of load ``w``, seed
+    ``s``: against ``main``'s run, the gain of sharing."""
+    return variant_run(g, f"main-{g.gpus}g-load{w:g}-seed{s}", "icefrog", g.trace(w, s),
+                       g.gpus, s, "--no-share", tag="noshare")  # fmt: skip
+
+
+def sharing_runs(g: Grid) -> list[Run]:
+    return [r for w in g.loads for s in g.seeds
+            for r in (main_run(g, w, s, "icefrog"), sharing_run(g, w, s))]  # fmt: skip
 
 
 def ablation_rows(g: Grid) -> list[tuple[str, tuple[Run, ...]]]:
-    """(row label, one run a seed of ``g.ablation_seeds``). Rows that equal the defaults
-    (lambda 0.9, period 5 min) reuse the "as is" runs."""
+    """(row label, one run a seed of ``g.ablation_seeds``): ICEFROG as the product runs it,
+    one thing changed a row. The "as is", paper-protocol and sharing-off rows are ``main``'s
+    and ``sharing``'s runs; rows that equal the defaults (lambda 0.9, period 5 min) reuse
+    the "as is" runs."""
+    w, seeds = g.ablation_load, g.ablation_seeds
 
     def run(tag: str, *extra: str) -> tuple[Run, ...]:
         return tuple(
-            Run(f"ablation-{g.gpus}g-load{g.ablation_load:g}-seed{s}-icefrog-{tag}",
-                g.trace(g.ablation_load, s), "icefrog", g.gpus, s, (*g.common, *extra))
-            for s in g.ablation_seeds
+            variant_run(g, f"ablation-{g.gpus}g-load{w:g}-seed{s}", "icefrog", g.trace(w, s),
+                        g.gpus, s, *extra, tag=tag)
+            for s in seeds
         )  # fmt: skip
 
-    base = run("asis")
+    base = tuple(main_run(g, w, s, "icefrog") for s in seeds)
     rows: list[tuple[str, tuple[Run, ...]]] = [
-        ("as is (frozen penalty, sharing, lambda 0.9, period 5 min)", base),
+        ("as is (batch and layer elasticity, frozen penalty, sharing, lambda 0.9, period 5 min)",
+         base),
+        ("the paper's protocol (`--set policy.batch_scaling=false`: the workload's batch)",
+         tuple(main_run(g, w, s, "icefrog-paper") for s in seeds)),
         ("freezing off (`--no-freeze`)", run("nofreeze", "--no-freeze")),
-        ("sharing off (`--no-share`)", run("noshare", "--no-share")),
-        ("batch scaling on (`--set policy.batch_scaling=true`: goodput tuner, decided batch)",
-         run("batchscaling", "--set", BATCH_SCALING_SET)),
+        ("sharing off (`--no-share`)", tuple(sharing_run(g, w, s) for s in seeds)),
         ("frozen penalty -> tuned FreezeOut", run("freezeout", "--set", FREEZEOUT_SET)),
     ]  # fmt: skip
     for lam in ABLATION_LAMBDAS:
         extra = () if lam == DEFAULT_LAMBDA else ("--set", f"sharing.speed_factor={lam:g}")
         rows.append((f"lambda {lam:g}", run(f"lambda{lam:g}", *extra) if extra else base))
     for minutes in ABLATION_PERIODS_MIN:
-        s = 60.0 * minutes
-        extra = () if s == DEFAULT_PERIOD_S else ("--set", f"controller.round_period_s={s:g}")
-        rows.append((f"period {minutes} min", run(f"period{s:g}", *extra) if extra else base))
+        sec = 60.0 * minutes
+        extra = () if sec == DEFAULT_PERIOD_S else ("--set", f"controller.round_period_s={sec:g}")
+        rows.append((f"period {minutes} min", run(f"period{sec:g}", *extra) if extra else base))
     for sd in ABLATION_NOISE:
         rows.append(
             (f"throughput noise sd {sd:g}", run(f"noise{sd:g}", "--profile-noise", f"{sd:g}"))
@@ -95,16 +133,6 @@ def ablation_rows(g: Grid) -> list[tuple[str, tuple[Run, ...]]]:
         rows.append((f"memory/utilisation noise sd {sd:g}",
                      run(f"sharenoise{sd:g}", "--share-noise", f"{sd:g}")))  # fmt: skip
     return rows
-
-
-def batch_runs(g: Grid) -> list[Run]:
-    """ICEFROG with batch scaling on main's traces (what ``main --policies icefrog --set
-    policy.batch_scaling=true`` runs: the same labels and arguments)."""
-    return [
-        Run(f"main-{g.gpus}g-load{w:g}-seed{s}-icefrog", g.trace(w, s), "icefrog", g.gpus, s,
-            (*g.common, "--set", BATCH_SCALING_SET))
-        for w in g.loads for s in g.seeds
-    ]  # fmt: skip
 
 
 FAITHFUL_PERIOD_S = 60
@@ -147,8 +175,3 @@ def fidelity_runs(g: Grid) -> list[Run]:
 def published_path(g: Grid, w: float) -> Path:
     """Pollux's published per-job JCTs of its Pollux runs at load ``w``."""
     return g.pollux / "results-jobload" / f"pollux-{w:.1f}" / "summary.json"
-
-
-def main_key(g: Grid, w: float, s: int, p: str) -> str:
-    """The key of ``main``'s run of policy ``p`` at load ``w`` and seed ``s``."""
-    return Run(f"main-{g.gpus}g-load{w:g}-seed{s}-{p}", g.trace(w, s), p, g.gpus, s, g.common).key

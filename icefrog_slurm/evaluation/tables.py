@@ -18,15 +18,14 @@ from icefrog_slurm.errors import InputError
 from icefrog_slurm.evaluation.grid import (
     FIDELITY_APPS,
     Grid,
-    batch_runs,
     faithful_runs,
     fidelity_runs,
-    main_key,
-    main_runs,
+    main_run,
     published_path,
-    scale_runs,
+    scale_run,
+    sharing_run,
 )
-from icefrog_slurm.evaluation.runs import Run, Trace
+from icefrog_slurm.evaluation.runs import Run
 from icefrog_slurm.jsonio import expect_object
 from icefrog_slurm.sim.catalog import shipped_catalog
 from icefrog_slurm.userfiles import read_text
@@ -36,6 +35,7 @@ PAPER_PHYSICAL = {"lucid+": 1.94, "optimus+": 1.84, "pollux+": 1.51}  # 48 GPUs 
 PAPER_SIMULATED = {"lucid+": "1.71-2.20", "optimus+": "1.34-4.21", "pollux+": "1.10-2.80"}
 PAPER_TTA = "1.2-1.8"
 PAPER_BATCH_SCALING = "1.16-1.21"  # ICEFROG with batch scaling over without (spec 15)
+BATCH_ROWS = ("icefrog-paper", "icefrog", "pollux+")  # the batch table's rows
 FAITHFUL_PUBLISHED = {0.5: 1.56, 1.5: 1.97, 2.0: 1.84}  # Optimus / Pollux avg JCT, Pollux
 
 Table = tuple[list[str], list[list[str]], dict[str, Any]]  # header, rows, raw numbers
@@ -72,21 +72,33 @@ def _unfinished(docs: Iterable[dict[str, Any] | None]) -> str:
     return ", ".join(parts)
 
 
+def main_key(g: Grid, w: float, s: int, p: str) -> str:
+    return main_run(g, w, s, p).key
+
+
 def table_main(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
+    """Average JCT per row and load, and per seed each row's JCT over ICEFROG's (the
+    product's row) and over ICEFROG's under the paper's protocol, where those rows ran."""
     header = ["load", "policy", "avg JCT h, mean (min-max)",
-              "ICEFROG speedup (its JCT / ICEFROG's)", "paper physical (48 GPUs)",
-              "paper simulated", "jobs unfinished"]  # fmt: skip
+              "ICEFROG speedup (its JCT / ICEFROG's)",
+              "ICEFROG paper-protocol speedup (its JCT / that row's)",
+              "paper physical (48 GPUs)", "paper simulated", "jobs unfinished"]  # fmt: skip
     rows, raw = [], {}
     for w in g.loads:
-        ice = {s: _totals(res[main_key(g, w, s, "icefrog")]).get("avg_jct_s") for s in g.seeds}
+        jct = {
+            p: [_totals(res[main_key(g, w, s, p)]).get("avg_jct_s") for s in g.seeds]
+            for p in g.policies
+        }
         for p in g.policies:
             docs = [res[main_key(g, w, s, p)] for s in g.seeds]
-            jct = [_totals(d).get("avg_jct_s") for d in docs]
-            speed = _ratios(jct, [ice[s] for s in g.seeds])
-            raw[f"load{w:g}/{p}"] = {"seeds": list(g.seeds), "avg_jct_s": jct, "speedup": speed}
+            over = {b: _ratios(jct[p], jct[b]) if b in jct and b != p else None
+                    for b in ("icefrog", "icefrog-paper")}  # fmt: skip
+            raw[f"load{w:g}/{p}"] = {"seeds": list(g.seeds), "avg_jct_s": jct[p],
+                                     "speedup": over["icefrog"],
+                                     "paper_protocol_speedup": over["icefrog-paper"]}  # fmt: skip
             rows.append([
-                f"{w:g}x", p, _spread(map(_h, jct)),
-                "-" if p == "icefrog" else _spread(speed, unit="x"),
+                f"{w:g}x", p, _spread(map(_h, jct[p])),
+                *("-" if v is None else _spread(v, unit="x") for v in over.values()),
                 f"{PAPER_PHYSICAL[p]:.2f}x" if p in PAPER_PHYSICAL else "",
                 f"{PAPER_SIMULATED[p]}x" if p in PAPER_SIMULATED else "",
                 _unfinished(docs),
@@ -151,8 +163,7 @@ def table_scale(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
               "solver s/round max", "sim wall s"]  # fmt: skip
     rows, raw = [], {}
     for w, n in g.scale:
-        key = {p: Run(f"scale-{n}g-load{w:g}-seed1-{p}", g.trace(w, 1), p, n, 1, g.common).key
-               for p in g.policies}  # fmt: skip
+        key = {p: scale_run(g, w, n, p).key for p in g.policies}
         ice = _totals(res[key["icefrog"]]).get("avg_jct_s") if "icefrog" in key else None
         for p in g.policies:
             t = _totals(res[key[p]])
@@ -174,11 +185,13 @@ def table_solver(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
     header = ["GPUs", "load", "policy", "runs", "rounds (mean)", "solver s/round mean",
               "solver s/round max"]  # fmt: skip
     groups: dict[tuple[int, float, str], list[dict[str, Any]]] = {}
-    for r in [*main_runs(g), *scale_runs(g)]:
+    named = [(g.gpus, w, p, main_run(g, w, s, p)) for w in g.loads for s in g.seeds
+             for p in g.policies]  # fmt: skip
+    named += [(n, w, p, scale_run(g, w, n, p)) for w, n in g.scale for p in g.policies]
+    for n, w, p, r in named:
         doc = res.get(r.key)
         if doc is not None:
-            w = r.workload.load if isinstance(r.workload, Trace) else 0.0
-            groups.setdefault((r.gpus, w, r.policy), []).append(doc["totals"])
+            groups.setdefault((n, w, p), []).append(doc["totals"])
     rows, raw = [], {}
     for (n, w, p), ts in sorted(groups.items()):
         raw[f"{n}/{w:g}/{p}"] = [
@@ -217,36 +230,59 @@ def table_ablation(
 
 
 def table_batch(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
-    """ICEFROG as is, ICEFROG with batch scaling, Pollux+: average JCT per load, and per seed
-    the as-is JCT / its JCT (the paper's batch-elasticity gain) and Pollux+'s JCT / its."""
+    """ICEFROG under the paper's protocol, ICEFROG with batch and layer elasticity, Pollux+
+    (``main``'s runs): average JCT per load, and per seed the paper-protocol JCT / its JCT
+    (the paper's batch-elasticity gain) and Pollux+'s JCT / its."""
     header = ["load", "policy", "avg JCT h, mean (min-max)",
-              "ICEFROG as is / it", "Pollux+ / it", "paper (batch scaling over as is)",
-              "jobs unfinished"]  # fmt: skip
-    scaled = {(r.workload.load, r.seed): r.key for r in batch_runs(g)}  # type: ignore[union-attr]
+              "ICEFROG paper protocol / it", "Pollux+ / it",
+              "paper (batch scaling over the paper protocol)", "jobs unfinished"]  # fmt: skip
     rows, raw = [], {}
     for w in g.loads:
-        docs = {
-            "icefrog": [res.get(main_key(g, w, s, "icefrog")) for s in g.seeds],
-            "icefrog + batch scaling": [res.get(scaled[w, s]) for s in g.seeds],
-            "pollux+": [res.get(main_key(g, w, s, "pollux+")) for s in g.seeds],
-        }
+        docs = {p: [res.get(main_key(g, w, s, p)) for s in g.seeds] for p in BATCH_ROWS}
         jct = {k: [_totals(d).get("avg_jct_s") for d in ds] for k, ds in docs.items()}
         for name, ds in docs.items():
             mine = jct[name]
-            over_ice, pollux = _ratios(jct["icefrog"], mine), _ratios(jct["pollux+"], mine)
+            over_paper, pollux = _ratios(jct["icefrog-paper"], mine), _ratios(jct["pollux+"], mine)
             raw[f"load{w:g}/{name}"] = {
                 "seeds": list(g.seeds),
                 "avg_jct_s": mine,
-                "icefrog_over": over_ice,
+                "paper_protocol_over": over_paper,
                 "pollux_over": pollux,
             }
             rows.append([
                 f"{w:g}x", name, _spread(map(_h, mine)),
-                "-" if name == "icefrog" else _spread(over_ice, unit="x"),
+                "-" if name == "icefrog-paper" else _spread(over_paper, unit="x"),
                 "-" if name == "pollux+" else _spread(pollux, unit="x"),
-                f"{PAPER_BATCH_SCALING}x" if name == "icefrog + batch scaling" else "",
+                f"{PAPER_BATCH_SCALING}x" if name == "icefrog" else "",
                 _unfinished(ds),
             ])  # fmt: skip
+    return header, rows, raw
+
+
+def table_sharing(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
+    """ICEFROG (the product's row) with and without sharing on ``main``'s traces: per load,
+    average JCT each way, per seed the JCT without / with (the gain of sharing), and how
+    much sharing the run with it did (jobs that ever shared a GPU, hours on a shared GPU)."""
+    header = ["load", "avg JCT h with sharing", "avg JCT h without",
+              "JCT without / with, mean (min-max)", "jobs that shared a GPU",
+              "hours on a shared GPU", "jobs unfinished (with, without)"]  # fmt: skip
+    rows, raw = [], {}
+    for w in g.loads:
+        on = [res.get(main_key(g, w, s, "icefrog")) for s in g.seeds]
+        off = [res.get(sharing_run(g, w, s).key) for s in g.seeds]
+        jct_on = [_totals(d).get("avg_jct_s") for d in on]
+        jct_off = [_totals(d).get("avg_jct_s") for d in off]
+        gain = _ratios(jct_off, jct_on)
+        shared = [_totals(d).get("jobs_shared") for d in on]
+        hours = [_totals(d).get("shared_hours") for d in on]
+        raw[f"load{w:g}"] = {
+            "seeds": list(g.seeds), "with_s": jct_on, "without_s": jct_off, "gain": gain,
+            "jobs_shared": shared, "shared_hours": hours,
+        }  # fmt: skip
+        rows.append([f"{w:g}x", _spread(map(_h, jct_on)), _spread(map(_h, jct_off)),
+                     _spread(gain, unit="x"), _spread(shared, "{:.0f}"),
+                     _spread(hours, "{:.1f}"),
+                     f"{_unfinished(on)}, {_unfinished(off)}"])  # fmt: skip
     return header, rows, raw
 
 

@@ -96,6 +96,7 @@ class JobOutcome:
     finish: float | None = None
     reached_target: bool = False
     gpu_seconds: float = 0.0
+    shared_seconds: float = 0.0  # of its running time, on a GPU it shared
     reallocations: int = 0
 
 
@@ -182,6 +183,8 @@ class SimJob:
         if cfg is None or self.done:
             return reports, None
         self.outcome.gpu_seconds += (t1 - t0) * _gpu_weight(cfg)
+        if cfg.shared:
+            self.outcome.shared_seconds += t1 - t0
         self._profile(cfg, speed, reports)
         useful = max(0.0, t1 - max(t0, self.busy_until))
         if useful <= 0 or speed <= 0:
@@ -208,6 +211,8 @@ class SimJob:
             self.outcome.reached_target = self.run.reached
             if finish is not None:
                 self.outcome.gpu_seconds -= (t1 - end) * _gpu_weight(cfg)
+                if cfg.shared:
+                    self.outcome.shared_seconds -= t1 - end
             value = self._metric_value()
             reports.finished = (
                 FinishedReport("target_reached", self.epoch, value)

@@ -1,10 +1,11 @@
 """summary.json and the plots of ``icefrog simulate``.
 
-Per job: name, task, submit, start, finish, JCT, reached target, GPU-hours, reallocations.
-Totals: average JCT (of the jobs that finished), JCT by size class (the task's class in the
-catalog), makespan (first submission to last finish), scheduling rounds and solver time per
-round (mean and max: the policy's own ``solve_s``, else the tick's time), simulation wall
-time; under ``run``, what reruns it (the command line, the workload's path and sha256, the
+Per job: name, task, submit, start, finish, JCT, reached target, GPU-hours, hours on a
+shared GPU, reallocations. Totals: average JCT (of the jobs that finished), JCT by size
+class (the task's class in the catalog), makespan (first submission to last finish), GPU-
+hours, hours on a shared GPU and the jobs that ever shared one, scheduling rounds and solver
+time per round (mean and max: the policy's own ``solve_s``, else the tick's time), simulation
+wall time; under ``run``, what reruns it (the command line, the workload's path and sha256, the
 seed, the settings in force, the version and commit). Plots (matplotlib, the optional
 ``sim`` extra; skipped with a note when absent), each policy in its own colour, in
 ``--plot-format`` png, svg or pdf: ``jct_cdf`` (JCT CDF of every policy), ``gpus_in_use``
@@ -40,7 +41,7 @@ def summarize(result: SimResult, catalog: Catalog) -> dict[str, Any]:
                 "name": j.name, "task": j.task, "size": catalog.get(j.task).size_class,
                 "submit": j.submit, "start": j.start, "finish": j.finish, "jct_s": jct,
                 "reached_target": j.reached_target, "gpu_hours": j.gpu_seconds / 3600,
-                "reallocations": j.reallocations,
+                "shared_hours": j.shared_seconds / 3600, "reallocations": j.reallocations,
             }
         )  # fmt: skip
     done = [d for d in jobs if d["jct_s"] is not None]
@@ -68,6 +69,8 @@ def summarize(result: SimResult, catalog: Catalog) -> dict[str, Any]:
             "jobs_by_size": {k: len(v) for k, v in sorted(by_size.items())},
             "makespan_s": (max(finishes) - first) if finishes else None,
             "gpu_hours": sum(d["gpu_hours"] for d in jobs),
+            "shared_hours": sum(d["shared_hours"] for d in jobs),
+            "jobs_shared": sum(d["shared_hours"] > 0 for d in jobs),
             "reallocations": sum(d["reallocations"] for d in jobs),
             "rounds": len(result.rounds),
             "solver_s_mean": statistics.fmean(solve) if solve else 0.0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,11 +18,12 @@ from icefrog_slurm.evaluation import driver, grid, runs, tables
 
 # the names the tests use, in one namespace
 ev = SimpleNamespace(
-    Grid=grid.Grid, ablation_rows=grid.ablation_rows, batch_runs=grid.batch_runs,
-    main_runs=grid.main_runs, faithful_runs=grid.faithful_runs, _key=grid.main_key,
+    Grid=grid.Grid, ablation_rows=grid.ablation_rows, sharing_run=grid.sharing_run,
+    main_runs=grid.main_runs, faithful_runs=grid.faithful_runs, _key=tables.main_key,
     FREEZEOUT_SET=grid.FREEZEOUT_SET, BATCH_SCALING_SET=grid.BATCH_SCALING_SET,
-    table_main=tables.table_main, table_tta=tables.table_tta,
+    PAPER_SET=grid.PAPER_SET, table_main=tables.table_main, table_tta=tables.table_tta,
     table_ablation=tables.table_ablation, table_batch=tables.table_batch,
+    table_sharing=tables.table_sharing,
     markdown=tables.markdown, grid_from=driver.grid_from,
 )  # fmt: skip
 
@@ -70,7 +72,28 @@ def test_main_table_speedup_is_baseline_over_icefrog_per_seed() -> None:
     assert opt["ICEFROG speedup (its JCT / ICEFROG's)"] == "2.00x (1.50-2.50)"
     assert opt["avg JCT h, mean (min-max)"] == "3.25 (1.50-5.00)"
     assert opt["paper physical (48 GPUs)"] == "1.84x"
+    assert opt["ICEFROG paper-protocol speedup (its JCT / that row's)"] == "-"  # no such row
     _parse(ev.markdown(header, rows))
+
+
+def test_both_icefrog_rows_run_icefrog_and_name_the_batch_setting() -> None:
+    """The product's row and the paper-protocol row: one policy, the setting named on each
+    (so neither depends on the product's default), and every row under ``--batch paper``."""
+    g = ev.Grid(loads=(1.0,), seeds=(1,))
+    runs = {r.label.rsplit("seed1-", 1)[1]: r for r in ev.main_runs(g)}
+    assert set(runs) == {"icefrog", "icefrog-paper", "lucid+", "optimus+", "pollux+", "slurm"}
+    assert runs["icefrog"].policy == runs["icefrog-paper"].policy == "icefrog"
+    assert runs["icefrog"].extra[-2:] == ("--set", ev.BATCH_SCALING_SET)
+    assert runs["icefrog-paper"].extra[-2:] == ("--set", ev.PAPER_SET)
+    assert all(r.extra[:2] == ("--batch", "paper") for r in runs.values())
+    assert runs["lucid+"].extra == ("--batch", "paper")
+    res = {ev._key(g, 1.0, 1, p): _doc(h) for p, h in (("icefrog", 1.0), ("icefrog-paper", 1.5),
+                                                        ("lucid+", 3.0))}  # fmt: skip
+    _, _, raw = ev.table_main(replace(g, policies=("icefrog", "icefrog-paper", "lucid+")), res)
+    assert raw["load1/lucid+"]["speedup"] == [3.0]
+    assert raw["load1/lucid+"]["paper_protocol_speedup"] == [2.0]
+    assert raw["load1/icefrog-paper"]["speedup"] == [1.5]
+    assert raw["load1/icefrog-paper"]["paper_protocol_speedup"] is None
 
 
 def test_tta_counts_only_jobs_that_reached_the_target() -> None:
@@ -90,15 +113,23 @@ def test_tta_counts_only_jobs_that_reached_the_target() -> None:
 def test_ablation_rows_reuse_the_default_run() -> None:
     g = ev.Grid()
     rows = dict(ev.ablation_rows(g))
-    base = rows["as is (frozen penalty, sharing, lambda 0.9, period 5 min)"]
+    base = rows["as is (batch and layer elasticity, frozen penalty, sharing, lambda 0.9, "
+                "period 5 min)"]  # fmt: skip
     assert rows["lambda 0.9"] is base and rows["period 5 min"] is base
+    main = {r.key for r in ev.main_runs(g)}
+    assert {r.key for r in base} <= main  # main's runs of the product's row at 2x
+    paper = next(rs for label, rs in rows.items() if label.startswith("the paper's protocol"))
+    assert {r.key for r in paper} <= main and all(ev.PAPER_SET in r.extra for r in paper)
+    assert [r.key for r in rows["sharing off (`--no-share`)"]] == [
+        ev.sharing_run(g, 2.0, s).key for s in (1, 2, 3)
+    ]
     assert all("sharing.speed_factor=0.6" in r.extra for r in rows["lambda 0.6"])
     assert all("controller.round_period_s=600" in r.extra for r in rows["period 10 min"])
     assert rows["throughput noise sd 0.5"][0].extra[-2:] == ("--profile-noise", "0.5")
-    scaling = next(rs for label, rs in rows.items() if label.startswith("batch scaling on"))
-    assert all("policy.batch_scaling=true" in r.extra for r in scaling)
     runs = [r for rs in rows.values() for r in rs]
     assert all(r.workload.load == 2.0 and r.policy == "icefrog" for r in runs)
+    assert all(ev.BATCH_SCALING_SET in r.extra for rs in rows.values() if rs is not paper
+               for r in rs)  # fmt: skip
     assert all([r.seed for r in rs] == [1, 2, 3] for rs in rows.values())
     assert all(r.workload.seed == r.seed for r in runs)  # each seed on its own trace
     assert all(ev.FREEZEOUT_SET in r.extra for r in rows["frozen penalty -> tuned FreezeOut"])
@@ -124,24 +155,47 @@ def test_ablation_ratio_is_per_seed_against_the_as_is_run_of_that_seed() -> None
     _parse(ev.markdown(header, rows))
 
 
-def test_batch_table_compares_batch_scaling_with_icefrog_and_pollux_per_seed() -> None:
+def test_batch_table_compares_batch_scaling_with_the_paper_protocol_and_pollux() -> None:
     g = ev.Grid(loads=(1.0,), seeds=(1, 2))
-    scaled = ev.batch_runs(g)
-    seed2 = len(g.policies)  # main's runs: every policy of seed 1, then of seed 2
-    assert [r.label for r in scaled] == [ev.main_runs(g)[0].label, ev.main_runs(g)[seed2].label]
-    assert all(r.extra[-2:] == ("--set", ev.BATCH_SCALING_SET) for r in scaled)
-    assert {r.key for r in scaled}.isdisjoint(r.key for r in ev.main_runs(g))  # own runs
     res = {
-        ev._key(g, 1.0, 1, "icefrog"): _doc(3.0), ev._key(g, 1.0, 2, "icefrog"): _doc(2.0),
+        ev._key(g, 1.0, 1, "icefrog-paper"): _doc(3.0),
+        ev._key(g, 1.0, 2, "icefrog-paper"): _doc(2.0),
         ev._key(g, 1.0, 1, "pollux+"): _doc(2.0), ev._key(g, 1.0, 2, "pollux+"): _doc(1.0),
-        scaled[0].key: _doc(2.0), scaled[1].key: _doc(2.0),
+        ev._key(g, 1.0, 1, "icefrog"): _doc(2.0), ev._key(g, 1.0, 2, "icefrog"): _doc(2.0),
     }  # fmt: skip
     header, rows, raw = ev.table_batch(g, res)
-    assert raw["load1/icefrog + batch scaling"]["icefrog_over"] == [1.5, 1.0]
-    assert raw["load1/icefrog + batch scaling"]["pollux_over"] == [1.0, 0.5]
-    cells = dict(zip(header, rows[1], strict=True))
-    assert cells["ICEFROG as is / it"] == "1.25x (1.00-1.50)"
+    assert raw["load1/icefrog"]["paper_protocol_over"] == [1.5, 1.0]
+    assert raw["load1/icefrog"]["pollux_over"] == [1.0, 0.5]
+    cells = dict(zip(header, next(r for r in rows if r[1] == "icefrog"), strict=True))
+    assert cells["ICEFROG paper protocol / it"] == "1.25x (1.00-1.50)"
     assert cells["Pollux+ / it"] == "0.75x (0.50-1.00)"
+    assert cells["paper (batch scaling over the paper protocol)"] == "1.16-1.21x"
+    _parse(ev.markdown(header, rows))
+
+
+def test_sharing_table_is_the_jct_without_over_with_per_seed() -> None:
+    g = ev.Grid(loads=(1.0, 3.0), seeds=(1, 2))
+    on = {(w, s): ev._key(g, w, s, "icefrog") for w in g.loads for s in g.seeds}
+    off = {(w, s): ev.sharing_run(g, w, s) for w in g.loads for s in g.seeds}
+    assert all("--no-share" in r.extra and ev.BATCH_SCALING_SET in r.extra for r in off.values())
+    assert {r.key for r in off.values()}.isdisjoint(on.values())
+
+    def doc(h: float, shared: int, hours: float) -> dict[str, Any]:
+        d = _doc(h)
+        d["totals"].update(jobs_shared=shared, shared_hours=hours)
+        return d
+
+    res = {on[1.0, 1]: doc(1.0, 2, 0.5), on[1.0, 2]: doc(2.0, 0, 0.0),
+           off[1.0, 1].key: doc(1.1, 0, 0.0), off[1.0, 2].key: doc(2.0, 0, 0.0),
+           on[3.0, 1]: doc(2.0, 6, 3.0), on[3.0, 2]: doc(2.0, 4, 1.0),
+           off[3.0, 1].key: doc(3.0, 0, 0.0)}  # fmt: skip
+    header, rows, raw = ev.table_sharing(g, res)
+    assert raw["load1"]["gain"] == pytest.approx([1.1, 1.0])
+    assert raw["load3"]["gain"] == [1.5, None]
+    third = dict(zip(header, rows[1], strict=True))
+    assert third["JCT without / with, mean (min-max)"] == "1.50x"
+    assert third["jobs that shared a GPU"] == "5 (4-6)"
+    assert "1 run(s) missing" in third["jobs unfinished (with, without)"]
     _parse(ev.markdown(header, rows))
 
 
@@ -162,7 +216,7 @@ def test_max_scale_stops_at_a_size_and_quick_is_small() -> None:
     assert g.loads == (1.0, 2.0, 3.0) and g.seeds == (1, 2, 3) and g.gpus == 48
     q = ev.grid_from(_args("main", "--quick", "--set", "a.b=1"))
     assert (q.gpus, q.loads, q.seeds) == (16, (0.25,), (1,))
-    assert q.common == ("--batch", "paper", "--set", "policy.batch_scaling=false", "--set", "a.b=1")
+    assert q.common == ("--batch", "paper", "--set", "a.b=1")
 
 
 def test_pollux_defaults_to_the_repository_copy_else_the_option_is_required(

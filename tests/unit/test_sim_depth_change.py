@@ -34,3 +34,18 @@ def test_a_simulated_job_refreezes_without_the_reallocation_overhead() -> None:
     assert job.busy_until == 60.0 and job.outcome.reallocations == 0 and job.run.frozen == 6
     job.set_config(Config(1, 1, 128, 6, False, (("n1", 0),)), 900.0)  # another GPU: restart
     assert job.busy_until == 960.0 and job.outcome.reallocations == 1
+
+
+def test_a_simulated_job_counts_its_time_on_a_shared_gpu() -> None:
+    """summary.json's shared hours: the running time on a GPU it shared, at half a GPU's
+    GPU-hours, and none of its time on a GPU of its own."""
+    catalog = shipped_catalog()
+    truth = TaskTruth(catalog.get(TASK), catalog.layers(TASK), shipped_calibration()[TASK], seed=1)
+    spec = catalog.get(TASK).job_spec(catalog.layers(TASK))
+    job = SimJob(TraceJob("j", 0.0, TASK, 1, 128), truth, spec, seed=1, overhead_s=0.0)
+    job.set_config(Config(1, 1, 128, 0, False, (("n0", 0),)), 0.0)
+    job.step(0.0, 300.0, 1.0)
+    assert job.outcome.shared_seconds == 0.0 and job.outcome.gpu_seconds == 300.0
+    job.set_config(Config(1, 1, 128, 0, True, (("n0", 1),)), 300.0)
+    job.step(300.0, 900.0, 0.5)
+    assert job.outcome.shared_seconds == 600.0 and job.outcome.gpu_seconds == 600.0
