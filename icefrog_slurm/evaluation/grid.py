@@ -9,10 +9,10 @@ from pathlib import Path
 from icefrog_slurm.evaluation.runs import Run, Trace
 
 POLICIES = ("icefrog", "icefrog-paper", "lucid+", "optimus+", "pollux+", "slurm")
-"""The rows of main and scale: ICEFROG as the product runs it (batch and layer elasticity
-together), ICEFROG under the paper's protocol (layer elasticity alone, the workload's batch),
-the paper's three baselines and plain Slurm (what a site's own scheduler does: FIFO with
-backfill on the requested GPUs)."""
+"""The rows of main and scale: ICEFROG with batch and layer elasticity together
+(``policy.batch_scaling = true``), ICEFROG under the paper's protocol (layer elasticity
+alone, the workload's batch), the paper's three baselines and plain Slurm (what a site's own
+scheduler does: FIFO with backfill on the requested GPUs)."""
 SCALE_POINTS = ((5.0, 240), (10.0, 480), (20.0, 960))
 ABLATION_LAMBDAS = (0.6, 0.7, 0.8, 0.9, 1.0)
 ABLATION_PERIODS_MIN = (1, 2, 5, 10)
@@ -26,7 +26,7 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "icefrog-paper": ("icefrog", ("--set", PAPER_SET)),
 }
 """A row name that is not a policy's: (the policy, its arguments). Both ICEFROG rows name
-the setting, so a run does not depend on the product's default. Under ``--batch paper``
+the setting, so a run does not depend on the configured default. Under ``--batch paper``
 every job declares the workload's batch; the settings decide whether ICEFROG (and Pollux+,
 always) may change it."""
 DEFAULT_LAMBDA, DEFAULT_PERIOD_S = 0.9, 300.0
@@ -83,8 +83,9 @@ def scale_runs(g: Grid) -> list[Run]:
 
 
 def sharing_run(g: Grid, w: float, s: int) -> Run:
-    """ICEFROG (the product's row) without sharing on ``main``'s trace of load ``w``, seed
-    ``s``: against ``main``'s run, the gain of sharing."""
+    """ICEFROG (the ``icefrog`` row: batch and layer elasticity) without sharing on
+    ``main``'s trace of load ``w``, seed ``s``: against ``main``'s run, the gain of
+    sharing."""
     return variant_run(g, f"main-{g.gpus}g-load{w:g}-seed{s}", "icefrog", g.trace(w, s),
                        g.gpus, s, "--no-share", tag="noshare")  # fmt: skip
 
@@ -95,10 +96,10 @@ def sharing_runs(g: Grid) -> list[Run]:
 
 
 def ablation_rows(g: Grid) -> list[tuple[str, tuple[Run, ...]]]:
-    """(row label, one run a seed of ``g.ablation_seeds``): ICEFROG as the product runs it,
-    one thing changed a row. The "as is", paper-protocol and sharing-off rows are ``main``'s
-    and ``sharing``'s runs; rows that equal the defaults (lambda 0.9, period 5 min) reuse
-    the "as is" runs."""
+    """(row label, one run a seed of ``g.ablation_seeds``): ICEFROG with batch and layer
+    elasticity, one thing changed a row. The "as is", paper-protocol and sharing-off rows
+    are ``main``'s and ``sharing``'s runs; rows that equal the defaults (lambda 0.9, period
+    5 min) reuse the "as is" runs."""
     w, seeds = g.ablation_load, g.ablation_seeds
 
     def run(tag: str, *extra: str) -> tuple[Run, ...]:

@@ -77,8 +77,8 @@ def main_key(g: Grid, w: float, s: int, p: str) -> str:
 
 
 def table_main(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
-    """Average JCT per row and load, and per seed each row's JCT over ICEFROG's (the
-    product's row) and over ICEFROG's under the paper's protocol, where those rows ran."""
+    """Average JCT per row and load, and per seed each row's JCT over ICEFROG's (batch
+    and layer elasticity) and over ICEFROG's under the paper's protocol, where those rows ran."""
     header = ["load", "policy", "avg JCT h, mean (min-max)",
               "ICEFROG speedup (its JCT / ICEFROG's)",
               "ICEFROG paper-protocol speedup (its JCT / that row's)",
@@ -260,7 +260,7 @@ def table_batch(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
 
 
 def table_sharing(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
-    """ICEFROG (the product's row) with and without sharing on ``main``'s traces: per load,
+    """ICEFROG (batch and layer elasticity) with and without sharing on ``main``'s traces: per load,
     average JCT each way, per seed the JCT without / with (the gain of sharing), and how
     much sharing the run with it did (jobs that ever shared a GPU, hours on a shared GPU)."""
     header = ["load", "avg JCT h with sharing", "avg JCT h without",

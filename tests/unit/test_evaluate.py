@@ -77,8 +77,9 @@ def test_main_table_speedup_is_baseline_over_icefrog_per_seed() -> None:
 
 
 def test_both_icefrog_rows_run_icefrog_and_name_the_batch_setting() -> None:
-    """The product's row and the paper-protocol row: one policy, the setting named on each
-    (so neither depends on the product's default), and every row under ``--batch paper``."""
+    """ICEFROG's two rows (batch and layer elasticity; the paper's protocol): one policy, the
+    setting named on each (so neither depends on the configured default), and every row
+    under ``--batch paper``."""
     g = ev.Grid(loads=(1.0,), seeds=(1,))
     runs = {r.label.rsplit("seed1-", 1)[1]: r for r in ev.main_runs(g)}
     assert set(runs) == {"icefrog", "icefrog-paper", "lucid+", "optimus+", "pollux+", "slurm"}
@@ -117,7 +118,7 @@ def test_ablation_rows_reuse_the_default_run() -> None:
                 "period 5 min)"]  # fmt: skip
     assert rows["lambda 0.9"] is base and rows["period 5 min"] is base
     main = {r.key for r in ev.main_runs(g)}
-    assert {r.key for r in base} <= main  # main's runs of the product's row at 2x
+    assert {r.key for r in base} <= main  # main's runs of the icefrog row at 2x
     paper = next(rs for label, rs in rows.items() if label.startswith("the paper's protocol"))
     assert {r.key for r in paper} <= main and all(ev.PAPER_SET in r.extra for r in paper)
     assert [r.key for r in rows["sharing off (`--no-share`)"]] == [
