@@ -150,10 +150,10 @@ class Estimator:
         freezing: Freezing | None = None,
         batch_scaling: bool | None = None,
         *,
-        explore: bool = False,
+        explore: bool | None = False,
     ) -> None:
         self._cache: dict[int, _Cached] = {}
-        self._explore = explore  # offer at most twice the largest measured GPU count
+        self._explore = explore  # at most twice the largest measured count; None: the setting
         self._budget = -1  # fits left this round; -1: unlimited
         self._first: set[int] = set()  # jobs fitted first this round (new_round)
         self._priors: dict[tuple[object, ...], ThroughputModel] = {}
@@ -244,7 +244,8 @@ class Estimator:
         if cached.grids_for != predicted_by:
             cached.grids, cached.grids_for = {}, predicted_by
         out: list[Candidate] = []
-        top = exploration_cap(job) if self._explore else capacity
+        explore = settings.policy.exploration if self._explore is None else self._explore
+        top = exploration_cap(job) if explore else capacity
         configs = _configurations(job, gpus_per_node, top, capacity, settings, cached, layers)
         # one per-GPU batch with a global batch; the missing grids in one model evaluation
         batches = {g: spec.batch_candidates(g) for g, shared in configs}

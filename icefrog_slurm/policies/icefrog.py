@@ -57,7 +57,7 @@ class IcefrogPolicy:
     name = "icefrog"
 
     def __init__(self) -> None:
-        self.estimator = Estimator(explore=True)  # AdaptDL: at most 2x the largest measured
+        self.estimator = Estimator(explore=None)  # policy.exploration: AdaptDL's 2x rule
         self._waited: dict[int, int] = {}  # rounds each job was told to wait, by this policy
 
     def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
