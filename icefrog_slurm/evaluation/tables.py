@@ -158,22 +158,24 @@ def table_tta(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
 
 
 def table_scale(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
+    """One row a policy and scale point: its average JCT over ICEFROG's (batch and layer
+    elasticity) and over ICEFROG's under the paper's protocol, where those rows ran."""
     header = ["load", "GPUs", "policy", "jobs (unfinished)", "avg JCT h",
-              "ICEFROG speedup (its JCT / ICEFROG's)", "solver s/round mean",
+              "ICEFROG speedup (its JCT / ICEFROG's)",
+              "ICEFROG paper-protocol speedup (its JCT / that row's)", "solver s/round mean",
               "solver s/round max", "sim wall s"]  # fmt: skip
     rows, raw = [], {}
     for w, n in g.scale:
-        key = {p: scale_run(g, w, n, p).key for p in g.policies}
-        ice = _totals(res[key["icefrog"]]).get("avg_jct_s") if "icefrog" in key else None
-        for p in g.policies:
-            t = _totals(res[key[p]])
-            jct = t.get("avg_jct_s")
-            speed = jct / ice if jct and ice and p != "icefrog" else None
+        totals = {p: _totals(res[scale_run(g, w, n, p).key]) for p in g.policies}
+        jct = {p: t.get("avg_jct_s") for p, t in totals.items()}
+        for p, t in totals.items():
+            over = [_ratios([jct[p]], [jct[b]])[0] if b in jct and b != p else None
+                    for b in ("icefrog", "icefrog-paper")]  # fmt: skip
             raw[f"{n}/{p}"] = t
             rows.append([
                 f"{w:g}x", str(n), p,
                 f"{t['jobs']} ({t['jobs'] - t['finished']})" if t else "no run",
-                _spread([_h(jct)]), "-" if speed is None else f"{speed:.2f}x",
+                _spread([_h(jct[p])]), *("-" if v is None else f"{v:.2f}x" for v in over),
                 _spread([t.get("solver_s_mean")], "{:.3f}"),
                 _spread([t.get("solver_s_max")], "{:.3f}"),
                 _spread([t.get("wall_s")], "{:.0f}"),

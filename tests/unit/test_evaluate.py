@@ -23,7 +23,8 @@ ev = SimpleNamespace(
     FREEZEOUT_SET=grid.FREEZEOUT_SET, BATCH_SCALING_SET=grid.BATCH_SCALING_SET,
     PAPER_SET=grid.PAPER_SET, table_main=tables.table_main, table_tta=tables.table_tta,
     table_ablation=tables.table_ablation, table_batch=tables.table_batch,
-    table_sharing=tables.table_sharing,
+    table_sharing=tables.table_sharing, table_scale=tables.table_scale,
+    scale_run=grid.scale_run,
     markdown=tables.markdown, grid_from=driver.grid_from,
 )  # fmt: skip
 
@@ -197,6 +198,18 @@ def test_sharing_table_is_the_jct_without_over_with_per_seed() -> None:
     assert third["JCT without / with, mean (min-max)"] == "1.50x"
     assert third["jobs that shared a GPU"] == "5 (4-6)"
     assert "1 run(s) missing" in third["jobs unfinished (with, without)"]
+    _parse(ev.markdown(header, rows))
+
+
+def test_scale_table_speedups_are_over_each_icefrog_row() -> None:
+    g = ev.Grid(scale=((5.0, 240),), policies=("icefrog", "icefrog-paper", "pollux+"))
+    res = {ev.scale_run(g, 5.0, 240, p).key: _doc(h)
+           for p, h in (("icefrog", 1.0), ("icefrog-paper", 1.25), ("pollux+", 1.5))}  # fmt: skip
+    header, rows, _ = ev.table_scale(g, res)
+    cells = {r[2]: dict(zip(header, r, strict=True)) for r in rows}
+    assert cells["pollux+"]["ICEFROG speedup (its JCT / ICEFROG's)"] == "1.50x"
+    assert cells["pollux+"]["ICEFROG paper-protocol speedup (its JCT / that row's)"] == "1.20x"
+    assert cells["icefrog"]["ICEFROG speedup (its JCT / ICEFROG's)"] == "-"
     _parse(ev.markdown(header, rows))
 
 
