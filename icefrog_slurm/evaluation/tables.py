@@ -72,16 +72,28 @@ def _unfinished(docs: Iterable[dict[str, Any] | None]) -> str:
     return ", ".join(parts)
 
 
+SPEEDUP_COLUMNS = ("ICEFROG speedup (its JCT / ICEFROG's)",
+                   "ICEFROG paper-protocol speedup (its JCT / that row's)")  # fmt: skip
+"""main's and scale's speedup columns: over each ICEFROG row (:func:`_over_icefrog`)."""
+
+
 def main_key(g: Grid, w: float, s: int, p: str) -> str:
     return main_run(g, w, s, p).key
+
+
+def _over_icefrog(
+    jct: dict[str, list[float | None]], p: str
+) -> dict[str, list[float | None] | None]:
+    """Row ``p``'s JCTs over each ICEFROG row's, seed by seed (``jct``: the row's per seed);
+    None for a row against itself or one that did not run."""
+    return {b: _ratios(jct[p], jct[b]) if b in jct and b != p else None
+            for b in ("icefrog", "icefrog-paper")}  # fmt: skip
 
 
 def table_main(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
     """Average JCT per row and load, and per seed each row's JCT over ICEFROG's (batch
     and layer elasticity) and over ICEFROG's under the paper's protocol, where those rows ran."""
-    header = ["load", "policy", "avg JCT h, mean (min-max)",
-              "ICEFROG speedup (its JCT / ICEFROG's)",
-              "ICEFROG paper-protocol speedup (its JCT / that row's)",
+    header = ["load", "policy", "avg JCT h, mean (min-max)", *SPEEDUP_COLUMNS,
               "paper physical (48 GPUs)", "paper simulated", "jobs unfinished"]  # fmt: skip
     rows, raw = [], {}
     for w in g.loads:
@@ -91,8 +103,7 @@ def table_main(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
         }
         for p in g.policies:
             docs = [res[main_key(g, w, s, p)] for s in g.seeds]
-            over = {b: _ratios(jct[p], jct[b]) if b in jct and b != p else None
-                    for b in ("icefrog", "icefrog-paper")}  # fmt: skip
+            over = _over_icefrog(jct, p)
             raw[f"load{w:g}/{p}"] = {"seeds": list(g.seeds), "avg_jct_s": jct[p],
                                      "speedup": over["icefrog"],
                                      "paper_protocol_speedup": over["icefrog-paper"]}  # fmt: skip
@@ -160,22 +171,20 @@ def table_tta(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
 def table_scale(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
     """One row a policy and scale point: its average JCT over ICEFROG's (batch and layer
     elasticity) and over ICEFROG's under the paper's protocol, where those rows ran."""
-    header = ["load", "GPUs", "policy", "jobs (unfinished)", "avg JCT h",
-              "ICEFROG speedup (its JCT / ICEFROG's)",
-              "ICEFROG paper-protocol speedup (its JCT / that row's)", "solver s/round mean",
-              "solver s/round max", "sim wall s"]  # fmt: skip
+    header = ["load", "GPUs", "policy", "jobs (unfinished)", "avg JCT h", *SPEEDUP_COLUMNS,
+              "solver s/round mean", "solver s/round max", "sim wall s"]  # fmt: skip
     rows, raw = [], {}
     for w, n in g.scale:
         totals = {p: _totals(res[scale_run(g, w, n, p).key]) for p in g.policies}
-        jct = {p: t.get("avg_jct_s") for p, t in totals.items()}
+        jct = {p: [t.get("avg_jct_s")] for p, t in totals.items()}
         for p, t in totals.items():
-            over = [_ratios([jct[p]], [jct[b]])[0] if b in jct and b != p else None
-                    for b in ("icefrog", "icefrog-paper")]  # fmt: skip
+            over = _over_icefrog(jct, p).values()
             raw[f"{n}/{p}"] = t
             rows.append([
                 f"{w:g}x", str(n), p,
                 f"{t['jobs']} ({t['jobs'] - t['finished']})" if t else "no run",
-                _spread([_h(jct[p])]), *("-" if v is None else f"{v:.2f}x" for v in over),
+                _spread(map(_h, jct[p])),
+                *("-" if v is None else _spread(v, "{:.2f}", "x") for v in over),
                 _spread([t.get("solver_s_mean")], "{:.3f}"),
                 _spread([t.get("solver_s_max")], "{:.3f}"),
                 _spread([t.get("wall_s")], "{:.0f}"),
