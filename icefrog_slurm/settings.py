@@ -260,11 +260,12 @@ class PolicySettings:
     baselines' "+"; the paper's ablation "frozen penalty -> tuned FreezeOut", spec
     section 15). The baselines always use FreezeOut."""
 
-    exploration: bool = True
-    """Offer a job at most twice the largest GPU count it has measured (AdaptDL's rule), so a
-    count its model mispredicts is reached in steps, measured and corrected; false: every
-    legal count the cluster has, trusting the model's prediction. The baselines keep their
-    own rules."""
+    exploration: bool = False
+    """true: offer a job at most twice the largest GPU count it has measured (AdaptDL's
+    rule), so a count its model mispredicts is reached in steps, measured and corrected;
+    false: every legal count the cluster has, trusting the model's prediction (measured
+    faster on the evaluation's traces, docs/evaluation.md). The baselines keep their own
+    rules."""
 
     batch_scaling: bool = False
     """true: batch and layer elasticity together. For a job that declares no

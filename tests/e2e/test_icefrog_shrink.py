@@ -1,5 +1,6 @@
 """End to end with the real ICEFROG policy: a job alone on the cluster's one free node starts
-on 1 GPU (exploration: no more than twice what it has measured, nothing yet), and once it
+on 1 GPU (with ``policy.exploration``: no more than twice what it has measured, nothing
+yet), and once it
 has measured that, the next round grows it to its maximum, 2; when two more jobs arrive
 whose minimums fill the node with it at 1 (a 2-GPU job and a 1-GPU job on 4 GPUs),
 IceShare's max-min shrinks it to 1 (or packs it onto a shared GPU: 1 GPU either way).
@@ -50,7 +51,7 @@ def _small(r: Rig, job_dir: Path, name: str, gpus: str) -> str:
 def test_icefrog_policy_shrinks_a_job_that_resumes_to_its_target(job_dir: Path) -> None:
     foreign = _foreign(job_dir)
     sids = [foreign]
-    with rig(job_dir, IcefrogPolicy()) as r:
+    with rig(job_dir, IcefrogPolicy(), {"policy": {"exploration": True}}) as r:
         try:
             wide = job_dir / "wide"
             # slowed so that the two arrivals and the new round land while it trains (the

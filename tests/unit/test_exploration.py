@@ -47,13 +47,14 @@ def test_exploration_offers_at_most_twice_the_largest_measured_count() -> None:
     assert max(_exclusive(Estimator(), measured)) == 16  # the baselines: every legal count
 
 
-def test_the_exploration_setting_lifts_the_cap_for_icefrog_only() -> None:
+def test_the_exploration_setting_caps_icefrog_only_and_is_off_by_default() -> None:
     measured = _job(_spec(), (_sample(1), _sample(2)))
+    on = settings_from_mapping({"policy": {"exploration": True}})
     off = settings_from_mapping({"policy": {"exploration": False}})
     icefrog = Estimator(explore=None)  # what the icefrog policy builds: the setting decides
-    assert max(_exclusive(icefrog, measured)) == 4
-    got = icefrog.candidates(measured, now=100.0, gpus_per_node=4, capacity=16, settings=off)
-    assert max(c.gpus for c in got if not c.shared) == 16
+    assert max(_exclusive(icefrog, measured)) == 16  # the default: every legal count
+    got = icefrog.candidates(measured, now=100.0, gpus_per_node=4, capacity=16, settings=on)
+    assert max(c.gpus for c in got if not c.shared) == 4
     baseline = Estimator(explore=True)  # a rule fixed by its policy ignores the setting
     got = baseline.candidates(measured, now=100.0, gpus_per_node=4, capacity=16, settings=off)
     assert max(c.gpus for c in got if not c.shared) == 4
