@@ -138,32 +138,59 @@ def table_size(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
     return header, rows, raw
 
 
-def _task_tta(doc: dict[str, Any] | None) -> dict[str, float]:
-    """Per task: mean submit-to-target time (s) of the jobs that reached the target."""
-    by: dict[str, list[float]] = {}
+def _task_stats(doc: dict[str, Any] | None) -> dict[str, tuple[float, float, float]]:
+    """Per task, means over the jobs that reached the target: submit-to-target time (s),
+    GPUs from first start to finish (GPU-hours / those hours: a paused job counts 0 while
+    paused) and wait before the first start (s)."""
+    by: dict[str, list[tuple[float, float, float]]] = {}
     for j in [] if doc is None else doc["jobs"]:
-        if j["reached_target"] and j["jct_s"] is not None:
-            by.setdefault(j["task"], []).append(j["jct_s"])
-    return {t: statistics.fmean(v) for t, v in by.items()}
+        if not j["reached_target"] or j["jct_s"] is None:
+            continue
+        span_h = (j["finish"] - j["start"]) / 3600
+        gpus = j["gpu_hours"] / span_h if span_h > 0 else 0.0
+        by.setdefault(j["task"], []).append((j["jct_s"], gpus, j["start"] - j["submit"]))
+    return {t: (statistics.fmean(v[0] for v in vs), statistics.fmean(v[1] for v in vs),
+                statistics.fmean(v[2] for v in vs)) for t, vs in by.items()}  # fmt: skip
+
+
+def _pair(a: Iterable[float | None], b: Iterable[float | None], fmt: str) -> str:
+    """``a / b``: the seed means of two rows' figures (``-`` for a row with none)."""
+    cells = []
+    for vs in (a, b):
+        got = [v for v in vs if v is not None]
+        cells.append(fmt.format(statistics.fmean(got)) if got else "-")
+    return " / ".join(cells)
 
 
 def table_tta(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
+    """Per load and task: ICEFROG's (batch and layer elasticity) and Pollux+'s time to
+    accuracy, their ratio per seed, and what explains it: the GPUs each gave the task's jobs
+    and how long they waited to start."""
     header = ["load", "task", "jobs (seed mean)", "ICEFROG TTA h", "Pollux+ TTA h",
-              "Pollux+ / ICEFROG", "paper"]  # fmt: skip
+              "Pollux+ / ICEFROG", "GPUs, ICEFROG / Pollux+", "wait h, ICEFROG / Pollux+",
+              "paper"]  # fmt: skip
     rows, raw = [], {}
     for w in g.loads:
-        ice = {s: _task_tta(res[main_key(g, w, s, "icefrog")]) for s in g.seeds}
-        pol = {s: _task_tta(res[main_key(g, w, s, "pollux+")]) for s in g.seeds}
+        ice = {s: _task_stats(res[main_key(g, w, s, "icefrog")]) for s in g.seeds}
+        pol = {s: _task_stats(res[main_key(g, w, s, "pollux+")]) for s in g.seeds}
         tasks = sorted({t for s in g.seeds for t in ice[s]} | {t for s in g.seeds for t in pol[s]})
         for t in tasks:
-            a = [ice[s].get(t) for s in g.seeds]
-            b = [pol[s].get(t) for s in g.seeds]
+            a, b, gpus_i, gpus_p, wait_i, wait_p = (
+                [None if (x := by[s].get(t)) is None else f(x) for s in g.seeds]
+                for f in (lambda x: x[0], lambda x: x[1], lambda x: _h(x[2]))
+                for by in (ice, pol)
+            )
             ratio = _ratios(b, a)
             n = [sum(j["task"] == t for j in d["jobs"]) for s in g.seeds
                  if (d := res[main_key(g, w, s, "icefrog")]) is not None]  # fmt: skip
-            raw[f"load{w:g}/{t}"] = {"icefrog_s": a, "pollux_s": b, "ratio": ratio}
+            raw[f"load{w:g}/{t}"] = {
+                "icefrog_s": a, "pollux_s": b, "ratio": ratio,
+                "gpus": {"icefrog": gpus_i, "pollux": gpus_p},
+                "wait_h": {"icefrog": wait_i, "pollux": wait_p},
+            }  # fmt: skip
             rows.append([f"{w:g}x", t, f"{statistics.fmean(n):.1f}" if n else "-",
                          _spread(map(_h, a)), _spread(map(_h, b)), _spread(ratio, unit="x"),
+                         _pair(gpus_i, gpus_p, "{:.1f}"), _pair(wait_i, wait_p, "{:.2f}"),
                          f"{PAPER_TTA}x"])  # fmt: skip
     return header, rows, raw
 

@@ -99,17 +99,25 @@ def test_both_icefrog_rows_run_icefrog_and_name_the_batch_setting() -> None:
 
 
 def test_tta_counts_only_jobs_that_reached_the_target() -> None:
-    def job(task: str, jct_h: float, reached: bool) -> dict[str, Any]:
-        return {"task": task, "jct_s": jct_h * 3600, "reached_target": reached}
+    def job(task: str, jct_h: float, reached: bool, wait_h: float = 0.0,
+            gpus: float = 1.0) -> dict[str, Any]:  # fmt: skip
+        return {"task": task, "jct_s": jct_h * 3600, "reached_target": reached,
+                "submit": 0.0, "start": wait_h * 3600, "finish": jct_h * 3600,
+                "gpu_hours": gpus * (jct_h - wait_h)}  # fmt: skip
 
     g = ev.Grid(loads=(1.0,), seeds=(1,), policies=("icefrog", "pollux+"))
     res = {
-        ev._key(g, 1.0, 1, "icefrog"): _doc(1, [job("a", 1, True), job("a", 9, False)]),
-        ev._key(g, 1.0, 1, "pollux+"): _doc(1, [job("a", 3, True), job("a", 1, True)]),
+        ev._key(g, 1.0, 1, "icefrog"): _doc(1, [job("a", 1, True), job("a", 9, False, 8, 8)]),
+        ev._key(g, 1.0, 1, "pollux+"): _doc(1, [job("a", 3, True, 2, 4), job("a", 1, True)]),
     }
-    _, rows, raw = ev.table_tta(g, res)
+    header, rows, raw = ev.table_tta(g, res)
     assert raw["load1/a"]["ratio"] == [2.0]
-    assert rows[0][1] == "a" and rows[0][5] == "2.00x"
+    row = dict(zip(header, rows[0], strict=True))
+    assert row["task"] == "a" and row["Pollux+ / ICEFROG"] == "2.00x"
+    # the unfinished job's 8 GPUs and 8 h of waiting count for nothing
+    assert row["GPUs, ICEFROG / Pollux+"] == "1.0 / 2.5"
+    assert row["wait h, ICEFROG / Pollux+"] == "0.00 / 1.00"
+    _parse(ev.markdown(header, rows))
 
 
 def test_ablation_rows_reuse_the_default_run() -> None:
