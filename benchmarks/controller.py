@@ -17,6 +17,7 @@ with ``--jobs`` held icefrog jobs; the same three ticks with every Slurm call in
     .venv/bin/python -m benchmarks.controller --jobs 120 --nodes 12            # 48 GPUs
     .venv/bin/python -m benchmarks.controller --mode slurm --jobs 100
     .venv/bin/python -m benchmarks.controller --cprofile P   # P-first-round.prof, ...
+    .venv/bin/python -m benchmarks.controller --max-fits 64  # a larger refit budget
 
 Read a profile with ``python -c "import pstats; pstats.Stats('P-second-round.prof')
 .sort_stats('cumulative').print_stats(30)"``; its times are CPU times, and the profiler
@@ -44,7 +45,7 @@ from icefrog_slurm.controller.daemon import Controller, TickReport
 from icefrog_slurm.controller.ports import FsJobFiles
 from icefrog_slurm.domain.cluster import Gres, IcefrogTag
 from icefrog_slurm.protocol import Decision
-from icefrog_slurm.settings import Settings, settings_from_mapping
+from icefrog_slurm.settings import Settings, SolverSettings, settings_from_mapping
 from icefrog_slurm.sim.cluster import SimCluster
 from icefrog_slurm.slurm.port import SubmitRequest
 from icefrog_slurm.store.migrate import upgrade
@@ -106,7 +107,11 @@ def settings_for(tmp: str, args: argparse.Namespace) -> Settings:
     return settings_from_mapping(
         {
             "state": {"dir": tmp},
-            "solver": {"partition_gpus": args.partition_gpus, "time_limit_s": 10.0},
+            "solver": {
+                "partition_gpus": args.partition_gpus,
+                "time_limit_s": 10.0,
+                "max_fits_per_round": args.max_fits,
+            },
         }
     )
 
@@ -229,6 +234,12 @@ def main() -> None:
     parser.add_argument("--postgres", action="store_true", help="a throwaway Postgres")
     parser.add_argument("--url", default="", help="an existing database (store mode)")
     parser.add_argument("--cprofile", default="", help="PREFIX: each tick's CPU profile")
+    parser.add_argument(
+        "--max-fits",
+        type=int,
+        default=SolverSettings().max_fits_per_round,
+        help="solver.max_fits_per_round (default: the setting's)",
+    )
     args = parser.parse_args()
     (slurm_mode if args.mode == "slurm" else store_mode)(args)
 
