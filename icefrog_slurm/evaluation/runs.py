@@ -76,7 +76,14 @@ class Run:
 
     @property
     def key(self) -> str:
-        name = self.workload.name if isinstance(self.workload, Trace) else str(self.workload)
+        """The label and a hash of the arguments, the workload named by what it is: a Philly
+        trace by its name, a workload file by its folder, name and content (so a run made
+        from another checkout of the same data is reused)."""
+        w = self.workload
+        if isinstance(w, Trace):
+            name = w.name
+        else:
+            name = f"{w.parent.name}/{w.name}@{hashlib.sha1(w.read_bytes()).hexdigest()[:12]}"
         return f"{self.label}-{_hash(' '.join(self.argv(Path(name))))}"
 
 
