@@ -76,14 +76,11 @@ class Run:
 
     @property
     def key(self) -> str:
-        """The label and a hash of the arguments, the workload named by what it is: a Philly
-        trace by its name, a workload file by its folder, name and content (so a run made
-        from another checkout of the same data is reused)."""
+        """The label and a hash of the arguments, the workload named as the data names it: a
+        Philly trace by its name, a workload file by its folder and name (so a run made from
+        another checkout of the same data is reused)."""
         w = self.workload
-        if isinstance(w, Trace):
-            name = w.name
-        else:
-            name = f"{w.parent.name}/{w.name}@{hashlib.sha1(w.read_bytes()).hexdigest()[:12]}"
+        name = w.name if isinstance(w, Trace) else f"{w.parent.name}/{w.name}"
         return f"{self.label}-{_hash(' '.join(self.argv(Path(name))))}"
 
 

@@ -307,14 +307,9 @@ def test_quick_run_makes_parsable_tables_and_a_rerun_runs_nothing(
         assert doc["rows"] and doc["header"]
 
 
-def test_a_workload_files_run_key_names_its_content_not_its_checkout(tmp_path: Path) -> None:
-    """The same Pollux workload in two checkouts is one run; an edited copy is another."""
-    paths = []
-    for root, text in (("a", "job,submit\n1,0\n"), ("b", "job,submit\n1,0\n"),
-                       ("c", "job,submit\n1,5\n")):  # fmt: skip
-        p = tmp_path / root / "data" / "pollux" / "workloads-0.5" / "workload-1.csv"
-        p.parent.mkdir(parents=True)
-        p.write_text(text)
-        paths.append(p)
-    keys = [runs.Run("fidelity-64g-load0.5-w1-pollux+", p, "pollux+", 64, 1).key for p in paths]
+def test_a_workload_files_run_key_names_the_data_not_the_checkout(tmp_path: Path) -> None:
+    """The same Pollux workload in two checkouts is one run; another load's is another."""
+    paths = [tmp_path / root / "data" / "pollux" / f"workloads-{w}" / "workload-1.csv"
+             for root, w in (("a", "0.5"), ("b", "0.5"), ("a", "1.5"))]  # fmt: skip
+    keys = [runs.Run("fidelity-64g-w1-pollux+", p, "pollux+", 64, 1).key for p in paths]
     assert keys[0] == keys[1] != keys[2]
