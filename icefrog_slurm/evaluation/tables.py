@@ -141,14 +141,14 @@ def table_size(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
 def _task_stats(doc: dict[str, Any] | None) -> dict[str, tuple[float, float, float]]:
     """Per task, means over the jobs that reached the target: submit-to-target time (s),
     GPUs from first start to finish (GPU-hours / those hours: a paused job counts 0 while
-    paused) and wait before the first start (s)."""
+    paused) and wait before the first start (h)."""
     by: dict[str, list[tuple[float, float, float]]] = {}
     for j in [] if doc is None else doc["jobs"]:
         if not j["reached_target"] or j["jct_s"] is None:
             continue
         span_h = (j["finish"] - j["start"]) / 3600
         gpus = j["gpu_hours"] / span_h if span_h > 0 else 0.0
-        by.setdefault(j["task"], []).append((j["jct_s"], gpus, j["start"] - j["submit"]))
+        by.setdefault(j["task"], []).append((j["jct_s"], gpus, (j["start"] - j["submit"]) / 3600))
     return {t: (statistics.fmean(v[0] for v in vs), statistics.fmean(v[1] for v in vs),
                 statistics.fmean(v[2] for v in vs)) for t, vs in by.items()}  # fmt: skip
 
@@ -175,11 +175,12 @@ def table_tta(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
         pol = {s: _task_stats(res[main_key(g, w, s, "pollux+")]) for s in g.seeds}
         tasks = sorted({t for s in g.seeds for t in ice[s]} | {t for s in g.seeds for t in pol[s]})
         for t in tasks:
-            a, b, gpus_i, gpus_p, wait_i, wait_p = (
-                [None if (x := by[s].get(t)) is None else f(x) for s in g.seeds]
-                for f in (lambda x: x[0], lambda x: x[1], lambda x: _h(x[2]))
+            # per seed, for ICEFROG and for Pollux+: TTA (s), GPUs, wait (h)
+            (a, gpus_i, wait_i), (b, gpus_p, wait_p) = (
+                [[None if (x := by[s].get(t)) is None else x[k] for s in g.seeds]
+                 for k in range(3)]
                 for by in (ice, pol)
-            )
+            )  # fmt: skip
             ratio = _ratios(b, a)
             n = [sum(j["task"] == t for j in d["jobs"]) for s in g.seeds
                  if (d := res[main_key(g, w, s, "icefrog")]) is not None]  # fmt: skip

@@ -1,8 +1,8 @@
 """End to end with the real ICEFROG policy: a job alone on the cluster's one free node starts
 on 1 GPU (with ``policy.exploration``: no more than twice what it has measured, nothing
-yet), and once it
-has measured that, the next round grows it to its maximum, 2; when two more jobs arrive
-whose minimums fill the node with it at 1 (a 2-GPU job and a 1-GPU job on 4 GPUs),
+yet), and once it has measured that, the next round grows it to its maximum, 2; when two
+more jobs arrive whose minimums fill the node with it at 1 (a 2-GPU job and a 1-GPU job on
+4 GPUs),
 IceShare's max-min shrinks it to 1 (or packs it onto a shared GPU: 1 GPU either way).
 It checkpoints, is requeued, resumes from its checkpoint on one
 process, reaches its target, and ``icefrog sacct`` shows the restart.
