@@ -260,6 +260,14 @@ class PolicySettings:
     baselines' "+"; the paper's ablation "frozen penalty -> tuned FreezeOut", spec
     section 15). The baselines always use FreezeOut."""
 
+    freeze_patience_epochs: int = field(default=10, metadata=_bounds(minimum=0))
+    """The Layer Tuner's safety net (``freezing = "penalty"``): a job that holds frozen
+    layers while its target metric has not improved for this many epochs (the best of its
+    last this-many epochs' reports no better than the best before them) trains unfrozen
+    for the rest of its run: psi judges the cost of freezing from gradient noise and cannot
+    see a frozen prefix that caps the metric below the target. Kept in the controller's
+    memory (a restarted controller finds such a job again after another stall). 0: off."""
+
     exploration: bool = False
     """true: offer a job at most twice the largest GPU count it has measured (AdaptDL's
     rule), so a count its model mispredicts is reached in steps, measured and corrected;

@@ -11,6 +11,8 @@
   until the job's validation metric has a few reports, then what a learning curve fitted
   to them says is left to the target; never below a fraction of the work done while the
   target is not reached.
+- Whether the metric has stalled (:func:`stalled`): no better over the last epochs than
+  before them.
 """
 
 from __future__ import annotations
@@ -118,6 +120,26 @@ def remaining_work(
     if reach is None:
         return max(declared, floor)
     return max(min(reach - done, MAX_REMAINING_BUDGETS * budget), floor)
+
+
+def stalled(metrics: Sequence[tuple[int, float]], *, patience: int, higher_is_better: bool) -> bool:
+    """Whether a job's validation metric has stopped improving: the best of its reports of
+    the last ``patience`` epochs is no better than the best before them (early stopping's
+    patience). ``metrics``: (epoch, value), the latest report of an epoch counts; epochs
+    below 1 and values that are not finite are ignored. False with ``patience`` <= 0 or
+    fewer than ``2 x patience`` epochs reported (too short a history to judge)."""
+    if patience <= 0:
+        return False
+    by_epoch: dict[int, float] = {}
+    for epoch, value in metrics:
+        if epoch >= 1 and math.isfinite(value):
+            by_epoch[epoch] = value if higher_is_better else -value
+    if len(by_epoch) < 2 * patience:
+        return False
+    last = max(by_epoch)
+    recent = max(v for e, v in by_epoch.items() if e > last - patience)
+    before = [v for e, v in by_epoch.items() if e <= last - patience]
+    return bool(before) and recent <= max(before)
 
 
 def _metric_points(

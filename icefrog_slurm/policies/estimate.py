@@ -17,7 +17,10 @@ For each job of a snapshot, from what the job reported:
   (``"penalty"``, ICEFROG: eq 15 picks l by E each round), or only the depth of the job's
   FreezeOut schedule at its training progress (``"freezeout"``, ``core/freezeout.py``:
   the baselines' "+" and ICEFROG's ablation), the schedule tuned once per job by
-  effective progress at its requested GPU count when its first statistics arrive;
+  effective progress at its requested GPU count when its first statistics arrive; with
+  ``"penalty"``, a job whose target metric stalled (``policy.freeze_patience_epochs``,
+  :func:`~icefrog_slurm.core.tta.stalled`) while it held frozen layers is offered only
+  l = 0 from then on (psi cannot see a frozen prefix that caps the metric);
 - with ``explore`` (ICEFROG's estimator; the baselines keep their own rules) at most twice
   the largest GPU count the job has measured (AdaptDL's rule, :func:`exploration_cap`), so
   a count the model mispredicts is reached in steps, measured and corrected;
@@ -77,7 +80,7 @@ from icefrog_slurm.core.sharing import (
     tune_shared,
 )
 from icefrog_slurm.core.throughput import GPU_MODELS, GpuModel, nodes_for, prior_iteration_time
-from icefrog_slurm.core.tta import remaining_work, time_to_accuracy
+from icefrog_slurm.core.tta import remaining_work, stalled, time_to_accuracy
 from icefrog_slurm.core.tuner import (
     FloatArray,
     ThroughputModel,
@@ -164,6 +167,7 @@ class Estimator:
         self._layers: dict[int, tuple[JobSpec, LayerTable]] = {}
         self._tables: dict[tuple[object, ...], LayerTable] = {}  # one object per equal table
         self._prior_of: dict[int, tuple[tuple[object, ...], ThroughputModel]] = {}
+        self._unfrozen: set[int] = set()  # jobs whose metric stalled while frozen
 
     def new_round(self, *, fit_budget: int | None, jobs: Sequence[JobSnapshot] = ()) -> None:
         """Start a round that fits at most ``fit_budget`` models (None: no limit). Given the
@@ -222,15 +226,18 @@ class Estimator:
         cached = self._models(job, layers, gpus_per_node, modelled_parallelism(spec, settings))
         stats = job.view.grad_stats
         psi: Callable[[int], float]
+        freezing = self._freezing or settings.policy.freezing
         if stats is not None and len(stats.grad_var) == layers.num_layers:
             psi = PenaltyTable(stats.grad_var).psi
             frozen = legal_frozen(layers, layers.max_frozen_from_fraction(spec.max_frozen_fraction))
             current_frozen: int | None = stats.frozen
+            if freezing == "penalty" and self._stalled_frozen(job, stats, settings):
+                frozen = (0,)
         else:
             psi, frozen, current_frozen = (lambda _l: 1.0), (0,), None
         model = self._model(job, cached, layers, gpus_per_node)
         measured = cached.history.measured()
-        if len(frozen) > 1 and (self._freezing or settings.policy.freezing) == "freezeout":
+        if len(frozen) > 1 and freezing == "freezeout":
             asked = spec.batch_candidates(requested_count(job))
             frozen = self._freezeout_depth(job, frozen, psi, asked, measured, model, layers)
         remaining = remaining_samples(job)
@@ -295,6 +302,26 @@ class Estimator:
                 load = loads.predict(batch=best.batch, frozen=best.frozen, layers=layers)
             out.append(Candidate(gpus, shared, best, tta, load))
         return tuple(out)
+
+    def _stalled_frozen(self, job: JobSnapshot, stats: GradStats, settings: Settings) -> bool:
+        """Whether the job is to train unfrozen (``policy.freeze_patience_epochs``): its
+        target metric stalled while it held frozen layers, now or in an earlier round."""
+        if job.id in self._unfrozen:
+            return True
+        spec = job.job.spec
+        if stats.frozen > 0 and stalled(
+            [(m.epoch, m.value) for m in job.view.metrics if m.name == spec.target_metric],
+            patience=settings.policy.freeze_patience_epochs,
+            higher_is_better=spec.target_op == ">=",
+        ):
+            self._unfrozen.add(job.id)
+            log.info(
+                "job %d (%s): %s stalled for %d epochs with %d layers frozen: trains unfrozen",
+                job.id, job.job.name, spec.target_metric,
+                settings.policy.freeze_patience_epochs, stats.frozen,
+            )  # fmt: skip
+            return True
+        return False
 
     def _goodput(
         self,
@@ -452,6 +479,7 @@ class Estimator:
             del self._layers[job_id]
         for job_id in set(self._prior_of) - keep:
             del self._prior_of[job_id]
+        self._unfrozen &= keep
         live = {id(layers) for _, layers in self._layers.values()}
         self._tables = {k: t for k, t in self._tables.items() if id(t) in live}
 

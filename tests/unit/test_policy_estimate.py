@@ -9,7 +9,7 @@ from icefrog_slurm.core.sharing import PRIOR_UTIL
 from icefrog_slurm.domain.records import JobRecord, JobView, Progress
 from icefrog_slurm.domain.snapshot import Current, JobSnapshot
 from icefrog_slurm.policies.estimate import Estimator
-from icefrog_slurm.protocol import GradStats, JobSpec
+from icefrog_slurm.protocol import GradStats, JobSpec, MetricReport
 from icefrog_slurm.settings import Settings, settings_from_mapping
 
 SETTINGS = settings_from_mapping({})
@@ -117,3 +117,32 @@ def test_a_round_refits_at_most_its_budget_and_the_rest_keep_their_model() -> No
     # the next new job goes before the changed one that has a model
     assert round_(1, changed) == [(True, True), (True, False), (False, True)]
     assert round_(5, changed) == [(True, False)] * 3
+
+
+def _stalling(frozen: int, epochs: int = 20) -> JobSnapshot:
+    """A job that measured freezing 2 layers as much faster at a low penalty, holds
+    ``frozen`` layers frozen, and whose accuracy peaked at epoch 5 and never beat it."""
+    samples = (_sample(1, 0, 400.0), _sample(1, 2, 700.0), _sample(2, 0, 750.0))
+    grad = GradStats(epoch=epochs, frozen=frozen, grad_var=(0.01, 0.01, 5.0, 5.0),
+                     grad_sqr=(1.0,) * L)  # fmt: skip
+    metrics = tuple(MetricReport(e, "acc", 0.8 if e == 5 else 0.7) for e in range(1, epochs + 1))
+    job = _job(samples, grad)
+    return replace(job, view=replace(job.view, metrics=metrics))
+
+
+def test_a_job_whose_metric_stalls_while_frozen_trains_unfrozen_from_then_on() -> None:
+    est = Estimator()
+    # unfrozen, a stall is not freezing's doing: freezing is still offered and chosen
+    assert _cands(_stalling(frozen=0), est)[(1, False)].choice.frozen == 2  # type: ignore[attr-defined]
+    stuck = _cands(_stalling(frozen=2), est)
+    assert all(c.choice.frozen == 0 for c in stuck.values())  # type: ignore[attr-defined]
+    # it stays unfrozen when the metric moves again (the stall is remembered) ...
+    moving = _stalling(frozen=0, epochs=22)
+    moving = replace(moving, view=replace(moving.view, metrics=(
+        *moving.view.metrics, MetricReport(23, "acc", 0.9))))  # fmt: skip
+    assert all(c.choice.frozen == 0 for c in _cands(moving, est).values())  # type: ignore[attr-defined]
+    # ... until the job is gone; the setting at 0 turns the net off
+    est.forget(set())
+    assert _cands(moving, est)[(1, False)].choice.frozen == 2  # type: ignore[attr-defined]
+    off = settings_from_mapping({"policy": {"freeze_patience_epochs": 0}})
+    assert _cands(_stalling(frozen=2), Estimator(), off)[(1, False)].choice.frozen == 2  # type: ignore[attr-defined]

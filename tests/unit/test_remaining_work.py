@@ -1,6 +1,7 @@
 """Remaining work P (eq 1, 16): the declared budget, then a learning curve fitted to the
 job's validation reports, never 0 before the target; done work in P's units; the catalog's
-budgets large enough for every task's own truth; the simulated jobs' learning curves."""
+budgets large enough for every task's own truth; the simulated jobs' learning curves; when
+a metric has stalled."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from icefrog_slurm.core.tta import (
     MIN_REMAINING_FRACTION,
     fit_learning_curve,
     remaining_work,
+    stalled,
 )
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.sim.calibration import shipped_calibration
@@ -156,3 +158,28 @@ def test_done_work_of_a_free_batch_job_is_counted_in_base_batch_samples() -> Non
     assert not free.done
     rate = (free.effective_done - before_e) / (free.samples_done - before_s)
     assert 0 < rate < 0.99  # 512 against a base batch of 32: less than one base sample each
+
+
+def test_a_metric_has_stalled_when_its_last_epochs_are_no_better_than_before() -> None:
+    rising = [(e, 0.5 + 0.01 * e) for e in range(1, 21)]
+    assert not stalled(rising, patience=5, higher_is_better=True)
+    # a peak at epoch 8, then 12 epochs below it: stalled for a patience up to 12
+    peaked = [(e, 0.6 if e == 8 else 0.55) for e in range(1, 21)]
+    assert stalled(peaked, patience=5, higher_is_better=True)
+    assert stalled(peaked, patience=10, higher_is_better=True)
+    assert not stalled(peaked, patience=12, higher_is_better=True)  # the peak is in the window
+    # equal to the best before is no improvement; lower is better for a loss
+    assert stalled([(e, 1.0) for e in range(1, 11)], patience=5, higher_is_better=True)
+    falling = [(e, 2.0 - 0.1 * e) for e in range(1, 11)]
+    assert not stalled(falling, patience=5, higher_is_better=False)
+    assert stalled(falling, patience=5, higher_is_better=True)
+
+
+def test_a_short_history_or_no_patience_never_stalls() -> None:
+    flat = [(e, 1.0) for e in range(1, 10)]  # 9 epochs: fewer than 2 x 5
+    assert not stalled(flat, patience=5, higher_is_better=True)
+    assert not stalled([*flat, (10, 1.0)], patience=0, higher_is_better=True)
+    # epoch 0, non-finite values and repeated epochs (the latest counts) are not epochs
+    noisy = [(0, 9.0), *((e, 1.0) for e in range(1, 10)), (5, math.nan), (9, 0.5)]
+    assert not stalled(noisy, patience=5, higher_is_better=True)
+    assert stalled([*noisy, (10, 1.0)], patience=5, higher_is_better=True)
