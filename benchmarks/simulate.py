@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from icefrog_slurm.commands.simulate import make_policy
+from icefrog_slurm.commands.simulate import adapts_batch, make_policy
 from icefrog_slurm.core.fit import ProfileHistory
 from icefrog_slurm.core.tuner import ThroughputModel
 from icefrog_slurm.domain.plan import Policy, PolicyResult
@@ -117,12 +117,15 @@ def main() -> None:
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.policy.split(","):
         policy = Timed(make_policy(name))
-        fixed = args.batch == "fixed" or (args.batch == "paper" and name != "pollux+")
+        settings = Settings()
+        fixed = args.batch == "fixed" or (
+            args.batch == "paper" and not adapts_batch(name, settings)
+        )
         started, cpu_started = time.perf_counter(), time.process_time()
         run_opts = replace(opts, fixed_batch=fixed)
         if args.hours is not None:
             run_opts = replace(run_opts, max_sim_s=args.hours * 3600)
-        engine = Engine(workload, policy, settings=Settings(), options=run_opts)
+        engine = Engine(workload, policy, settings=settings, options=run_opts)
         profiler = cProfile.Profile() if args.cprofile else None
         show = _progress(name, started, args.progress) if args.progress else None
         if profiler is not None and args.profile_from <= 0:

@@ -275,18 +275,16 @@ class PolicySettings:
     faster on the evaluation's traces, docs/evaluation.md). The baselines keep their own
     rules."""
 
-    batch_scaling: bool = False
-    """true: batch and layer elasticity together. For a job that declares no
+    batch_scaling: bool = True
+    """true (default): batch and layer elasticity together. For a job that declares no
     fixed global batch the icefrog policy's Layer Tuner maximises goodput, E x the
     statistical efficiency of the global batch (Pollux's, ``core/goodput.py``), instead of
     E alone, so it may change the job's global batch when that pays for the samples it
     costs (the paper's batch-elasticity ablation, spec section 15); the Model Trainer
     follows the decided batch with its learning-rate rule (``icefrog_launcher.lr``). A job
-    that declares a fixed global batch (``--global-batch``) keeps it either way. false
-    (default): the paper's protocol, E alone; true is not the default yet because the
-    demo's mlp-small job (Adam, lr 3e-4, batch 16-64) decided batch 64 with the sqrt rule
-    spent its 80-epoch budget below its target, which it reaches in 28 epochs at batch 16
-    (docs/trainer.md). The baselines ignore it (Pollux+ always scores goodput)."""
+    that declares a fixed global batch (``--global-batch``) keeps it either way. false:
+    the paper's protocol, E alone, at the batch the job declares. The baselines ignore it
+    (Pollux+ always scores goodput)."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from icefrog_slurm.settings import Settings, settings_from_mapping
 L = 4
 SPEC = JobSpec(1, 4, 32, 64, 0.9, "acc", ">=", 0.9, 10, 10000, (1.0,) * L, (1.0,) * L)
 ON = settings_from_mapping({"policy": {"batch_scaling": True}})  # batch and layer elasticity
-OFF = Settings()  # the default: the paper's protocol
+OFF = settings_from_mapping({"policy": {"batch_scaling": False}})  # the paper's protocol
 # the squared norm dominates the variance: a doubled batch is worth little more than one
 LOW_NOISE = GradStats(epoch=3, frozen=0, grad_var=(0.01,) * L, grad_sqr=(1.0,) * L)
 
@@ -72,6 +72,11 @@ def _choice(
                          settings=settings)  # fmt: skip
     c = next(c.choice for c in got if (c.gpus, c.shared) == (gpus, False))
     return c.batch, c.effective_progress / (c.psi * c.throughput)
+
+
+def test_batch_and_layer_elasticity_together_are_the_default() -> None:
+    assert Settings().policy.batch_scaling
+    assert _choice(Estimator(), Settings()) == _choice(Estimator(), ON)
 
 
 def test_icefrog_with_batch_scaling_keeps_the_batch_whose_samples_are_worth_more() -> None:
