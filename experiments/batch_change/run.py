@@ -3,8 +3,9 @@ mid-run reach its target in no more effective epochs than the fixed-batch run, a
 which learning-rate rule (icefrog_launcher.lr)?
 
 Model and data: the digits MLP of examples/train_digits.py (scikit-learn's bundled digits,
-1500 training and 297 validation images, offline), SGD with momentum 0.9 at the learning
-rate tuned for the base batch (``--lr``, README.md), the real Model Trainer in this process
+1500 training and 297 validation images, offline), SGD with momentum 0.9 (or Adam,
+``--optimizer adam``) at the learning rate tuned for the base batch (``--lr``, README.md),
+the real Model Trainer in this process
 (one process, so the global batch is the per-GPU batch). For each seed:
 
 - the fixed run trains at the base batch B0 (``--base``) throughout;
@@ -67,11 +68,18 @@ class Result:
     final_acc: float  # validation accuracy at the end
 
 
+OPTIMIZERS = {"sgd": "SGD momentum 0.9", "adam": "Adam"}
+
+
 def train(args: argparse.Namespace, seed: int, rule: str, changes: dict[int, int]) -> Result:
     torch.manual_seed(seed)
     train_set, val = digits_example.digits(seed)
     model = digits_example.make_model("mlp")
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    optimizer: torch.optim.Optimizer
+    if args.optimizer == "adam":
+        optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     hi = max([args.base, *changes.values()])
     with tempfile.TemporaryDirectory() as work:
         config = JobConfig(
@@ -155,6 +163,8 @@ def main() -> None:
     parser.add_argument("--max-epochs", type=int, default=30)
     parser.add_argument("--probe", type=float, default=0.25, help="loss probe, epochs")
     parser.add_argument("--rules", nargs="+", default=list(RULES))
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                        help="sgd: momentum 0.9; adam: torch's defaults but the lr")  # fmt: skip
     parser.add_argument("--no-doc", action="store_true", help="print only")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -171,7 +181,8 @@ def main() -> None:
                 _say(schedule, result)
     seconds = time.monotonic() - start
     lines = [
-        f"Digits MLP, SGD momentum 0.9, lr {args.lr} for the base batch {args.base}; target: "
+        f"Digits MLP, {OPTIMIZERS[args.optimizer]}, lr {args.lr} for the base batch {args.base}; "
+        f"target: "
         f"training loss <= {args.target} (at most {args.max_epochs} epochs); seeds "
         f"{' '.join(map(str, args.seeds))}; {seconds:.0f} s.",
     ]
