@@ -45,12 +45,33 @@ def efficiency_grid(
 ) -> FloatArray:
     """:func:`efficiency` with one row a global batch and one column a frozen count l, the
     statistics summed over the layers that train at l (l.. of the per-layer lists)."""
-    var = np.array([sum(grad_var[k:]) for k in frozen_candidates], dtype=float)[None, :]
-    sqr = np.array([sum(grad_sqr[k:]) for k in frozen_candidates], dtype=float)[None, :]
+    var, sqr = trainable_sums(grad_var, grad_sqr, frozen_candidates)
+    return efficiency_of_sums(
+        var=var, sqr=sqr, global_batches=global_batches, base_batch=base_batch
+    )
+
+
+def trainable_sums(
+    grad_var: Sequence[float], grad_sqr: Sequence[float], frozen_candidates: Sequence[int]
+) -> tuple[FloatArray, FloatArray]:
+    """(var, sqr) summed over the layers that train at each frozen count l (l.. of the
+    per-layer lists): :func:`efficiency_of_sums`'s columns, computed once a job's statistics
+    for all the batches it is asked about."""
+    var = np.array([sum(grad_var[k:]) for k in frozen_candidates], dtype=float)
+    sqr = np.array([sum(grad_sqr[k:]) for k in frozen_candidates], dtype=float)
+    return var, sqr
+
+
+def efficiency_of_sums(
+    *, var: FloatArray, sqr: FloatArray, global_batches: Sequence[float], base_batch: float
+) -> FloatArray:
+    """:func:`efficiency_grid` from :func:`trainable_sums`: one row a global batch, one
+    column a frozen count."""
+    v, q = var[None, :], sqr[None, :]
     batch = np.array(global_batches, dtype=float)[:, None]
-    ok = (var > 0) & (sqr > 0) & (batch > 0) & (base_batch > 0)
+    ok = (v > 0) & (q > 0) & (batch > 0) & (base_batch > 0)
     scale = np.where(batch > 0, batch, 1.0) / (base_batch if base_batch > 0 else 1.0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        eff = (var + sqr) / (var / scale + sqr) / scale
+        eff = (v + q) / (v / scale + q) / scale
     out: FloatArray = np.where(ok, eff, 1.0)
     return out

@@ -65,7 +65,7 @@ import numpy as np
 
 from icefrog_slurm.core.fit import ProfileHistory
 from icefrog_slurm.core.freezeout import FreezeOut, tune_freezeout
-from icefrog_slurm.core.goodput import efficiency_grid
+from icefrog_slurm.core.goodput import efficiency_of_sums, trainable_sums
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.parallel_fit import fitter_for
 from icefrog_slurm.core.parallelism import DDP, Kind, Parallelism
@@ -341,10 +341,11 @@ class Estimator:
         if not len(stats.grad_var) == len(stats.grad_sqr) == layers.num_layers:
             return None
 
+        var, sqr = trainable_sums(stats.grad_var, stats.grad_sqr, frozen)  # once a job
+
         def grid(gpus: int, batches: Sequence[int]) -> FloatArray:
-            return efficiency_grid(
-                grad_var=stats.grad_var, grad_sqr=stats.grad_sqr, frozen_candidates=frozen,
-                global_batches=[gpus * m for m in batches],
+            return efficiency_of_sums(
+                var=var, sqr=sqr, global_batches=[gpus * m for m in batches],
                 base_batch=spec.min_gpus * spec.min_batch,
             )  # fmt: skip
 
