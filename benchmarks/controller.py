@@ -18,6 +18,7 @@ with ``--jobs`` held icefrog jobs; the same three ticks with every Slurm call in
     .venv/bin/python -m benchmarks.controller --mode slurm --jobs 100
     .venv/bin/python -m benchmarks.controller --cprofile P   # P-first-round.prof, ...
     .venv/bin/python -m benchmarks.controller --max-fits 64  # a larger refit budget
+    .venv/bin/python -m benchmarks.controller --set policy.batch_scaling=false  # any setting
 
 Read a profile with ``python -c "import pstats; pstats.Stats('P-second-round.prof')
 .sort_stats('cumulative').print_stats(30)"``; its times are CPU times, and the profiler
@@ -45,7 +46,12 @@ from icefrog_slurm.controller.daemon import Controller, TickReport
 from icefrog_slurm.controller.ports import FsJobFiles
 from icefrog_slurm.domain.cluster import Gres, IcefrogTag
 from icefrog_slurm.protocol import Decision
-from icefrog_slurm.settings import Settings, SolverSettings, settings_from_mapping
+from icefrog_slurm.settings import (
+    Settings,
+    SolverSettings,
+    apply_overrides,
+    settings_from_mapping,
+)
 from icefrog_slurm.sim.cluster import SimCluster
 from icefrog_slurm.slurm.port import SubmitRequest
 from icefrog_slurm.store.migrate import upgrade
@@ -104,7 +110,7 @@ class StepClock:
 
 
 def settings_for(tmp: str, args: argparse.Namespace) -> Settings:
-    return settings_from_mapping(
+    settings = settings_from_mapping(
         {
             "state": {"dir": tmp},
             "solver": {
@@ -114,6 +120,7 @@ def settings_for(tmp: str, args: argparse.Namespace) -> Settings:
             },
         }
     )
+    return apply_overrides(settings, args.set)
 
 
 def show(label: str, r: TickReport, total: float, cpu: float) -> None:
@@ -239,6 +246,13 @@ def main() -> None:
         type=int,
         default=SolverSettings().max_fits_per_round,
         help="solver.max_fits_per_round (default: the setting's)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one setting (repeatable), as icefrog simulate --set",
     )
     args = parser.parse_args()
     (slurm_mode if args.mode == "slurm" else store_mode)(args)

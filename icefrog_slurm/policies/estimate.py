@@ -58,7 +58,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -100,6 +100,10 @@ from icefrog_slurm.settings import Freezing, Settings
 log = logging.getLogger(__name__)
 
 BYTES_PER_GB = 1e9
+
+
+Efficiencies = Callable[[Iterable[int], Mapping[int, Sequence[int]]], dict[int, FloatArray | None]]
+"""(GPU counts, their per-GPU batches) -> each count's efficiency grid (batch scaling)."""
 
 
 @dataclass(frozen=True)
@@ -270,7 +274,7 @@ class Estimator:
                 cached.grids[g, at, frozen] = grid
         if untuned:  # psi once a call, the unshared options tuned together
             psi_values = np.array([psi(k) for k in frozen], dtype=float)
-            effs = {g: None if goodput is None else goodput(g, batches[g]) for g in untuned}
+            effs = dict.fromkeys(untuned) if goodput is None else goodput(untuned, batches)
             alone = [g for g in untuned if (g, False) not in cached.tuned and (g, False) in configs]
             chosen = tune_grids(
                 batch_sizes=[batches[g] for g in alone], frozen_candidates=frozen,
@@ -330,26 +334,35 @@ class Estimator:
         frozen: tuple[int, ...],
         layers: LayerTable,
         settings: Settings,
-    ) -> Callable[[int, Sequence[int]], FloatArray] | None:
+    ) -> (
+        Callable[[Iterable[int], Mapping[int, Sequence[int]]], dict[int, FloatArray | None]] | None
+    ):
         """With batch scaling on (``policy.batch_scaling``, or as constructed), for a job
-        whose global batch is free and whose gradient statistics have come: (gpus, per-GPU
-        batches) -> the efficiency grid over (batch, frozen) the tuner weighs E by. None
-        otherwise (E alone)."""
+        whose global batch is free and whose gradient statistics have come: (GPU counts,
+        their per-GPU batches) -> each count's efficiency grid over (batch, frozen) the
+        tuner weighs E by, from one evaluation. None otherwise (E alone)."""
         on = settings.policy.batch_scaling if self._batch_scaling is None else self._batch_scaling
         if not on or spec.global_batch > 0 or stats is None:
             return None
         if not len(stats.grad_var) == len(stats.grad_sqr) == layers.num_layers:
             return None
+        var, sqr = trainable_sums(stats.grad_var, stats.grad_sqr, frozen)
 
-        var, sqr = trainable_sums(stats.grad_var, stats.grad_sqr, frozen)  # once a job
-
-        def grid(gpus: int, batches: Sequence[int]) -> FloatArray:
-            return efficiency_of_sums(
-                var=var, sqr=sqr, global_batches=[gpus * m for m in batches],
+        def grids(
+            gpus: Iterable[int], batches: Mapping[int, Sequence[int]]
+        ) -> dict[int, FloatArray | None]:
+            counts = list(gpus)
+            every = efficiency_of_sums(
+                var=var, sqr=sqr, global_batches=[g * m for g in counts for m in batches[g]],
                 base_batch=spec.min_gpus * spec.min_batch,
             )  # fmt: skip
+            out: dict[int, FloatArray | None] = {}
+            at = 0
+            for g in counts:
+                out[g], at = every[at : at + len(batches[g])], at + len(batches[g])
+            return out
 
-        return grid
+        return grids
 
     def _freezeout_depth(
         self,
