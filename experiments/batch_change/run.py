@@ -182,8 +182,7 @@ def main() -> None:
     seconds = time.monotonic() - start
     lines = [
         f"Digits MLP, {OPTIMIZERS[args.optimizer]}, lr {args.lr} for the base batch {args.base}; "
-        f"target: "
-        f"training loss <= {args.target} (at most {args.max_epochs} epochs); seeds "
+        f"target: training loss <= {args.target} (at most {args.max_epochs} epochs); seeds "
         f"{' '.join(map(str, args.seeds))}; {seconds:.0f} s.",
     ]
     for schedule, rows in results.items():

@@ -130,16 +130,20 @@ def stalled(metrics: Sequence[tuple[int, float]], *, patience: int, higher_is_be
     fewer than ``2 x patience`` epochs reported (too short a history to judge)."""
     if patience <= 0:
         return False
-    by_epoch: dict[int, float] = {}
-    for epoch, value in metrics:
-        if epoch >= 1 and math.isfinite(value):
-            by_epoch[epoch] = value if higher_is_better else -value
+    by_epoch = _by_epoch(metrics)
     if len(by_epoch) < 2 * patience:
         return False
+    sign = 1.0 if higher_is_better else -1.0
     last = max(by_epoch)
-    recent = max(v for e, v in by_epoch.items() if e > last - patience)
-    before = [v for e, v in by_epoch.items() if e <= last - patience]
+    recent = max(sign * v for e, v in by_epoch.items() if e > last - patience)
+    before = [sign * v for e, v in by_epoch.items() if e <= last - patience]
     return bool(before) and recent <= max(before)
+
+
+def _by_epoch(metrics: Sequence[tuple[int, float]]) -> dict[int, float]:
+    """The usable reports by epoch: epoch >= 1, a finite value, the latest report of an
+    epoch."""
+    return {epoch: value for epoch, value in metrics if epoch >= 1 and math.isfinite(value)}
 
 
 def _metric_points(
@@ -148,10 +152,7 @@ def _metric_points(
     """(effective samples, value) of the usable reports: epoch >= 1, a finite value, the
     latest report of an epoch; the epochs' samples scaled by the job's effective/physical
     ratio so far. None with fewer than MIN_METRIC_POINTS."""
-    by_epoch: dict[int, float] = {}
-    for epoch, value in metrics:
-        if epoch >= 1 and math.isfinite(value):
-            by_epoch[epoch] = value
+    by_epoch = _by_epoch(metrics)
     if len(by_epoch) < MIN_METRIC_POINTS:
         return None
     epochs = sorted(by_epoch)

@@ -314,7 +314,7 @@ class Estimator:
             return True
         spec = job.job.spec
         if stats.frozen > 0 and stalled(
-            [(m.epoch, m.value) for m in job.view.metrics if m.name == spec.target_metric],
+            target_metrics(job),
             patience=settings.policy.freeze_patience_epochs,
             higher_is_better=spec.target_op == ">=",
         ):
@@ -510,6 +510,12 @@ def requested_count(job: JobSnapshot) -> int:
     return spec.parallelism.legal_gpu_counts(spec.min_gpus, spec.max_gpus)[0]
 
 
+def target_metrics(job: JobSnapshot) -> list[tuple[int, float]]:
+    """The job's validation reports of its target metric: (epoch, value), oldest first."""
+    name = job.job.spec.target_metric
+    return [(m.epoch, m.value) for m in job.view.metrics if m.name == name]
+
+
 def remaining_samples(job: JobSnapshot) -> float:
     """P of eq 16 for a job: :func:`~icefrog_slurm.core.tta.remaining_work` from its declared
     budget, its progress and its validation reports of the target metric."""
@@ -519,7 +525,7 @@ def remaining_samples(job: JobSnapshot) -> float:
         done=progress.effective_samples_done,
         samples_done=float(progress.samples_done),
         samples_per_epoch=spec.samples_per_epoch,
-        metrics=[(m.epoch, m.value) for m in job.view.metrics if m.name == spec.target_metric],
+        metrics=target_metrics(job),
         target=spec.target_value,
         higher_is_better=spec.target_op == ">=",
     )
