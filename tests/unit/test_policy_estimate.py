@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from icefrog_slurm.core.samples import ProfileSample
@@ -146,3 +147,18 @@ def test_a_job_whose_metric_stalls_while_frozen_trains_unfrozen_from_then_on() -
     assert _cands(moving, est)[(1, False)].choice.frozen == 2  # type: ignore[attr-defined]
     off = settings_from_mapping({"policy": {"freeze_patience_epochs": 0}})
     assert _cands(_stalling(frozen=2), Estimator(), off)[(1, False)].choice.frozen == 2  # type: ignore[attr-defined]
+
+
+def test_hostile_metric_reports_neither_break_the_estimate_nor_unfreeze_a_job() -> None:
+    # A user's reports: epochs far out or negative, infinities and NaN; only finite values
+    # of epochs >= 1 count, so nothing here amounts to a stall and freezing stays offered.
+    job = _stalling(frozen=2, epochs=0)
+    hostile = (MetricReport(10**18, "acc", math.inf), MetricReport(-5, "acc", -math.inf),
+               *(MetricReport(e, "acc", math.nan) for e in range(1, 40)))  # fmt: skip
+    job = replace(job, view=replace(job.view, metrics=hostile))
+    est = Estimator()
+    cands, reason = est.candidates_or_reason(job, now=100.0, gpus_per_node=4, capacity=16,
+                                             settings=SETTINGS)  # fmt: skip
+    assert reason == "" and cands[0].choice.frozen == 2
+    # the same job's later, honest stall still unfreezes it
+    assert all(c.choice.frozen == 0 for c in _cands(_stalling(frozen=2), est).values())  # type: ignore[attr-defined]
