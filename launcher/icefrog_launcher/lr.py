@@ -13,15 +13,19 @@ user's own learning rate.
 Rules (``RULES``):
 
 - ``none``: factor 1 (the learning rate of B0 at any B);
-- ``linear``: S (Goyal et al. 2017), ``sqrt``: sqrt(S) (Krizhevsky 2014; the usual rule
-  for Adam); each reached by a linear warm-up over ``warmup_steps`` optimizer steps from
-  the factor used before the change, so a jump of the batch is not a jump of the step size;
+- ``linear``: S (Goyal et al. 2017), ``sqrt``: sqrt(S) (Krizhevsky 2014); each reached by a
+  linear warm-up over ``warmup_steps`` optimizer steps from the factor used before the
+  change, so a jump of the batch is not a jump of the step size;
 - ``adascale``: AdaScale's gain (Johnson et al. 2020, as adaptdl.torch computes it):
   r = (var + sqr) / (var / S + sqr), with var the variance of a B0-sample gradient and
   sqr the squared norm of the true gradient. The trainer's statistics
   (icefrog_launcher.stats) give per-sample tr(Sigma) and |G|^2 per layer: var = tr(Sigma)
   / B0 summed over the layers that train. 1 <= r <= S: S where the gradient is all noise
   (the linear rule), 1 where it is all signal (a bigger batch buys nothing).
+
+``auto`` (the default) picks by the optimizer: ``linear`` for the Adam family, ``sqrt`` for
+every other (the rules that kept convergence with each in experiments/batch_change;
+docs/trainer.md).
 
 Everything here is pure: the trainer holds the state (``Scaling``) and applies it.
 """
@@ -37,20 +41,25 @@ from icefrog_slurm.errors import InputError
 
 Rule = Literal["none", "linear", "sqrt", "adascale"]
 RULES: tuple[Rule, ...] = get_args(Rule)
-DEFAULT_RULE: Rule = "sqrt"
-"""The rule a Trainer applies unless told otherwise: the one that kept convergence with a
-learning rate tuned for the base batch in experiments/batch_change (docs/trainer.md)."""
+AUTO = "auto"
+DEFAULT_RULE = AUTO
+"""What a Trainer applies unless told otherwise: the rule that kept convergence with a
+learning rate tuned for the base batch in experiments/batch_change, for the optimizer at
+hand (``parse_rule``)."""
 DEFAULT_WARMUP_STEPS = 20
 SMOOTHING = 0.5
 """Weight of the past in the epoch-to-epoch average of the statistics (``Scaling.observe``)."""
 
 
-def parse_rule(value: str) -> Rule:
-    """A rule's name, or InputError naming the choices."""
+def parse_rule(value: str, *, adam: bool = False) -> Rule:
+    """A rule's name, or InputError naming the choices. ``auto``: ``linear`` when the
+    optimizer is of the Adam family (``adam``), else ``sqrt``."""
+    if value == AUTO:
+        return "linear" if adam else "sqrt"
     for rule in RULES:
         if value == rule:
             return rule
-    raise InputError(f"lr rule {value!r}: one of {', '.join(RULES)}")
+    raise InputError(f"lr rule {value!r}: one of {', '.join((AUTO, *RULES))}")
 
 
 def adascale_gain(*, scale: float, var: float, sqr: float) -> float:
@@ -110,7 +119,7 @@ class Scaling:
     """The trainer's LR-rule state: the factor before the last change, the factor the rule
     gives now, and the optimizer steps taken since the change (the warm-up's clock)."""
 
-    rule: Rule = DEFAULT_RULE
+    rule: Rule
     warmup_steps: int = DEFAULT_WARMUP_STEPS
     start: float = 1.0
     target: float = 1.0

@@ -21,8 +21,9 @@ the controller decides with) and accumulates k = ceil(B / (a x m)) micro-steps a
 step (icefrog_launcher.accumulate), so a step covers a x m x k samples, B when the integers
 allow. Without a global batch m is the decision's and k = 1, and each optimizer step runs
 at the user's learning rate times the LR rule's factor for the global batch against the
-base batch (icefrog_launcher.lr; the user's value is back in the param groups after the
-step, so checkpoints and schedulers see only it).
+base batch (icefrog_launcher.lr; ``auto`` by default: linear for the Adam family, sqrt for
+other optimizers; the user's value is back in the param groups after the step, so
+checkpoints and schedulers see only it).
 
 The checkpoint also holds every registered object (``scheduler=``, ``scaler=``,
 ``register_state``: icefrog_launcher.state), restored exactly on resume.
@@ -90,6 +91,16 @@ from icefrog_slurm.protocol import (
 from icefrog_slurm.runfiles import CHECKPOINT_MARKER
 from icefrog_slurm.security import write_atomic
 
+ADAM_FAMILY = (
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
+    torch.optim.Adamax,
+)
+"""The optimizers ``lr_rule="auto"`` scales linearly (``sqrt`` for every other;
+icefrog_launcher.lr)."""
+
 END_WAIT = timedelta(seconds=120)
 """How long a rank that finished waits at exit for the others to reach theirs."""
 
@@ -128,7 +139,8 @@ class Trainer:
     ) -> None:
         env = dict(os.environ) if env is None else dict(env)
         self.config = config or JobConfig.from_env(env)
-        self.lr_scaling = Scaling(parse_rule(lr_rule), max(0, int(lr_warmup_steps)))
+        adam = isinstance(optimizer, ADAM_FAMILY)
+        self.lr_scaling = Scaling(parse_rule(lr_rule, adam=adam), max(0, int(lr_warmup_steps)))
         self._lr_kept: list[float] | None = None  # the user's lrs while a step runs scaled
         self._said_lr: tuple[int, float] | None = None
         self._lr_stats = (0.0, 0.0)  # the smoothed statistics the adascale rule reads

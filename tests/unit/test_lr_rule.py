@@ -107,8 +107,66 @@ def test_state_round_trip_and_rule_change() -> None:
 
 def test_parse_rule() -> None:
     assert [parse_rule(r) for r in RULES] == list(RULES)
-    with pytest.raises(InputError, match="one of none, linear, sqrt, adascale"):
+    assert [parse_rule(r, adam=True) for r in RULES] == list(RULES)  # a named rule is kept
+    assert parse_rule("auto", adam=True) == "linear"
+    assert parse_rule("auto", adam=False) == "sqrt"
+    with pytest.raises(InputError, match="one of auto, none, linear, sqrt, adascale"):
         parse_rule("cubic")
+
+
+def test_trainer_default_rule_follows_the_optimizer(tmp_path: Path) -> None:
+    """``auto`` (the default): linear for the Adam family (subclasses included), sqrt for
+    any other optimizer; a rule the user names wins. With Adam at the decided per-GPU
+    batch 64 against a base of 16 the first step runs at lr x 4."""
+    torch = pytest.importorskip("torch")
+    from icefrog_launcher import Trainer
+    from icefrog_launcher.config import JobConfig
+    from icefrog_slurm.protocol import Decision
+
+    why = ensure_munged()
+    if why:
+        pytest.skip(why)
+
+    class MyAdam(torch.optim.Adam):  # a user's own subclass
+        pass
+
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+    config = JobConfig(
+        batch=(16, 64), workdir=str(tmp_path), max_epochs=1, inbox=str(tmp_path / "inbox"),
+        slurm_job_id="8",
+    )  # fmt: skip
+    optim = torch.optim
+    cases = [
+        (optim.Adam, "auto", "linear"), (optim.AdamW, "auto", "linear"),
+        (optim.NAdam, "auto", "linear"), (optim.RAdam, "auto", "linear"),
+        (optim.Adamax, "auto", "linear"), (MyAdam, "auto", "linear"),
+        (optim.SGD, "auto", "sqrt"), (optim.RMSprop, "auto", "sqrt"),
+        (optim.Adagrad, "auto", "sqrt"), (optim.Adam, "sqrt", "sqrt"),
+        (optim.SGD, "linear", "linear"),
+    ]  # fmt: skip
+
+    def net() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+    for kind, asked, rule in cases:
+        model = net()
+        trainer = Trainer(
+            model, kind(model.parameters(), lr=0.01), data, config=config, env={}, lr_rule=asked
+        )
+        assert trainer.lr_scaling.rule == rule, (kind.__name__, asked)
+    (tmp_path / "decision.json").write_text(Decision(1, 1, 64, 0).to_json())
+    model = net()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    trainer = Trainer(model, opt, data, config=config, env={}, lr_warmup_steps=0)
+    steps = 0
+    for _ in trainer.epochs():
+        assert trainer.batch == 64 and trainer.lr_factor == pytest.approx(4.0)
+        for x, y in trainer.loader:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(trainer.model(x), y).backward()
+            opt.step()
+            steps += 1
+    assert steps == 1 and opt.param_groups[0]["lr"] == 0.01
 
 
 def test_trainer_steps_at_the_scaled_lr_and_keeps_the_users(tmp_path: Path) -> None:
