@@ -117,9 +117,17 @@ def accumulation_steps(global_batch: int, gpus: int, batch: int) -> int:
     return max(1, -(-global_batch // (gpus * batch)))
 
 
+GRAD_REPORTS_PER_EPOCH = 8
+"""Gradient statistics a job reports an epoch: at its end and after every further eighth,
+the statistics so far labelled with the epoch in progress, which its end's report replaces
+(a long epoch would otherwise leave freezing and the batch's efficiency unjudged for hours;
+Pollux's statistics are likewise running averages, read at any step)."""
+
+
 @dataclass(frozen=True)
 class GradStats:
-    """Per-layer gradient variance and squared norm over one epoch (kind ``grad_stats``).
+    """Per-layer gradient variance and squared norm over one epoch (kind ``grad_stats``), or
+    over the part of it trained so far (``GRAD_REPORTS_PER_EPOCH``).
 
     ``grad_var`` is the variance of a base-batch gradient, tr(Sigma) / B0 with B0 the job's
     smallest GPU count x smallest per-GPU batch (Pollux's convention, what

@@ -29,6 +29,7 @@ from icefrog_slurm.core.goodput import efficiency
 from icefrog_slurm.core.penalty import frozen_penalty
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.protocol import (
+    GRAD_REPORTS_PER_EPOCH,
     Decision,
     FinishedReport,
     GradStats,
@@ -44,10 +45,6 @@ from icefrog_slurm.sim.workload import TraceJob
 PROFILE_SAMPLES_PER_CONFIG = 3
 """Profile samples a job reports for each (GPUs, batch, frozen, shared) it runs in."""
 
-GRAD_REPORTS_PER_EPOCH = 8
-"""Gradient statistics a job reports an epoch: at its end and after every further eighth
-(a long epoch would otherwise leave freezing and the batch's efficiency unjudged for hours;
-the Pollux trainer's statistics are likewise running averages, read at any step)."""
 
 METRIC_NOISE = 0.15
 """sd of a validation report's noise, as a fraction of the gap between the target and the

@@ -152,17 +152,35 @@ class GradStatsCollector:
     # -- per epoch -------------------------------------------------------------------
     def end_epoch(self, frozen: int) -> tuple[list[float], list[float]]:
         """The epoch's (grad_var, grad_sqr): frozen layers keep their at-freeze values."""
+        self.last_var, self.last_sqr, _ = self._averages()
         if self._acc is not None:
-            sums = self._acc.to("cpu", copy=True)  # the epoch's one wait for the device
             self._acc.zero_()
-            for i in range(self.num_layers):
-                count = float(sums[2, i])
-                if count > 0:
-                    self.last_var[i] = max(float(sums[0, i]) / count, 0.0)
-                    self.last_sqr[i] = max(float(sums[1, i]) / count, 0.0)
         var = self.frozen_var[:frozen] + self.last_var[frozen:]
         sqr = self.frozen_sqr[:frozen] + self.last_sqr[frozen:]
         return var, sqr
+
+    def so_far(self, frozen: int) -> tuple[list[float], list[float]] | None:
+        """What :meth:`end_epoch` would return now, the epoch going on (nothing reset); None
+        while no step of this epoch has been measured."""
+        var_now, sqr_now, seen = self._averages()
+        if not seen:
+            return None
+        var = self.frozen_var[:frozen] + var_now[frozen:]
+        return var, self.frozen_sqr[:frozen] + sqr_now[frozen:]
+
+    def _averages(self) -> tuple[list[float], list[float], bool]:
+        """Each layer's averages over the epoch's measured steps (its last values where
+        none), and whether any step was measured: one wait for the device."""
+        var, sqr, seen = list(self.last_var), list(self.last_sqr), False
+        if self._acc is not None:
+            sums = self._acc.to("cpu", copy=True)
+            for i in range(self.num_layers):
+                count = float(sums[2, i])
+                if count > 0:
+                    var[i] = max(float(sums[0, i]) / count, 0.0)
+                    sqr[i] = max(float(sums[1, i]) / count, 0.0)
+                    seen = True
+        return var, sqr, seen
 
     def freeze_changed(self, old: int, new: int) -> None:
         """Layers old..new-1 become frozen: remember their latest values (eq 3's t0)."""

@@ -44,6 +44,7 @@ import random
 import signal
 import socket
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -80,6 +81,7 @@ from icefrog_launcher.state import StateRegistry
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.protocol import (
+    GRAD_REPORTS_PER_EPOCH,
     Decision,
     FinishedReport,
     GradStats,
@@ -100,6 +102,12 @@ ADAM_FAMILY = (
 )
 """The optimizers ``lr_rule="auto"`` scales linearly (``sqrt`` for every other;
 icefrog_launcher.lr)."""
+
+MID_EPOCH_STATS_MIN_S = 60.0
+"""The least time between two gradient-statistics reports: within an epoch the trainer
+reports the statistics so far after every further 1/GRAD_REPORTS_PER_EPOCH of it, but not
+sooner than this after the last report (a short epoch reports at its end only; the
+controller reads them once a round)."""
 
 END_WAIT = timedelta(seconds=120)
 """How long a rank that finished waits at exit for the others to reach theirs."""
@@ -144,6 +152,8 @@ class Trainer:
         self._lr_kept: list[float] | None = None  # the user's lrs while a step runs scaled
         self._said_lr: tuple[int, float] | None = None
         self._lr_stats = (0.0, 0.0)  # the smoothed statistics the adascale rule reads
+        # eighths of the epoch whose statistics were reported, and when the last were
+        self._grad_part, self._grad_sent = 0, time.monotonic()
         self.rank, self.world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
         local_rank = int(env.get("LOCAL_RANK", "0"))
         self._own_group = False  # whether the trainer made the process group (and ends it)
@@ -377,6 +387,30 @@ class Trainer:
         # measured: full micro-batches of a step of all its micro-steps
         full = local_count == self.batch and self.accumulation.group == self.accumulation.steps
         self.probes.micro_batch(full)
+        self._mid_epoch_stats()
+
+    def _mid_epoch_stats(self) -> None:
+        """The gradient statistics so far, labelled with this epoch (its end's report
+        replaces them), after every further 1/GRAD_REPORTS_PER_EPOCH of the epoch and no
+        sooner than MID_EPOCH_STATS_MIN_S after the last report (rank 0)."""
+        if not self.reporter.enabled or self.loader.size <= 0:
+            return
+        part = self.position * GRAD_REPORTS_PER_EPOCH // self.loader.size
+        if not self._grad_part < part < GRAD_REPORTS_PER_EPOCH:
+            return
+        if time.monotonic() - self._grad_sent < MID_EPOCH_STATS_MIN_S:
+            return
+        got = self.stats.so_far(self.frozen)
+        if got is not None:
+            self._grad_part = part
+            self._send_grad_stats(*got)
+
+    def _send_grad_stats(self, var: Sequence[float], sqr: Sequence[float]) -> None:
+        # reported as Pollux's traces record it and core.goodput reads it: the variance of a
+        # base-batch gradient, tr(Sigma) / B0 (psi, a ratio of variances, is the same)
+        base_var = tuple(v / self.base_batch for v in var)
+        self.reporter.send("grad_stats", GradStats(self.epoch, self.frozen, base_var, tuple(sqr)))
+        self._grad_sent = time.monotonic()
 
     def step_boundary(self) -> None:
         """Between two steps: on a stop signal rank 0 checkpoints; every rank exits 75.
@@ -484,12 +518,9 @@ class Trainer:
         """Report, checkpoint and start the next epoch; whether the job has finished."""
         var, sqr = self.stats.end_epoch(self.frozen)
         self._lr_stats = self.lr_scaling.observe(*training_sums(var, sqr, self.frozen))
-        # reported as Pollux's traces record it and core.goodput reads it: the variance of a
-        # base-batch gradient, tr(Sigma) / B0 (psi, a ratio of variances, is the same)
-        base_var = tuple(v / self.base_batch for v in var)
-        self.reporter.send("grad_stats", GradStats(self.epoch, self.frozen, base_var, tuple(sqr)))
+        self._send_grad_stats(var, sqr)
         self._send_profile()
-        self.epoch, self.position = self.epoch + 1, 0
+        self.epoch, self.position, self._grad_part = self.epoch + 1, 0, 0
         self.psi = self.stats.penalty(self.frozen)
         target = self.config.target
         if target is not None and self.metric is not None and target.reached(self.metric):

@@ -16,11 +16,11 @@ from icefrog_slurm.core.throughput import (
 from icefrog_slurm.domain.records import JobRecord, JobView, Progress
 from icefrog_slurm.domain.snapshot import Current, JobSnapshot
 from icefrog_slurm.policies.estimate import Estimator
-from icefrog_slurm.protocol import JobSpec
+from icefrog_slurm.protocol import GRAD_REPORTS_PER_EPOCH, JobSpec
 from icefrog_slurm.settings import GpuModelName, settings_from_mapping
 from icefrog_slurm.sim.calibration import shipped_calibration
 from icefrog_slurm.sim.catalog import shipped_catalog
-from icefrog_slurm.sim.jobs import GRAD_REPORTS_PER_EPOCH, Config, SimJob
+from icefrog_slurm.sim.jobs import Config, SimJob
 from icefrog_slurm.sim.truth import TaskTruth
 from icefrog_slurm.sim.workload import TraceJob
 

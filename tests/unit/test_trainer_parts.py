@@ -193,6 +193,37 @@ def test_one_replica_statistics_estimate_variance() -> None:
     assert var2[0] == var[0]  # the frozen layer keeps its at-freeze value (eq 3)
 
 
+def test_statistics_so_far_are_what_the_epoch_end_gives_without_resetting() -> None:
+    """``so_far`` (the trainer's mid-epoch reports): None before the epoch's first measured
+    step, then the averages so far, equal to what ``end_epoch`` returns at that point, and
+    reading them resets nothing; layers not measured this epoch keep their last values,
+    frozen ones their at-freeze values."""
+    gen = torch.Generator().manual_seed(1)
+    stats = GradStatsCollector(2, every=2)
+    index = torch.tensor([0, 1])
+    assert stats.so_far(0) is None
+
+    def steps(n: int, scale: float) -> None:
+        for step in range(n):
+            grads = [torch.randn(10, generator=gen) * scale, torch.randn(5, generator=gen)]
+            stats.finish_step(index, grads, step=step, local_batch=8, world=1)
+
+    steps(20, 1.0)
+    first = stats.so_far(0)
+    assert first is not None and all(v > 0 for v in first[0])
+    assert stats.so_far(0) == first  # reading twice: the same, nothing reset
+    steps(20, 3.0)  # noisier steps: the running average moves
+    second = stats.so_far(0)
+    assert second is not None and second[0][0] > first[0][0]
+    assert stats.end_epoch(0) == second
+    assert stats.so_far(0) is None  # a new epoch: nothing measured yet
+    stats.freeze_changed(0, 1)
+    steps(4, 1.0)
+    got = stats.so_far(1)
+    assert got is not None and got[0][0] == second[0][0]  # frozen: its at-freeze value
+    assert got == stats.end_epoch(1)
+
+
 def test_layers_and_flops() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     layers = find_layers(model)
@@ -246,3 +277,51 @@ def test_cpu_utilization_tells_computing_from_waiting() -> None:
         results.append(utilization(torch.device("cpu"), means["cpu"], means["iter"]))
     sleeping, computing = results
     assert 0.0 <= sleeping < computing <= 1.0
+
+
+@pytest.mark.parametrize("floor", [0.0, None])
+def test_trainer_reports_statistics_within_an_epoch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, floor: float | None
+) -> None:
+    """Within an epoch the trainer reports its statistics so far after every further
+    eighth, labelled with the epoch in progress, its end's report last (the one the store
+    keeps); never sooner than MID_EPOCH_STATS_MIN_S after the last report, so with the
+    default (60 s) these one-second epochs report at their ends only."""
+    from icefrog_launcher import Trainer
+    from icefrog_launcher import trainer as trainer_module
+    from icefrog_launcher.config import JobConfig
+    from icefrog_slurm.protocol import GRAD_REPORTS_PER_EPOCH, GradStats
+    from tests.support.munge import ensure_munged
+
+    why = ensure_munged()
+    if why:
+        pytest.skip(why)
+    if floor is not None:
+        monkeypatch.setattr(trainer_module, "MID_EPOCH_STATS_MIN_S", floor)
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(512, 8), torch.randn(512, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    config = JobConfig(
+        batch=(16, 16), workdir=str(tmp_path), max_epochs=2, inbox=str(tmp_path / "inbox"),
+        slurm_job_id="9",
+    )  # fmt: skip
+    trainer = Trainer(model, opt, data, config=config, env={}, stats_every=2)
+    for _ in trainer.epochs():
+        for x, y in trainer.loader:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(trainer.model(x), y).backward()
+            opt.step()
+        trainer.report_metric(0.5)
+    paths = sorted((tmp_path / "inbox" / "9").glob("*-grad_stats.json"))
+    reports = [parse_payload("grad_stats", parse_envelope(p.read_bytes()).payload) for p in paths]
+    assert all(isinstance(r, GradStats) for r in reports)
+    epochs = [r.epoch for r in reports]
+    if floor is None:
+        assert epochs == [0, 1]
+    else:
+        # 32 steps an epoch, a pair measured every 2: each eighth has new statistics
+        assert epochs == [0] * GRAD_REPORTS_PER_EPOCH + [1] * GRAD_REPORTS_PER_EPOCH
+        assert len({r.grad_var for r in reports}) == len(reports)  # each a new average
+    last = reports[-1]
+    assert list(last.grad_var) == pytest.approx([v / 16 for v in trainer.stats.last_var])
