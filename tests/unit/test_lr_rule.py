@@ -20,6 +20,7 @@ from icefrog_launcher.lr import (
 )
 from icefrog_slurm.errors import InputError
 from tests.support.munge import ensure_munged
+from tests.support.tiny_job import tiny_job, tiny_mlp, train
 
 
 def test_fixed_rules() -> None:
@@ -117,10 +118,9 @@ def test_parse_rule() -> None:
 def test_trainer_default_rule_follows_the_optimizer(tmp_path: Path) -> None:
     """``auto`` (the default): linear for the Adam family (subclasses included), sqrt for
     any other optimizer; a rule the user names wins. With Adam at the decided per-GPU
-    batch 64 against a base of 16 the first step runs at lr x 4."""
+    batch 64 against a base of 16 the steps run at lr x 4."""
     torch = pytest.importorskip("torch")
     from icefrog_launcher import Trainer
-    from icefrog_launcher.config import JobConfig
     from icefrog_slurm.protocol import Decision
 
     why = ensure_munged()
@@ -130,11 +130,7 @@ def test_trainer_default_rule_follows_the_optimizer(tmp_path: Path) -> None:
     class MyAdam(torch.optim.Adam):  # a user's own subclass
         pass
 
-    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
-    config = JobConfig(
-        batch=(16, 64), workdir=str(tmp_path), max_epochs=1, inbox=str(tmp_path / "inbox"),
-        slurm_job_id="8",
-    )  # fmt: skip
+    data, config = tiny_job(tmp_path, samples=64, batch=(16, 64), max_epochs=1, job_id="8")
     optim = torch.optim
     cases = [
         (optim.Adam, "auto", "linear"), (optim.AdamW, "auto", "linear"),
@@ -144,29 +140,21 @@ def test_trainer_default_rule_follows_the_optimizer(tmp_path: Path) -> None:
         (optim.Adagrad, "auto", "sqrt"), (optim.Adam, "sqrt", "sqrt"),
         (optim.SGD, "linear", "linear"),
     ]  # fmt: skip
-
-    def net() -> torch.nn.Module:
-        return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-
     for kind, asked, rule in cases:
-        model = net()
+        model = tiny_mlp()
         trainer = Trainer(
             model, kind(model.parameters(), lr=0.01), data, config=config, env={}, lr_rule=asked
         )
         assert trainer.lr_scaling.rule == rule, (kind.__name__, asked)
     (tmp_path / "decision.json").write_text(Decision(1, 1, 64, 0).to_json())
-    model = net()
+    model = tiny_mlp()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     trainer = Trainer(model, opt, data, config=config, env={}, lr_warmup_steps=0)
-    steps = 0
-    for _ in trainer.epochs():
-        assert trainer.batch == 64 and trainer.lr_factor == pytest.approx(4.0)
-        for x, y in trainer.loader:
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(trainer.model(x), y).backward()
-            opt.step()
-            steps += 1
-    assert steps == 1 and opt.param_groups[0]["lr"] == 0.01
+    factors: list[float] = []
+    opt.register_step_pre_hook(lambda o, a, k: factors.append(o.param_groups[0]["lr"]))
+    assert train(trainer, opt) == 1
+    assert trainer.batch == 64 and factors == [pytest.approx(0.04)]
+    assert opt.param_groups[0]["lr"] == 0.01
 
 
 def test_trainer_steps_at_the_scaled_lr_and_keeps_the_users(tmp_path: Path) -> None:

@@ -289,30 +289,20 @@ def test_trainer_reports_statistics_within_an_epoch(
     default (60 s) these one-second epochs report at their ends only."""
     from icefrog_launcher import Trainer
     from icefrog_launcher import trainer as trainer_module
-    from icefrog_launcher.config import JobConfig
     from icefrog_slurm.protocol import GRAD_REPORTS_PER_EPOCH, GradStats
     from tests.support.munge import ensure_munged
+    from tests.support.tiny_job import tiny_job, tiny_mlp, train
 
     why = ensure_munged()
     if why:
         pytest.skip(why)
     if floor is not None:
         monkeypatch.setattr(trainer_module, "MID_EPOCH_STATS_MIN_S", floor)
-    torch.manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(512, 8), torch.randn(512, 1))
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    data, config = tiny_job(tmp_path, samples=512, batch=(16, 16), max_epochs=2, job_id="9")
+    model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    config = JobConfig(
-        batch=(16, 16), workdir=str(tmp_path), max_epochs=2, inbox=str(tmp_path / "inbox"),
-        slurm_job_id="9",
-    )  # fmt: skip
     trainer = Trainer(model, opt, data, config=config, env={}, stats_every=2)
-    for _ in trainer.epochs():
-        for x, y in trainer.loader:
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(trainer.model(x), y).backward()
-            opt.step()
-        trainer.report_metric(0.5)
+    assert train(trainer, opt) == 64
     paths = sorted((tmp_path / "inbox" / "9").glob("*-grad_stats.json"))
     reports = [parse_payload("grad_stats", parse_envelope(p.read_bytes()).payload) for p in paths]
     assert all(isinstance(r, GradStats) for r in reports)
