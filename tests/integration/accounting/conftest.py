@@ -29,6 +29,7 @@ from icefrog_slurm.slurm.parse import expand_hostlist
 from icefrog_slurm.store import migrate
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.store.helpers import spec
+from tests.support.munge import ensure_users
 
 REPO = Path(__file__).resolve().parents[3]
 CLUSTER_SH = REPO / "slurm_conf" / "dev" / "cluster.sh"
@@ -92,7 +93,10 @@ def _cluster_for_slurm_tests() -> None:
 
 @pytest.fixture(scope="session")
 def acct_cluster() -> Iterator[Path]:
-    """The accounting cluster's slurm.conf (module docstring)."""
+    """The accounting cluster's slurm.conf (module docstring). The test users exist before
+    it comes up: its accounts are given to the users that exist then, and a job runs as
+    icefrog-alice."""
+    ensure_users()
     status = _cluster_sh("status")
     started = "slurmctld:  up" not in status.stdout
     if status.returncode != 0:
