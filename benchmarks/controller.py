@@ -19,6 +19,7 @@ with ``--jobs`` held icefrog jobs; the same three ticks with every Slurm call in
     .venv/bin/python -m benchmarks.controller --cprofile P   # P-first-round.prof, ...
     .venv/bin/python -m benchmarks.controller --max-fits 64  # a larger refit budget
     .venv/bin/python -m benchmarks.controller --set policy.batch_scaling=false  # any setting
+    .venv/bin/python -m benchmarks.controller --new-stats   # every job's statistics moved
 
 Read a profile with ``python -c "import pstats; pstats.Stats('P-second-round.prof')
 .sort_stats('cumulative').print_stats(30)"``; its times are CPU times, and the profiler
@@ -26,6 +27,10 @@ roughly doubles them.
 
 "cpu": the process CPU time of the tick's own work and of the reconcile pass (the
 machine's other load does not count in it), beside their wall times.
+
+``--new-stats``: before the second round every job reports new gradient statistics for its
+epoch in progress (as a job does within a long epoch, or at the end of a short one), so
+that round estimates every job again instead of reusing last round's tuning.
 
 Prints the figures; asserts nothing. Targets for a tick's own work: at 2400 jobs on 960
 GPUs, 1 s for a steady round and 3 s for the first round after a start; at 120 jobs on 48
@@ -38,6 +43,7 @@ import argparse
 import cProfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.store_snapshot import database, fill
@@ -45,7 +51,7 @@ from icefrog_slurm.commands.controller import POLICIES, make_policy
 from icefrog_slurm.controller.daemon import Controller, TickReport
 from icefrog_slurm.controller.ports import FsJobFiles
 from icefrog_slurm.domain.cluster import Gres, IcefrogTag
-from icefrog_slurm.protocol import Decision
+from icefrog_slurm.protocol import Decision, GradStats
 from icefrog_slurm.settings import (
     Settings,
     SolverSettings,
@@ -134,12 +140,21 @@ def show(label: str, r: TickReport, total: float, cpu: float) -> None:
     )
 
 
-def three_ticks(ctl: Controller, clock: StepClock, settings: Settings, cprofile: str = "") -> None:
+def three_ticks(
+    ctl: Controller,
+    clock: StepClock,
+    settings: Settings,
+    cprofile: str = "",
+    before_second: Callable[[], None] | None = None,
+) -> None:
     """The three ticks; with ``cprofile``, each one's profile (CPU time, as
-    ``time.process_time`` counts it) goes to ``cprofile-<label>.prof``."""
+    ``time.process_time`` counts it) goes to ``cprofile-<label>.prof``. ``before_second``
+    runs before the second round, outside its timing."""
     for label in ("first round", "nothing due", "second round"):
         if label == "second round":
             clock.offset += settings.controller.round_period_s + 1
+            if before_second is not None:
+                before_second()
         profile = cProfile.Profile(time.process_time) if cprofile else None
         t0, c0 = time.perf_counter(), time.process_time()
         if profile is not None:
@@ -158,7 +173,7 @@ def store_mode(args: argparse.Namespace) -> None:
         args.layers, args.samples, args.epochs = 20, 8, 3
         cluster = sim_cluster(args.nodes)
         t0 = time.perf_counter()
-        fill(store, args, slurm_ids=held_jobs(cluster, args.jobs), owner_uid=BENCH_UID)
+        ids = fill(store, args, slurm_ids=held_jobs(cluster, args.jobs), owner_uid=BENCH_UID)
         took = time.perf_counter() - t0
         print(f"filled {args.jobs} jobs in {took:.1f} s ({url.split(':')[0]})")
         settings = settings_for(tmp, args)
@@ -172,7 +187,15 @@ def store_mode(args: argparse.Namespace) -> None:
             files=NoFiles(),
         )
         print(f"{args.jobs} jobs, {args.nodes * 4} GPUs, policy {args.policy}, Slurm excluded:")
-        three_ticks(ctl, clock, settings, args.cprofile)
+
+        def new_stats() -> None:
+            epoch, layers = args.epochs - 1, args.layers
+            stats = GradStats(epoch, 0, (1.5,) * layers, (1.8,) * layers)
+            with store.transaction() as tx:
+                for job_id in ids:
+                    tx.put_grad_stats(job_id=job_id, stats=stats, now=clock.now())
+
+        three_ticks(ctl, clock, settings, args.cprofile, new_stats if args.new_stats else None)
         store.close()
 
 
@@ -241,6 +264,9 @@ def main() -> None:
     parser.add_argument("--postgres", action="store_true", help="a throwaway Postgres")
     parser.add_argument("--url", default="", help="an existing database (store mode)")
     parser.add_argument("--cprofile", default="", help="PREFIX: each tick's CPU profile")
+    parser.add_argument(
+        "--new-stats", action="store_true", help="new statistics for every job before round 2"
+    )
     parser.add_argument(
         "--max-fits",
         type=int,
