@@ -56,6 +56,11 @@ def frozen_penalty(frozen_var: float, trainable_var: float) -> float:
     for name, value in (("frozen variance", frozen_var), ("trainable variance", trainable_var)):
         if not math.isfinite(value) or value < 0:
             raise InputError(f"{name}: must be a finite number >= 0, got {value!r}")
+    return _penalty(frozen_var, trainable_var)
+
+
+def _penalty(frozen_var: float, trainable_var: float) -> float:
+    """:func:`frozen_penalty` of values known to be finite and >= 0."""
     if frozen_var == 0:
         return 1.0
     if trainable_var == 0:
@@ -82,11 +87,16 @@ class PenaltyTable:
 
     def psi(self, frozen: int) -> float:
         """psi(l) = sum(v[l:]) / sum(v) = S / (F + S) (eq 3), limits as in the module doc."""
-        if not 0 <= frozen <= self.num_layers:
-            raise InputError(f"frozen: {frozen} is outside 0..{self.num_layers}")
-        prefix = math.fsum(self.grad_var[:frozen])
-        suffix = math.fsum(self.grad_var[frozen:])
-        return frozen_penalty(prefix, suffix)
+        return self.psis((frozen,))[0]
+
+    def psis(self, frozen: Sequence[int]) -> list[float]:
+        """:meth:`psi` of each frozen count, checked once (the Layer Tuner's candidates)."""
+        v, n = self.grad_var, self.num_layers
+        for k in frozen:
+            if not 0 <= k <= n:
+                raise InputError(f"frozen: {k} is outside 0..{n}")
+        # sums of finite values >= 0 (checked when made) are finite: fsum raises on overflow
+        return [_penalty(math.fsum(v[:k]), math.fsum(v[k:])) for k in frozen]
 
 
 def extra_iterations(psi: float, remaining_iterations: float) -> float:

@@ -290,8 +290,8 @@ def tune_grids(
     for c, (w, grid, eff) in enumerate(zip(widths, throughputs, efficiencies, strict=True)):
         t = np.asarray(grid, dtype=float).reshape(w, len(frozen_candidates)) * lam
         e = psi_row * t
-        if eff is not None:
-            e = e * np.broadcast_to(eff, t.shape)
+        if eff is not None:  # broadcast_to would only check a shape that already matches
+            e = e * (eff if np.shape(eff) == t.shape else np.broadcast_to(eff, t.shape))
         stacked[c, :w] = e
         t_of.append(t)
     stacked[np.isnan(stacked)] = -math.inf

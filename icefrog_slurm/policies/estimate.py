@@ -230,9 +230,11 @@ class Estimator:
         cached = self._models(job, layers, gpus_per_node, modelled_parallelism(spec, settings))
         stats = job.view.grad_stats
         psi: Callable[[int], float]
+        penalty: PenaltyTable | None = None
         freezing = self._freezing or settings.policy.freezing
         if stats is not None and len(stats.grad_var) == layers.num_layers:
-            psi = PenaltyTable(stats.grad_var).psi
+            penalty = PenaltyTable(stats.grad_var)
+            psi = penalty.psi
             frozen = legal_frozen(layers, layers.max_frozen_from_fraction(spec.max_frozen_fraction))
             current_frozen: int | None = stats.frozen
             if freezing == "penalty" and self._stalled_frozen(job, stats, settings):
@@ -273,7 +275,7 @@ class Estimator:
             for (g, at), grid in zip(missing, grids, strict=True):
                 cached.grids[g, at, frozen] = grid
         if untuned:  # psi once a call, the unshared options tuned together
-            psi_values = np.array([psi(k) for k in frozen], dtype=float)
+            psi_values = np.array(penalty.psis(frozen) if penalty else [1.0] * len(frozen))
             effs = dict.fromkeys(untuned) if goodput is None else goodput(untuned, batches)
             alone = [g for g in untuned if (g, False) not in cached.tuned and (g, False) in configs]
             chosen = tune_grids(

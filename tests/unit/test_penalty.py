@@ -47,6 +47,11 @@ def test_psi_is_in_floor_one_and_falls_with_depth(values: list[float], data: st.
     total = math.fsum(values)
     if total > 0 and math.fsum(values[k:]) > 0:
         assert table.psi(k) == pytest.approx(max(PSI_FLOOR, math.fsum(values[k:]) / total))
+    # all at once (the Layer Tuner's candidates): the same floats as eq 3 term by term
+    depths = data.draw(st.lists(st.integers(0, len(values)), max_size=10))
+    assert table.psis(depths) == [
+        frozen_penalty(math.fsum(values[:d]), math.fsum(values[d:])) for d in depths
+    ]
 
 
 def test_documented_limits() -> None:
@@ -66,6 +71,8 @@ def test_empty_and_out_of_range() -> None:
         PenaltyTable(())
     with pytest.raises(InputError, match="frozen: 4"):
         PenaltyTable((1.0, 1.0)).psi(4)
+    with pytest.raises(InputError, match="frozen: -1"):
+        PenaltyTable((1.0, 1.0)).psis([0, 1, -1])
     with pytest.raises(InputError, match="psi"):
         extra_iterations(0.0, 10)
 
