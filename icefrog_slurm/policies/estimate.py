@@ -275,7 +275,7 @@ class Estimator:
             for (g, at), grid in zip(missing, grids, strict=True):
                 cached.grids[g, at, frozen] = grid
         if untuned:  # psi once a call, the unshared options tuned together
-            psi_values = np.array(penalty.psis(frozen) if penalty else [1.0] * len(frozen))
+            psi_values = np.array([1.0] * len(frozen) if penalty is None else penalty.psis(frozen))
             effs = dict.fromkeys(untuned) if goodput is None else goodput(untuned, batches)
             alone = [g for g in untuned if (g, False) not in cached.tuned and (g, False) in configs]
             chosen = tune_grids(
@@ -336,9 +336,7 @@ class Estimator:
         frozen: tuple[int, ...],
         layers: LayerTable,
         settings: Settings,
-    ) -> (
-        Callable[[Iterable[int], Mapping[int, Sequence[int]]], dict[int, FloatArray | None]] | None
-    ):
+    ) -> Efficiencies | None:
         """With batch scaling on (``policy.batch_scaling``, or as constructed), for a job
         whose global batch is free and whose gradient statistics have come: (GPU counts,
         their per-GPU batches) -> each count's efficiency grid over (batch, frozen) the

@@ -45,7 +45,6 @@ from icefrog_slurm.sim.workload import TraceJob
 PROFILE_SAMPLES_PER_CONFIG = 3
 """Profile samples a job reports for each (GPUs, batch, frozen, shared) it runs in."""
 
-
 METRIC_NOISE = 0.15
 """sd of a validation report's noise, as a fraction of the gap between the target and the
 metric's asymptote (``MetricShape.margin`` x |target|)."""

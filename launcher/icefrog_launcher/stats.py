@@ -155,18 +155,19 @@ class GradStatsCollector:
         self.last_var, self.last_sqr, _ = self._averages()
         if self._acc is not None:
             self._acc.zero_()
-        var = self.frozen_var[:frozen] + self.last_var[frozen:]
-        sqr = self.frozen_sqr[:frozen] + self.last_sqr[frozen:]
-        return var, sqr
+        return self._with_frozen(frozen, self.last_var, self.last_sqr)
 
     def so_far(self, frozen: int) -> tuple[list[float], list[float]] | None:
         """What :meth:`end_epoch` would return now, the epoch going on (nothing reset); None
         while no step of this epoch has been measured."""
-        var_now, sqr_now, seen = self._averages()
-        if not seen:
-            return None
-        var = self.frozen_var[:frozen] + var_now[frozen:]
-        return var, self.frozen_sqr[:frozen] + sqr_now[frozen:]
+        var, sqr, seen = self._averages()
+        return self._with_frozen(frozen, var, sqr) if seen else None
+
+    def _with_frozen(
+        self, frozen: int, var: list[float], sqr: list[float]
+    ) -> tuple[list[float], list[float]]:
+        """The first ``frozen`` layers' at-freeze values, the rest's from ``var``/``sqr``."""
+        return self.frozen_var[:frozen] + var[frozen:], self.frozen_sqr[:frozen] + sqr[frozen:]
 
     def _averages(self) -> tuple[list[float], list[float], bool]:
         """Each layer's averages over the epoch's measured steps (its last values where
