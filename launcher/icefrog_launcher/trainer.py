@@ -392,7 +392,8 @@ class Trainer:
     def _mid_epoch_stats(self) -> None:
         """The gradient statistics so far, labelled with this epoch (its end's report
         replaces them), after every further 1/GRAD_REPORTS_PER_EPOCH of the epoch and no
-        sooner than MID_EPOCH_STATS_MIN_S after the last report (rank 0)."""
+        sooner than MID_EPOCH_STATS_MIN_S after the last report (rank 0). An eighth is read
+        once (one copy from the device): with nothing measured yet, the next one is tried."""
         if not self.reporter.enabled or self.loader.size <= 0:
             return
         part = self.position * GRAD_REPORTS_PER_EPOCH // self.loader.size
@@ -400,9 +401,9 @@ class Trainer:
             return
         if time.monotonic() - self._grad_sent < MID_EPOCH_STATS_MIN_S:
             return
+        self._grad_part = part
         got = self.stats.so_far(self.frozen)
         if got is not None:
-            self._grad_part = part
             self._send_grad_stats(*got)
 
     def _send_grad_stats(self, var: Sequence[float], sqr: Sequence[float]) -> None:

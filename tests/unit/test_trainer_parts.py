@@ -315,3 +315,34 @@ def test_trainer_reports_statistics_within_an_epoch(
         assert len({r.grad_var for r in reports}) == len(reports)  # each a new average
     last = reports[-1]
     assert list(last.grad_var) == pytest.approx([v / 16 for v in trainer.stats.last_var])
+
+
+def test_an_eighth_without_statistics_is_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading the statistics so far waits for the device: an eighth with nothing measured
+    yet is read once, not again at each of its micro-batches, and reports nothing."""
+    from icefrog_launcher import Trainer
+    from icefrog_launcher import trainer as trainer_module
+    from icefrog_slurm.protocol import GRAD_REPORTS_PER_EPOCH
+    from tests.support.munge import ensure_munged
+    from tests.support.tiny_job import tiny_job, tiny_mlp, train
+
+    why = ensure_munged()
+    if why:
+        pytest.skip(why)
+    monkeypatch.setattr(trainer_module, "MID_EPOCH_STATS_MIN_S", 0.0)
+    data, config = tiny_job(tmp_path, samples=512, batch=(16, 16), max_epochs=1, job_id="10")
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    trainer = Trainer(model, opt, data, config=config, env={}, stats_every=2)
+    reads: list[int] = []
+
+    def nothing_yet(frozen: int) -> None:
+        reads.append(trainer.position)
+        return None
+
+    monkeypatch.setattr(trainer.stats, "so_far", nothing_yet)
+    assert train(trainer, opt) == 32
+    assert len(reads) == GRAD_REPORTS_PER_EPOCH - 1  # one read an eighth, 32 micro-batches
+    assert len(list((tmp_path / "inbox" / "10").glob("*-grad_stats.json"))) == 1  # the end's
