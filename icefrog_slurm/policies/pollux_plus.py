@@ -11,7 +11,10 @@ Here (simplified; docs/evaluation.md says why):
   gain / scale, with var and sqr the sums of the trainable layers' reported gradient
   variance and squared norm;
   jobs with no statistics yet count efficiency 1;
-- goodput(a) = E(a) x efficiency(a x m), (m, l) the tuner's choice at a (the "+");
+- goodput(a) = E(a) x efficiency(a x m) for the per-GPU batch m that maximises it at a
+  (the Layer Tuner with batch scaling, at FreezeOut's depth l: the "+"), as AdaptDL
+  re-optimises the batch for every allocation (without its gradient accumulation: m is
+  one of the job's declared batches);
 - speedup(a) = goodput(a) / goodput(fair share), the fair share ceil(GPUs / jobs) as in
   AdaptDL's simulator (``simulator/pollux.py``), times its restart penalty
   age / (age + delay) for a changed allocation (delay = the reallocation overhead);
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import time
 
-from icefrog_slurm.core.goodput import efficiency
 from icefrog_slurm.domain.plan import PolicyResult
 from icefrog_slurm.domain.snapshot import Snapshot
 from icefrog_slurm.policies.baseline import (
@@ -43,19 +45,8 @@ NO_SPEEDUP = 1e12  # -1/speedup for a job that would make no progress
 
 
 def goodput(o: JobOptions, gpus: int) -> float:
-    """E(a) x efficiency(a x m) for the tuner's choice at ``gpus``."""
-    cand = o.exclusive[gpus]
-    spec, stats = o.job.job.spec, o.job.view.grad_stats
-    var = sqr = 0.0
-    if stats is not None:
-        var, sqr = sum(stats.grad_var[stats.frozen :]), sum(stats.grad_sqr[stats.frozen :])
-    eff = efficiency(
-        var=var,
-        sqr=sqr,
-        batch=spec.global_batch or gpus * cand.choice.batch,  # a fixed batch: the same B
-        base_batch=spec.min_gpus * spec.min_batch,
-    )
-    return cand.choice.effective_progress * eff
+    """The tuner's goodput at ``gpus``: E x efficiency of its chosen (batch, depth)."""
+    return o.exclusive[gpus].choice.effective_progress
 
 
 class PolluxPlusPolicy:
@@ -64,7 +55,7 @@ class PolluxPlusPolicy:
     name = "pollux+"
 
     def __init__(self) -> None:
-        self.estimator = Estimator(freezing="freezeout", batch_scaling=False)
+        self.estimator = Estimator(freezing="freezeout", batch_scaling=True)
 
     def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
         started = time.perf_counter()

@@ -14,7 +14,9 @@ from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.tuner import tune_grid
 from icefrog_slurm.domain.records import JobRecord, JobView, Progress
 from icefrog_slurm.domain.snapshot import Current, JobSnapshot
+from icefrog_slurm.policies.baseline import JobOptions
 from icefrog_slurm.policies.estimate import Estimator
+from icefrog_slurm.policies.pollux_plus import PolluxPlusPolicy, goodput
 from icefrog_slurm.protocol import GradStats, JobSpec
 from icefrog_slurm.settings import Settings, settings_from_mapping
 
@@ -97,3 +99,18 @@ def test_under_the_paper_protocol_icefrog_adapts_the_batch_only_with_batch_scali
     assert adapts_batch("pollux+", OFF) and adapts_batch("pollux+", ON)
     assert not adapts_batch("icefrog", OFF) and adapts_batch("icefrog", ON)
     assert not adapts_batch("optimus+", ON) and not adapts_batch("lucid+", ON)
+
+
+def test_pollux_plus_picks_the_batch_of_the_best_goodput_at_each_allocation() -> None:
+    """As AdaptDL re-optimises the batch for every allocation: the larger batch's higher
+    throughput does not pay for its lower efficiency here, whatever the settings say."""
+    est = PolluxPlusPolicy().estimator
+    for settings in (ON, OFF):
+        assert _choice(est, settings) == _choice(Estimator(), ON) == (32, pytest.approx(1.0))
+    job = _job()
+    got = est.candidates(job, now=100.0, gpus_per_node=4, capacity=4, settings=OFF)
+    exclusive = {c.gpus: c for c in got if not c.shared}
+    # goodput is the tuner's E x efficiency, the value Pollux+'s speedups are made of
+    two = exclusive[2].choice
+    assert goodput(JobOptions(job, exclusive, None), 2) == two.effective_progress
+    assert two.effective_progress < 0.6 * two.psi * two.throughput
