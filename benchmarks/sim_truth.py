@@ -6,6 +6,11 @@
    samples: fit on 60 % of a grid of (GPUs, batch, frozen), throughput APE on the rest
    against the noise-free truth.
 3. Eq 3's psi against the true progress rate along a run frozen at 50 % of the work.
+4. Statistical efficiency of a larger global batch, per task: the truth's (samples to the
+   target at the task's smallest calibrated batch M0 over those at M, the calibrated
+   convergence curve) against Pollux's formula (``core/goodput.py``) on the gradient
+   statistics the simulated jobs report (their mean over 200 reports at a run's start),
+   what the goodput tuners (ICEFROG's default, Pollux+) choose a batch by.
 
 Usage: .venv/bin/python -m benchmarks.sim_truth [--seed N]
 """
@@ -13,12 +18,14 @@ Usage: .venv/bin/python -m benchmarks.sim_truth [--seed N]
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 
 import numpy as np
 
 from icefrog_slurm.core.fit import ape, fit_ddp_model
+from icefrog_slurm.core.goodput import efficiency
 from icefrog_slurm.core.penalty import PenaltyTable
-from icefrog_slurm.sim.calibration import shipped_calibration
+from icefrog_slurm.sim.calibration import TaskCalibration, shipped_calibration
 from icefrog_slurm.sim.catalog import shipped_catalog
 from icefrog_slurm.sim.truth import TaskTruth, build_truths
 
@@ -94,14 +101,40 @@ def psi_vs_truth(all_truths: dict[str, TaskTruth], seed: int) -> None:
         run.advance(samples=step, global_batch=128)
 
 
+SCALES = (2, 4, 8, 16, 32)
+
+
+def batch_efficiency(
+    all_truths: dict[str, TaskTruth], calibration: Mapping[str, TaskCalibration], seed: int
+) -> None:
+    print("\nEfficiency of M = s x M0 (1 at M0): the truth's / the reported statistics'")
+    print("(their mean over 200 reports at the start of a run):")
+    print("| task | M0 | " + " | ".join(f"s = {s}" for s in SCALES) + " |")
+    print("| --- | ---: | " + " | ".join("---" for _ in SCALES) + " |")
+    for name, t in sorted(all_truths.items()):
+        m0 = float(calibration[name].batches[0])
+        run = t.start_run(seed=seed)
+        reports = [run.observe_grad_stats(epoch=0) for _ in range(200)]
+        var = float(np.mean([sum(r.grad_var) for r in reports]))
+        sqr = float(np.mean([sum(r.grad_sqr) for r in reports]))
+        cells = []
+        for s in SCALES:
+            truth = t.samples_to_target(m0) / t.samples_to_target(s * m0)
+            reported = efficiency(var=var, sqr=sqr, batch=s * m0, base_batch=m0)
+            cells.append(f"{truth:.2f} / {reported:.2f}")
+        print(f"| {name} | {m0:.0f} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    all_truths = build_truths(shipped_catalog(), shipped_calibration(), seed=args.seed)
+    calibration = shipped_calibration()
+    all_truths = build_truths(shipped_catalog(), calibration, seed=args.seed)
     inflation(all_truths, args.seed)
     learnability(all_truths, args.seed)
     psi_vs_truth(all_truths, args.seed)
+    batch_efficiency(all_truths, calibration, args.seed)
 
 
 if __name__ == "__main__":
