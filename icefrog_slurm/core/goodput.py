@@ -9,10 +9,10 @@ base batch M0.
 var and sqr are sums of the per-layer statistics the trainer reports over the layers that
 train: var the variance of a base-batch (M0-sample) gradient, tr(Sigma) / M0, as Pollux's
 traces record it (the Model Trainer measures per-sample tr(Sigma) and reports it / M0),
-sqr the true gradient's squared norm. Pollux+ multiplies a GPU count's effective progress
-by it (goodput); ICEFROG's Layer Tuner does too with ``[policy] batch_scaling`` (the
-paper's batch-elasticity ablation, spec section 15; the default), so the per-GPU batch it
-picks is the one of the best goodput.
+sqr the true gradient's squared norm. The Layer Tuner weighs E by it (goodput) for
+Pollux+ always and for ICEFROG with ``[policy] batch_scaling`` (the paper's
+batch-elasticity ablation, spec section 15; the default), so the per-GPU batch it picks at
+each GPU count is the one of the best goodput.
 """
 
 from __future__ import annotations
