@@ -106,7 +106,7 @@ def myopic_run(
         spent += epoch / rate[r.frozen]
         since += epoch
         e += 1
-        stats = r.observe_grad_stats(epoch=e)
+        stats = r.observe_grad_stats(epoch=e, base_batch=m)
     return spent, moves
 
 

@@ -91,7 +91,7 @@ def psi_vs_truth(all_truths: dict[str, TaskTruth], seed: int) -> None:
         if run.frozen == 0 and run.progress >= 0.3:
             run.set_frozen(t.layers.num_layers // 2)
         if run.frozen and run.progress >= printed:
-            stats = run.observe_grad_stats(epoch=0)
+            stats = run.observe_grad_stats(epoch=0, base_batch=128)
             psi_obs = PenaltyTable(stats.grad_var).psi(run.frozen)
             psi = run.true_psi()
             print(
@@ -114,7 +114,7 @@ def batch_efficiency(
     for name, t in sorted(all_truths.items()):
         m0 = float(calibration[name].batches[0])
         run = t.start_run(seed=seed)
-        reports = [run.observe_grad_stats(epoch=0) for _ in range(200)]
+        reports = [run.observe_grad_stats(epoch=0, base_batch=int(m0)) for _ in range(200)]
         var = float(np.mean([sum(r.grad_var) for r in reports]))
         sqr = float(np.mean([sum(r.grad_sqr) for r in reports]))
         cells = []

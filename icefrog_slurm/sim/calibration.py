@@ -110,6 +110,8 @@ lanes, 128b/130b encoding, one direction (PCI-SIG's PCIe 3.0 specification)."""
 HDR_IB_BYTES_S = 25e9
 """A node's network link (200 Gb/s HDR InfiniBand, spec section 13)."""
 HELD_BACK_FRACTION = 0.25
+NOISE_SCALES = np.logspace(0.0, 8.0, 801)
+"""Gradient noise scales (samples) :func:`noise_scale` chooses from: 1 to 1e8, 100 a decade."""
 SIZE_THRESHOLDS_H = (1.0, 10.0, 100.0)
 """GPU-hours bounds of small / medium / large / xlarge (Pollux's workload generator)."""
 CHECKOUT_POLLUX_DIR = Path(__file__).resolve().parents[2] / "data" / "pollux" / "traces"
@@ -237,6 +239,11 @@ class TaskCalibration:
         y = np.log(np.asarray(self.samples, dtype=float))
         return float(np.exp(np.interp(math.log(max(global_batch, 1.0)), x, y)))
 
+    @property
+    def noise_scale(self) -> float:
+        """The gradient noise scale of this task's convergence curve (:func:`noise_scale`)."""
+        return noise_scale(self.batches, self.samples)
+
     def throughput(
         self, *, gpus: int, batch: int, nodes: int | None = None, sync_gpus: int | None = None
     ) -> float:
@@ -330,6 +337,24 @@ def convergence(
         batches.append(batch)
         samples.append(need)
     return tuple(batches), tuple(samples)
+
+
+def noise_scale(batches: Sequence[int], samples: Sequence[float]) -> float:
+    """The gradient noise scale B (Pollux's phi; McCandlish et al. 2018, arXiv 1812.06162)
+    whose statistical efficiency (B + M0) / (B + M) best reproduces the measured ratios
+    S(M0) / S(M) of samples to the target, least squares in log over the measured global
+    batches M (M0 the smallest), B from :data:`NOISE_SCALES`. Gradient statistics whose
+    squared norm over base-batch variance is M_base / B make Pollux's efficiency follow the
+    curve. With one batch there is nothing to fit: the largest B (no loss at any batch)."""
+    m = np.asarray(batches, dtype=float)
+    s = np.asarray(samples, dtype=float)
+    if m.size < 2:
+        return float(NOISE_SCALES[-1])
+    first = int(np.argmin(m))
+    b = NOISE_SCALES[:, None]
+    predicted = np.log((b + m[first]) / (b + m[None, :]))
+    error = ((predicted - np.log(s[first] / s)[None, :]) ** 2).sum(axis=1)
+    return float(NOISE_SCALES[int(np.argmin(error))])
 
 
 def calibrate_pollux(task: Task, app_dir: Path, gpu_model: str = "a800") -> TaskCalibration:

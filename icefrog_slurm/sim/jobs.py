@@ -260,7 +260,9 @@ class SimJob:
 
     def _grad_stats(self, epoch: int) -> GradStats:
         """Observe the gradient statistics; psi and the efficiency follow them."""
-        stats = self.run.observe_grad_stats(epoch=epoch)
+        stats = self.run.observe_grad_stats(
+            epoch=epoch, base_batch=self.spec.min_gpus * self.spec.min_batch
+        )
         app = self.truth.pollux_app
         if app is not None and self.config is not None:
             stats = self._as_pollux(stats, app, self.config.step_batch)

@@ -21,6 +21,10 @@ What is true here (docs/simulator.md argues why each is plausible):
   independent of the batch (eq 3 uses only ratios of variances, where a 1/batch scale
   cancels); p is the layer's own progress, which stands still while it is frozen, so a
   thawed layer resumes where it stopped;
+- **squared gradient norm** of layer i: v_i times a hidden per-layer share, scaled so that
+  the trainable layers' norm over their base-batch variance is M_base / B, B the gradient
+  noise scale of the calibrated convergence curve: Pollux's statistical efficiency on the
+  reported statistics values a larger batch as the curve does;
 - **reaching the target** — unfrozen, a job needs the calibrated samples-to-target at its
   global batch (times a hidden per-job factor). With the first l layers frozen, a sample
   counts ``1 / (1 + rho x (1/psi - 1))`` of a full-model sample, psi = eq 3 evaluated on
@@ -102,7 +106,7 @@ class _Hidden:
     static_bytes: float
     util_peak: float  # utilisation = util_peak x busy share of a one-GPU iteration
     interference: float  # shared speed = (1 - interference) / max(1, sum of utilisations)
-    snr: FloatArray  # squared gradient norm over variance, per layer
+    snr: FloatArray  # each layer's share of squared gradient norm over variance (relative)
     sm_share: float  # share of the GPU's SMs a busy kernel of this task occupies (MPS)
 
 
@@ -149,6 +153,7 @@ class TaskTruth:
         self._cal = cal
         self._hidden = _draw(task, layers, cal, seed)
         self._bwd_suffix = np.concatenate([np.cumsum(self._hidden.layer_bwd[::-1])[::-1], [0.0]])
+        self.noise_scale = cal.noise_scale  # the convergence curve's (samples)
 
     @property
     def pollux_app(self) -> PolluxApplication | None:
@@ -430,13 +435,22 @@ class TrainingRun:
         self.progress += progress
         self._trained[self._frozen :] += progress
 
-    def observe_grad_stats(self, *, epoch: int) -> GradStats:
+    def observe_grad_stats(self, *, epoch: int, base_batch: int) -> GradStats:
         """What the job's gradient statistics report: trainable layers a fresh noisy value,
-        frozen layers the value observed when they were frozen (protocol.GradStats)."""
+        frozen layers the value observed when they were frozen (protocol.GradStats).
+
+        The variance is that of a ``base_batch`` gradient (the job's smallest global batch,
+        GradStats' convention); the squared norms keep each layer's hidden share (``snr``)
+        and are scaled so that, on the true values, the trainable layers' squared norm over
+        variance is base_batch / the task's noise scale: Pollux's efficiency computed on
+        them follows the task's convergence curve (``TaskCalibration.noise_scale``)."""
         now = self._truth.grad_var(self._trained)
         noisy = now * _lognormal(self._rng, GRAD_VAR_NOISE, now.size)
         noisy[: self._frozen] = self._observed_at_freeze[: self._frozen]
-        sqr = now * self._truth._hidden.snr * _lognormal(self._rng, GRAD_VAR_NOISE, now.size)
+        k = self._frozen if self._frozen < now.size else 0
+        shape = now * self._truth._hidden.snr
+        ratio = base_batch / self._truth.noise_scale * now[k:].sum() / shape[k:].sum()
+        sqr = shape * ratio * _lognormal(self._rng, GRAD_VAR_NOISE, now.size)
         return GradStats(
             epoch=epoch,
             frozen=self._frozen,

@@ -10,12 +10,14 @@ import pytest
 from icefrog_slurm.sim.calibration import (
     A800_COMPUTE_SPEEDUP,
     FINE_TUNE_MFU,
+    NOISE_SCALES,
     PCIE3_X16_BYTES_S,
     PEAK_FLOPS,
     SHARDED_SYNC_VOLUME,
     TRAINING_FLOPS_PER_FORWARD,
     calibrate_pollux,
     from_document,
+    noise_scale,
     ring_allreduce_curve,
     shipped_calibration,
     size_class,
@@ -172,3 +174,21 @@ def test_the_checkout_data_is_the_default_and_elsewhere_pollux_is_required(
     assert exc.value.code == 2
     assert "--pollux DIR is required outside a source checkout" in capsys.readouterr().err
     assert not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.parametrize("true_scale", [50.0, 3000.0, 2e6])
+def test_noise_scale_recovers_the_scale_of_a_pollux_shaped_curve(true_scale: float) -> None:
+    """Samples to the target S(M) = S0 (B + M) / (B + M0) (Pollux's efficiency at noise
+    scale B): the fit finds B within the grid's step, in whatever order the batches come."""
+    batches = (512, 32, 64, 128, 256, 1024)
+    samples = tuple(1e6 * (true_scale + m) / (true_scale + 32) for m in batches)
+    step = NOISE_SCALES[1] / NOISE_SCALES[0]
+    assert noise_scale(batches, samples) == pytest.approx(true_scale, rel=step - 1)
+
+
+def test_noise_scale_at_the_ends_of_its_grid() -> None:
+    """No loss at a larger batch, or one batch (nothing to fit): the largest scale; all
+    loss (twice the samples at twice the batch): the smallest."""
+    assert noise_scale((32, 64, 128), (1e6, 1e6, 1e6)) == NOISE_SCALES[-1]
+    assert noise_scale((32,), (1e6,)) == NOISE_SCALES[-1]
+    assert noise_scale((32, 64), (1e6, 2e6)) == NOISE_SCALES[0]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from icefrog_slurm.core.fit import ape, fit_ddp_model
+from icefrog_slurm.core.goodput import efficiency
 from icefrog_slurm.sim.calibration import shipped_calibration, sync_group
 from icefrog_slurm.sim.catalog import shipped_catalog
 from icefrog_slurm.sim.truth import (
@@ -128,12 +129,37 @@ def test_grad_stats_noise_and_frozen_layers_keep_their_freeze_value() -> None:
     run = t.start_run(seed=5)
     run.advance(samples=1e5, global_batch=128)
     run.set_frozen(4)
-    stats = [run.observe_grad_stats(epoch=e) for e in range(2000)]
+    stats = [run.observe_grad_stats(epoch=e, base_batch=128) for e in range(2000)]
     assert len({s.grad_var[:4] for s in stats}) == 1  # frozen: the value observed at freeze
     true = t.grad_var(run.progress)
     logs = np.log(np.array([s.grad_var[4:] for s in stats]) / true[4:])
     assert logs.std(axis=0) == pytest.approx(np.full(6, GRAD_VAR_NOISE), rel=0.1)
     assert stats[0].frozen == 4 and len(stats[0].grad_sqr) == t.layers.num_layers
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_reported_statistics_value_a_larger_batch_as_the_convergence_curve_does(
+    name: str,
+) -> None:
+    """Pollux's efficiency on the mean reported statistics is that of the curve's noise scale
+    at every calibrated batch, unfrozen and with half the layers frozen, and within 15 % of
+    the truth's S(M0) / S(M) at the largest batch (each curve's loss there, if any)."""
+    t, cal = truth(name), shipped_calibration()[name]
+    base, scale = min(cal.batches), cal.noise_scale
+    run = t.start_run(seed=2)
+    for frozen in (0, t.layers.num_layers // 2):
+        run.set_frozen(frozen)
+        reports = [run.observe_grad_stats(epoch=0, base_batch=base) for _ in range(400)]
+        var = float(np.mean([sum(r.grad_var[frozen:]) for r in reports]))
+        sqr = float(np.mean([sum(r.grad_sqr[frozen:]) for r in reports]))
+        for batch in cal.batches:
+            reported = efficiency(var=var, sqr=sqr, batch=batch, base_batch=base)
+            assert reported == pytest.approx((scale + base) / (scale + batch), rel=0.05)
+    largest = max(cal.batches)
+    reported = efficiency(var=var, sqr=sqr, batch=largest, base_batch=base)
+    assert reported == pytest.approx(
+        t.samples_to_target(base) / t.samples_to_target(largest), rel=0.15
+    )
 
 
 def test_the_core_model_learns_the_truth_from_noisy_samples() -> None:
