@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from icefrog_slurm.core.fit import ape, ddp_model_from, fit_ddp_model
+from icefrog_slurm.core.goodput import efficiency_of_sums
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.parallelism import Kind
 from icefrog_slurm.core.throughput import (
@@ -343,7 +344,8 @@ def noise_scale(batches: Sequence[int], samples: Sequence[float]) -> float:
     """The gradient noise scale B (Pollux's phi; McCandlish et al. 2018, arXiv 1812.06162)
     whose statistical efficiency (B + M0) / (B + M) best reproduces the measured ratios
     S(M0) / S(M) of samples to the target, least squares in log over the measured global
-    batches M (M0 the smallest), B from :data:`NOISE_SCALES`. Gradient statistics whose
+    batches M (M0 the smallest), B from :data:`NOISE_SCALES`; the efficiency is
+    ``core.goodput``'s, the one the policies score with. Gradient statistics whose
     squared norm over base-batch variance is M_base / B make Pollux's efficiency follow the
     curve. With one batch there is nothing to fit: the largest B (no loss at any batch)."""
     m = np.asarray(batches, dtype=float)
@@ -351,9 +353,11 @@ def noise_scale(batches: Sequence[int], samples: Sequence[float]) -> float:
     if m.size < 2:
         return float(NOISE_SCALES[-1])
     first = int(np.argmin(m))
-    b = NOISE_SCALES[:, None]
-    predicted = np.log((b + m[first]) / (b + m[None, :]))
-    error = ((predicted - np.log(s[first] / s)[None, :]) ** 2).sum(axis=1)
+    predicted = efficiency_of_sums(  # one row a batch, one column a scale: sqr / var = M0 / B
+        var=np.ones_like(NOISE_SCALES), sqr=m[first] / NOISE_SCALES,
+        global_batches=tuple(m), base_batch=float(m[first]),
+    )  # fmt: skip
+    error = ((np.log(predicted) - np.log(s[first] / s)[:, None]) ** 2).sum(axis=0)
     return float(NOISE_SCALES[int(np.argmin(error))])
 
 
