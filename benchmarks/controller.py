@@ -20,6 +20,7 @@ with ``--jobs`` held icefrog jobs; the same three ticks with every Slurm call in
     .venv/bin/python -m benchmarks.controller --max-fits 64  # a larger refit budget
     .venv/bin/python -m benchmarks.controller --set policy.batch_scaling=false  # any setting
     .venv/bin/python -m benchmarks.controller --new-stats   # every job's statistics moved
+    .venv/bin/python -m benchmarks.controller --split       # where an icefrog round's time goes
 
 Read a profile with ``python -c "import pstats; pstats.Stats('P-second-round.prof')
 .sort_stats('cumulative').print_stats(30)"``; its times are CPU times, and the profiler
@@ -27,6 +28,9 @@ roughly doubles them.
 
 "cpu": the process CPU time of the tick's own work and of the reconcile pass (the
 machine's other load does not count in it), beside their wall times.
+
+``--split``: after each tick, the wall time spent in each of the parts ``SPLIT`` names (a
+timer around each function; a part's time includes the parts under it).
 
 ``--new-stats``: before the second round every job reports new gradient statistics for its
 epoch in progress (as a job does within a long epoch, or at the end of a short one), so
@@ -41,10 +45,14 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
+import importlib
 import tempfile
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from benchmarks.store_snapshot import database, fill
 from icefrog_slurm.commands.controller import POLICIES, make_policy
@@ -115,6 +123,51 @@ class StepClock:
         return None
 
 
+ESTIMATE = "icefrog_slurm.policies.estimate"
+# (label, module, class or "" for a module function, function): what --split times
+SPLIT = (
+    ("the store's snapshot", "icefrog_slurm.store.tx", "SqlStoreTx", "snapshot"),
+    ("the policy", "icefrog_slurm.policies.icefrog", "IcefrogPolicy", "decide"),
+    ("  the estimator", ESTIMATE, "Estimator", "candidates_for"),
+    ("    fits and priors", ESTIMATE, "Estimator", "_model"),
+    ("    throughput grids", ESTIMATE, "", "measured_or_predicted_grids"),
+    ("    sharing regressions", ESTIMATE, "", "_loads"),
+    ("    the shared option's grids", ESTIMATE, "", "shared_throughput"),
+    ("    psi", "icefrog_slurm.core.penalty", "PenaltyTable", "psis"),
+    ("    the tuning pass", ESTIMATE, "", "_tune"),
+    ("  solve and placement", "icefrog_slurm.policies.icefrog", "", "solve_and_place"),
+)
+
+
+class Split:
+    """Wall-clock timers around the functions ``SPLIT`` names (installed for the process)."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = defaultdict(float)
+        for label, module, owner, name in SPLIT:
+            where: Any = importlib.import_module(module)
+            if owner:
+                where = getattr(where, owner)
+            setattr(where, name, self._timed(label, getattr(where, name)))
+
+    def _timed(self, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.spent[label] += time.perf_counter() - started
+
+        return timed
+
+    def show(self) -> None:
+        for label, *_ in SPLIT:
+            if label in self.spent:
+                print(f"      {label:<32} {self.spent[label] * 1000:8.1f} ms")
+        self.spent.clear()
+
+
 def settings_for(tmp: str, args: argparse.Namespace) -> Settings:
     settings = settings_from_mapping(
         {
@@ -146,6 +199,7 @@ def three_ticks(
     settings: Settings,
     cprofile: str = "",
     before_second: Callable[[], None] | None = None,
+    split: Split | None = None,
 ) -> None:
     """The three ticks; with ``cprofile``, each one's profile (CPU time, as
     ``time.process_time`` counts it) goes to ``cprofile-<label>.prof``. ``before_second``
@@ -164,6 +218,8 @@ def three_ticks(
             profile.disable()
             profile.dump_stats(f"{cprofile}-{label.replace(' ', '-')}.prof")
         show(label, report, time.perf_counter() - t0, time.process_time() - c0)
+        if split is not None:
+            split.show()
 
 
 def store_mode(args: argparse.Namespace) -> None:
@@ -195,7 +251,8 @@ def store_mode(args: argparse.Namespace) -> None:
                 for job_id in ids:
                     tx.put_grad_stats(job_id=job_id, stats=stats, now=clock.now())
 
-        three_ticks(ctl, clock, settings, args.cprofile, new_stats if args.new_stats else None)
+        three_ticks(ctl, clock, settings, args.cprofile, new_stats if args.new_stats else None,
+                    Split() if args.split else None)  # fmt: skip
         store.close()
 
 
@@ -266,6 +323,9 @@ def main() -> None:
     parser.add_argument("--cprofile", default="", help="PREFIX: each tick's CPU profile")
     parser.add_argument(
         "--new-stats", action="store_true", help="new statistics for every job before round 2"
+    )
+    parser.add_argument(
+        "--split", action="store_true", help="the wall time of each part of a round (SPLIT)"
     )
     parser.add_argument(
         "--max-fits",

@@ -26,12 +26,13 @@ keeps the credited lambda iff ``sum(lambda x util) <= 1``. With lambda = 1 this 
 keep the speed the solver counts on (``docs/method.md``, "Sharing";
 ``benchmarks/sharing_admission.py`` prints the rule against the simulator's pairs).
 
-The shared option picks its own (batch, depth) (:func:`tune_shared`): the best goodput x
-psi among the configurations that fit one job's part of a GPU, so any two shared options
-are admissible together. A job with no measurement yet can be judged from its declared
-tables (:class:`DeclaredLoad`; the policy's ``sharing.before_samples``), so a waiting job
-may start on a shared GPU; its first samples replace the prior the next round, and the
-eviction check (``controller/tick.py``) moves it off an unstable pair.
+The shared option picks its own (batch, depth): the Layer Tuner's best goodput x psi at
+lambda over :func:`shared_throughput`, the configurations that fit one job's part of a
+GPU, so any two shared options are admissible together. A job with no measurement yet
+can be judged from its declared tables (:class:`DeclaredLoad`; the policy's
+``sharing.before_samples``), so a waiting job may start on a shared GPU; its first
+samples replace the prior the next round, and the eviction check (``controller/tick.py``)
+moves it off an unstable pair.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import numpy as np
 
 from icefrog_slurm.core.layers import LayerTable
 from icefrog_slurm.core.samples import ProfileSample
-from icefrog_slurm.core.tuner import FloatArray, TunerChoice, tune_grid
+from icefrog_slurm.core.tuner import FloatArray
 from icefrog_slurm.errors import InputError
 
 DEFAULT_MEMORY_SAFETY = 1.1
@@ -199,11 +200,10 @@ def credited_util(util: float, lam: float) -> float:
     return lam * util
 
 
-def tune_shared(
+def shared_throughput(
     *,
     batch_sizes: Sequence[int],
     frozen_candidates: Sequence[int],
-    psi: FloatArray,
     throughput: FloatArray,
     loads: LoadModel,
     layers: LayerTable,
@@ -211,33 +211,18 @@ def tune_shared(
     gpu_memory: float,
     memory_safety: float = DEFAULT_MEMORY_SAFETY,
     jobs_per_gpu: int = 2,
-    current_frozen: int | None = None,
-    efficiency: FloatArray | None = None,
-) -> tuple[TunerChoice, Load] | None:
-    """The shared option's own (m, l): the Layer Tuner's argmax of E (x the batch's
-    efficiency when given, :func:`~icefrog_slurm.core.tuner.tune_grid`) at ``lam`` over the
-    configurations whose predicted load fits one job's part of a GPU: credited utilisation
-    <= 1 / ``jobs_per_gpu`` and memory x ``memory_safety`` <= ``gpu_memory`` /
-    ``jobs_per_gpu``, so that any such options of two jobs are admissible together. Returns
-    the choice and its load; None when no configuration fits."""
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """What the shared option is tuned on (module docstring): the throughput grid with 0
+    where the predicted load does not fit one job's part of a GPU (credited utilisation
+    ``lam`` x util <= 1 / ``jobs_per_gpu`` and memory x ``memory_safety`` <=
+    ``gpu_memory`` / ``jobs_per_gpu``, so that any such options of two jobs are admissible
+    together), and the predicted utilisation and memory grids."""
     if jobs_per_gpu < 1:
         raise InputError(f"jobs_per_gpu: must be >= 1, got {jobs_per_gpu}")
     util, memory = loads.predict_grid(batches=batch_sizes, frozen=frozen_candidates, layers=layers)
     part = 1.0 / jobs_per_gpu
     fits = (lam * util <= part + 1e-12) & (memory * memory_safety <= gpu_memory * part)
-    choice = tune_grid(
-        batch_sizes=batch_sizes,
-        frozen_candidates=frozen_candidates,
-        psi=psi,
-        throughput=np.where(fits, throughput, 0.0),
-        lam=lam,
-        current_frozen=current_frozen,
-        efficiency=efficiency,
-    )
-    if choice is None:
-        return None
-    i, j = list(batch_sizes).index(choice.batch), list(frozen_candidates).index(choice.frozen)
-    return choice, Load(util=float(util[i, j]), memory=float(memory[i, j]))
+    return np.where(fits, throughput, 0.0), util, memory
 
 
 def fit_sharing(samples: Sequence[ProfileSample], layers: LayerTable) -> SharingPredictor | None:

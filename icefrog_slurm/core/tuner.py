@@ -15,10 +15,11 @@ smaller batch, so the tuner does not move a job for nothing.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -59,8 +60,10 @@ class TunerChoice:
     effective_progress: float  # E = psi x T (x the batch's efficiency, when given one)
 
 
+@functools.lru_cache(maxsize=256)
 def powers_of_two(min_batch: int, max_batch: int) -> tuple[int, ...]:
-    """The powers of two m with min_batch <= m <= max_batch (the tuner's batch sizes)."""
+    """The powers of two m with min_batch <= m <= max_batch (the tuner's batch sizes);
+    remembered for the ranges last asked (every job asks every round)."""
     if min_batch < 1 or max_batch < min_batch:
         raise InputError(f"batch range: need 1 <= min <= max, got {min_batch}..{max_batch}")
     out: list[int] = []
@@ -273,48 +276,86 @@ def tune_grids(
 ) -> list[TunerChoice | None]:
     """:func:`tune_grid` for several configurations of one job at once (one GPU count each:
     ``batch_sizes[c]``, ``throughputs[c]``, ``efficiencies[c]``, the frozen candidates and
-    psi shared): their grids are stacked, rows padded with -inf, and tuned in one pass.
-    The same choices as one :func:`tune_grid` call a configuration."""
-    if not (0 <= lam <= 1 and math.isfinite(lam)):
-        raise InputError(f"lambda: must be within [0, 1], got {lam}")
+    psi shared): :func:`tune_rows` on one row a configuration."""
     if efficiencies is None:
         efficiencies = [None] * len(throughputs)
     if not (len(batch_sizes) == len(throughputs) == len(efficiencies)):
         raise InputError("tune_grids: one batch list, grid and efficiency a configuration")
-    widths = [len(b) for b in batch_sizes]
-    if not (batch_sizes and frozen_candidates and max(widths)):
-        return [None] * len(batch_sizes)
-    stacked = np.full((len(widths), max(widths), len(frozen_candidates)), -math.inf)
-    psi_row = np.asarray(psi, dtype=float)[None, :]
-    t_of: list[FloatArray] = []
-    for c, (w, grid, eff) in enumerate(zip(widths, throughputs, efficiencies, strict=True)):
-        t = np.asarray(grid, dtype=float).reshape(w, len(frozen_candidates)) * lam
-        e = psi_row * t
-        if eff is not None:  # broadcast_to would only check a shape that already matches
-            e = e * (eff if np.shape(eff) == t.shape else np.broadcast_to(eff, t.shape))
-        stacked[c, :w] = e
-        t_of.append(t)
-    stacked[np.isnan(stacked)] = -math.inf
+    return tune_rows([
+        TuneRow(batches, frozen_candidates, psi, grid, eff, lam, current_frozen)
+        for batches, grid, eff in zip(batch_sizes, throughputs, efficiencies, strict=True)
+    ])  # fmt: skip
+
+
+class TuneRow(NamedTuple):
+    """One configuration for :func:`tune_rows`: ``throughput[i, j]`` = T alone at
+    (batch_sizes[i], frozen_candidates[j]), ``psi[j]`` = psi(frozen_candidates[j]), the
+    efficiency grid when batch scaling weighs E (None: E alone), lambda, and the job's
+    current depth (the tie-break)."""
+
+    batch_sizes: Sequence[int]
+    frozen_candidates: Sequence[int]
+    psi: FloatArray
+    throughput: FloatArray
+    efficiency: FloatArray | None = None
+    lam: float = 1.0
+    current_frozen: int | None = None
+
+
+def tune_rows(rows: Sequence[TuneRow]) -> list[TunerChoice | None]:
+    """:func:`tune_grid` for many configurations at once, of one job or of many: the rows of
+    one shape (batches x depths) stacked into one array, E = psi x (T x lambda) (x the
+    efficiency) in one pass (a NaN counts as -inf), then each row's best with
+    :func:`tune_grid`'s tie-break. The same choices and the same floats as one
+    :func:`tune_grid` call a row; no row is padded to another's size, so memory is that of
+    the rows themselves."""
+    for row in rows:
+        if not (0 <= row.lam <= 1 and math.isfinite(row.lam)):
+            raise InputError(f"lambda: must be within [0, 1], got {row.lam}")
+    out: list[TunerChoice | None] = [None] * len(rows)
+    shapes: dict[tuple[int, int], list[int]] = {}
+    for c, row in enumerate(rows):
+        shapes.setdefault((len(row.batch_sizes), len(row.frozen_candidates)), []).append(c)
+    for (width, depth), members in shapes.items():
+        if width and depth:
+            chosen = _tune_shape([rows[c] for c in members], width, depth)
+            for c, choice in zip(members, chosen, strict=True):
+                out[c] = choice
+    return out
+
+
+def _tune_shape(rows: Sequence[TuneRow], width: int, depth: int) -> list[TunerChoice | None]:
+    """:func:`tune_rows` of rows that all have ``width`` batches and ``depth`` depths."""
+    n = len(rows)
+    t, psi, eff = np.empty((n, width, depth)), np.empty((n, depth)), np.ones((n, width, depth))
+    for c, r in enumerate(rows):
+        t[c] = r.throughput
+        psi[c] = r.psi
+        if r.efficiency is not None:  # x 1 elsewhere: the same floats as no factor
+            eff[c] = r.efficiency
+    rate = t * np.array([r.lam for r in rows], dtype=float)[:, None, None]
+    e = psi[:, None, :] * rate * eff
+    stacked = np.where(np.isnan(e), -math.inf, e)
     best_e = stacked.max(axis=(1, 2))
     near = stacked >= (best_e * (1 - _TIE))[:, None, None]
     ties = np.count_nonzero(near, axis=(1, 2))
-    first = stacked.reshape(len(widths), -1).argmax(axis=1)
-    out: list[TunerChoice | None] = []
-    for c, batches in enumerate(batch_sizes):
-        if not best_e[c] > 0:
-            out.append(None)
-            continue
-        if ties[c] == 1:  # one best: no tie to break
-            i, j = (int(x) for x in np.unravel_index(int(first[c]), stacked.shape[1:]))
-        else:
-            i, j = min(
-                np.argwhere(near[c, : widths[c]]).tolist(),
-                key=lambda ij: (
-                    frozen_candidates[ij[1]] != current_frozen,
-                    frozen_candidates[ij[1]],
-                    batches[ij[0]],
-                ),
-            )
-        rate, progress = float(t_of[c][i, j]), float(stacked[c, i, j])
-        out.append(TunerChoice(batches[i], frozen_candidates[j], float(psi[j]), rate, progress))
-    return out
+    at_i, at_j = np.unravel_index(stacked.reshape(n, -1).argmax(axis=1), (width, depth))
+    for c in np.flatnonzero((ties > 1) & (best_e > 0)).tolist():  # break the tie
+        r = rows[c]
+        at_i[c], at_j[c] = min(
+            np.argwhere(near[c]).tolist(),
+            key=lambda ij: (
+                r.frozen_candidates[ij[1]] != r.current_frozen,
+                r.frozen_candidates[ij[1]],
+                r.batch_sizes[ij[0]],
+            ),
+        )
+    every = np.arange(n)
+    rates, progress = rate[every, at_i, at_j].tolist(), stacked[every, at_i, at_j].tolist()
+    psis, chosen = psi[every, at_j].tolist(), (best_e > 0).tolist()
+    return [
+        TunerChoice(r.batch_sizes[i], r.frozen_candidates[j], psis[c], rates[c], progress[c])
+        if chosen[c]
+        else None
+        for c, (r, i, j) in enumerate(zip(rows, at_i.tolist(), at_j.tolist(), strict=True))
+    ]

@@ -43,14 +43,14 @@ def job_options(
     estimator.forget({j.id for j in snapshot.jobs})
     estimator.new_round(fit_budget=settings.solver.max_fits_per_round)  # as IcefrogPolicy
     out = []
-    for job in snapshot.jobs:
-        cands, _failed = estimator.candidates_or_reason(  # a failed job just waits
-            job,
-            now=snapshot.time,
-            gpus_per_node=per_node,
-            capacity=snapshot.capacity.available_gpus,
-            settings=settings,
-        )
+    estimates = estimator.candidates_for(  # a failed job just waits
+        snapshot.jobs,
+        now=snapshot.time,
+        gpus_per_node=per_node,
+        capacity=snapshot.capacity.available_gpus,
+        settings=settings,
+    )
+    for job, (cands, _failed) in zip(snapshot.jobs, estimates, strict=True):
         excl = {c.gpus: c for c in cands if not c.shared}
         shared = next((c for c in cands if c.shared), None)
         if excl or shared:

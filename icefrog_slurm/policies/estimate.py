@@ -29,7 +29,7 @@ For each job of a snapshot, from what the job reported:
   tables (``core.sharing.DeclaredLoad``), so a waiting job may start on a shared GPU; with samples
   but none of them measuring its load, the job is not offered a shared GPU. The shared
   option's (m, l) is its own: the Layer Tuner's best among the configurations whose
-  predicted load fits one job's part of a GPU (``core.sharing.tune_shared``);
+  predicted load fits one job's part of a GPU (``core.sharing.shared_throughput``);
 - for every legal GPU count a (``min_gpus..max_gpus``, a multiple of the job's allocation
   unit and a legal count of its parallelism, at most a node or whole nodes, at most the
   capacity) the Layer Tuner's best (m, l) (eq 15) and
@@ -49,8 +49,13 @@ For each job of a snapshot, from what the job reported:
   a job whose global batch is free, so E and T_acc are in base-batch samples.
 
 Models are cached per job and refitted only when a new configuration is measured; the
-model's throughput grids are cached until a sample arrives or the model changes, so new
-gradient statistics re-tune a job without predicting again.
+model's throughput grids (and the shared option's, with the configurations that do not fit
+zeroed) are cached until a sample arrives or the model changes, so new gradient
+statistics re-tune a job without predicting again. A round's jobs are tuned together
+(:meth:`Estimator.candidates_for`): each job is prepared alone (model, psi, grids), then
+the options of all of them are tuned in one pass over padded arrays (their statistics
+summed, their efficiency grids and the Layer Tuner's argmax, :func:`_tune`), the same
+choices and floats as one job at a time; a job whose estimate fails waits alone.
 """
 
 from __future__ import annotations
@@ -77,7 +82,7 @@ from icefrog_slurm.core.sharing import (
     LoadModel,
     SharingPredictor,
     fit_sharing,
-    tune_shared,
+    shared_throughput,
 )
 from icefrog_slurm.core.throughput import GPU_MODELS, GpuModel, nodes_for, prior_iteration_time
 from icefrog_slurm.core.tta import remaining_work, stalled, time_to_accuracy
@@ -85,12 +90,13 @@ from icefrog_slurm.core.tuner import (
     FloatArray,
     ThroughputModel,
     TunerChoice,
+    TuneRow,
     legal_frozen,
     measured_or_predicted_grid,
     measured_or_predicted_grids,
     powers_of_two,
     tune_grid,
-    tune_grids,
+    tune_rows,
 )
 from icefrog_slurm.domain.snapshot import JobSnapshot
 from icefrog_slurm.errors import IcefrogError
@@ -139,6 +145,33 @@ class _Cached:
     # after ``sharing_for`` samples (-1: not yet).
     sharing: SharingPredictor | None = None
     sharing_for: int = -1
+    # The shared option's throughput grid with the configurations that do not fit zeroed,
+    # valid while what it came from (``shared_for``) is unchanged: new gradient statistics
+    # re-tune the shared option without predicting its load again.
+    shared_grid: FloatArray | None = None
+    shared_for: tuple[object, ...] = ()
+
+
+@dataclass
+class _Prepared:
+    """One job between :meth:`Estimator._prepare` and :func:`_finish`: what its candidates
+    need, and the options still to tune (:func:`_tune`), each (its (gpus, shared), batches,
+    throughput grid alone, lambda), with the job's frozen depths, their psi, its current
+    depth and, with batch scaling, its per-layer statistics and base batch."""
+
+    job: JobSnapshot
+    cached: _Cached
+    layers: LayerTable
+    configs: list[tuple[int, bool]]
+    remaining: float  # P (eq 16)
+    age: float  # T_age
+    todo: list[tuple[tuple[int, bool], tuple[int, ...], FloatArray, float]] = field(
+        default_factory=list
+    )
+    frozen: tuple[int, ...] = ()
+    psi: FloatArray = field(default_factory=lambda: np.ones(0))
+    current_frozen: int | None = None
+    scaling: tuple[tuple[float, ...], tuple[float, ...], int] | None = None
 
 
 class Estimator:
@@ -191,29 +224,51 @@ class Estimator:
                 self._first.add(job.id)
         self._budget = fit_budget - len(self._first)
 
-    def candidates_or_reason(
+    def candidates_for(
         self,
-        job: JobSnapshot,
+        jobs: Sequence[JobSnapshot],
         *,
         now: float,
         gpus_per_node: int,
         capacity: int,
         settings: Settings,
-    ) -> tuple[tuple[Candidate, ...], str]:
-        """:meth:`candidates`, isolated: when estimating this one job raises (an empty or
-        invalid layer table, a fit that fails), its cached model is dropped, the error is
-        logged and ``((), "EstimateFailed: ...")`` comes back, so the job waits with that
+    ) -> list[tuple[tuple[Candidate, ...], str]]:
+        """:meth:`candidates` of each job, in order, the options of all of them tuned in one
+        pass (:func:`_tune`), each job isolated: when estimating one job raises (an empty
+        or invalid layer table, a fit that fails), its cached model is dropped, the error is
+        logged and ``((), "EstimateFailed: ...")`` comes back for it, so it waits with that
         reason while the round goes on for every other job."""
+        out: list[tuple[tuple[Candidate, ...], str]] = []
+        ready: dict[int, _Prepared] = {}  # by position in ``jobs``
+        for at, job in enumerate(jobs):
+            out.append(((), ""))
+            try:
+                ready[at] = self._prepare(job, now, gpus_per_node, capacity, settings)
+            except Exception as exc:  # one job's bad input must not abandon the round
+                out[at] = ((), self._failed(job, exc))
         try:
-            cands = self.candidates(
-                job, now=now, gpus_per_node=gpus_per_node, capacity=capacity, settings=settings
-            )
-        except Exception as exc:  # one job's bad input must not abandon the round
-            self._cache.pop(job.id, None)
-            reason = f"EstimateFailed: {type(exc).__name__}: {exc}"
-            log.warning("job %d (%s): %s", job.id, job.job.name, reason)
-            return (), reason
-        return cands, ""
+            _tune(list(ready.values()))
+        except Exception:  # one job's options broke the pass: each job's alone, isolated
+            log.exception("the round's tuning pass failed: each job is tuned alone")
+            for at, prepared in list(ready.items()):
+                try:
+                    _tune([prepared])
+                except Exception as exc:
+                    out[at] = ((), self._failed(prepared.job, exc))
+                    del ready[at]
+        for at, prepared in ready.items():
+            try:
+                out[at] = (_finish(prepared, settings), "")
+            except Exception as exc:
+                out[at] = ((), self._failed(prepared.job, exc))
+        return out
+
+    def _failed(self, job: JobSnapshot, exc: Exception) -> str:
+        """Drop the job's cached model and log why its estimate failed; the reason it waits."""
+        self._cache.pop(job.id, None)
+        reason = f"EstimateFailed: {type(exc).__name__}: {exc}"
+        log.warning("job %d (%s): %s", job.id, job.job.name, reason)
+        return reason
 
     def candidates(
         self,
@@ -224,6 +279,17 @@ class Estimator:
         capacity: int,
         settings: Settings,
     ) -> tuple[Candidate, ...]:
+        """One job's candidates (module docstring); an error in its estimate is raised."""
+        prepared = self._prepare(job, now, gpus_per_node, capacity, settings)
+        _tune([prepared])
+        return _finish(prepared, settings)
+
+    def _prepare(
+        self, job: JobSnapshot, now: float, gpus_per_node: int, capacity: int, settings: Settings
+    ) -> _Prepared:
+        """Everything of a job's candidates but the tuning of its options not tuned yet:
+        its model (fitted within the round's budget), psi, the frozen depths it may take,
+        its configurations and their throughput grids, P and its age."""
         spec = job.job.spec
         layers = self._layer_table(job.id, spec)
         self._gpu = GPU_MODELS[settings.slurm.gpu_model]
@@ -246,20 +312,19 @@ class Estimator:
         if len(frozen) > 1 and freezing == "freezeout":
             asked = spec.batch_candidates(requested_count(job))
             frozen = self._freezeout_depth(job, frozen, psi, asked, measured, model, layers)
-        remaining = remaining_samples(job)
-        age = max(0.0, now - job.job.submit_time)
-        goodput = self._goodput(spec, stats, frozen, layers, settings)
+        scaling = self._scaling_stats(spec, stats, layers, settings)
         key = (len(job.view.samples), stats, cached.version, model is cached.model, frozen,
-               goodput is None)  # fmt: skip
+               scaling is None)  # fmt: skip
         if cached.tuned_for != key:
             cached.tuned, cached.tuned_for = {}, key
         predicted_by = (len(job.view.samples), cached.version, model is cached.model, layers)
         if cached.grids_for != predicted_by:
             cached.grids, cached.grids_for = {}, predicted_by
-        out: list[Candidate] = []
         explore = settings.policy.exploration if self._explore is None else self._explore
         top = exploration_cap(job) if explore else capacity
         configs = _configurations(job, gpus_per_node, top, capacity, settings, cached, layers)
+        age = max(0.0, now - job.job.submit_time)
+        prepared = _Prepared(job, cached, layers, configs, remaining_samples(job), age)
         # one per-GPU batch with a global batch; the missing grids in one model evaluation
         batches = {g: spec.batch_candidates(g) for g, shared in configs}
         untuned = dict.fromkeys(g for g, shared in configs if (g, shared) not in cached.tuned)
@@ -274,40 +339,35 @@ class Estimator:
             )
             for (g, at), grid in zip(missing, grids, strict=True):
                 cached.grids[g, at, frozen] = grid
-        if untuned:  # psi once a call, the unshared options tuned together
-            psi_values = np.array([1.0] * len(frozen) if penalty is None else penalty.psis(frozen))
-            effs = dict.fromkeys(untuned) if goodput is None else goodput(untuned, batches)
-            alone = [g for g in untuned if (g, False) not in cached.tuned and (g, False) in configs]
-            chosen = tune_grids(
-                batch_sizes=[batches[g] for g in alone], frozen_candidates=frozen,
-                psi=psi_values, throughputs=[cached.grids[g, batches[g], frozen] for g in alone],
-                current_frozen=current_frozen, efficiencies=[effs[g] for g in alone],
-            )  # fmt: skip
-            cached.tuned.update({(g, False): c for g, c in zip(alone, chosen, strict=True)})
-            if (1, True) in configs and (1, True) not in cached.tuned:
-                cached.tuned[1, True] = _tune_shared(
-                    batches[1], frozen, psi_values, cached.grids[1, batches[1], frozen],
-                    effs[1], current_frozen, _loads(job, cached, layers, settings), layers,
-                    settings,
-                )  # fmt: skip
-        for gpus, shared in configs:
-            best = cached.tuned[gpus, shared]
-            if best is None:
-                continue
-            tta = time_to_accuracy(
-                age_s=age, remaining=remaining, effective_progress=best.effective_progress
-            )
-            cur = job.current
-            if cur.gpus and (cur.gpus, cur.shared) != (gpus, shared):
-                tta += settings.controller.reallocation_overhead_s
-            if not math.isfinite(tta) or tta <= 0:
-                continue
-            loads = _loads(job, cached, layers, settings) if shared else None
-            load = None
-            if loads is not None:
-                load = loads.predict(batch=best.batch, frozen=best.frozen, layers=layers)
-            out.append(Candidate(gpus, shared, best, tta, load))
-        return tuple(out)
+        if not untuned:
+            return prepared
+        prepared.frozen, prepared.current_frozen = frozen, current_frozen
+        prepared.scaling = scaling
+        prepared.psi = np.array([1.0] * len(frozen) if penalty is None else penalty.psis(frozen))
+        for g in untuned:  # the unshared options
+            if (g, False) not in cached.tuned and (g, False) in configs:
+                grid = cached.grids[g, batches[g], frozen]
+                prepared.todo.append(((g, False), batches[g], grid, 1.0))
+        if (1, True) in configs and (1, True) not in cached.tuned:  # its own (m, l)
+            loads = _loads(job, cached, layers, settings)
+            if loads is None:
+                cached.tuned[1, True] = None
+            else:
+                lam, sharing = settings.sharing.speed_factor, settings.sharing
+                grid = cached.grids[1, batches[1], frozen]
+                made_of = (cached.grids_for, loads, batches[1], frozen, lam, sharing,
+                           settings.slurm.gpu_mem_gb)  # fmt: skip
+                if cached.shared_grid is None or cached.shared_for != made_of:
+                    cached.shared_grid, _, _ = shared_throughput(
+                        batch_sizes=batches[1], frozen_candidates=frozen, throughput=grid,
+                        loads=loads, layers=layers, lam=lam,
+                        gpu_memory=settings.slurm.gpu_mem_gb * BYTES_PER_GB,
+                        memory_safety=sharing.memory_safety,
+                        jobs_per_gpu=min(max(sharing.max_jobs_per_gpu, 1), 2),
+                    )  # fmt: skip
+                    cached.shared_for = made_of
+                prepared.todo.append(((1, True), batches[1], cached.shared_grid, lam))
+        return prepared
 
     def _stalled_frozen(self, job: JobSnapshot, stats: GradStats, settings: Settings) -> bool:
         """Whether the job is to train unfrozen (``policy.freeze_patience_epochs``): its
@@ -329,40 +389,19 @@ class Estimator:
             return True
         return False
 
-    def _goodput(
-        self,
-        spec: JobSpec,
-        stats: GradStats | None,
-        frozen: tuple[int, ...],
-        layers: LayerTable,
-        settings: Settings,
-    ) -> Efficiencies | None:
+    def _scaling_stats(
+        self, spec: JobSpec, stats: GradStats | None, layers: LayerTable, settings: Settings
+    ) -> tuple[tuple[float, ...], tuple[float, ...], int] | None:
         """With batch scaling on (``policy.batch_scaling``, or as constructed), for a job
-        whose global batch is free and whose gradient statistics have come: (GPU counts,
-        their per-GPU batches) -> each count's efficiency grid over (batch, frozen) the
-        tuner weighs E by, from one evaluation. None otherwise (E alone)."""
+        whose global batch is free and whose gradient statistics have come: its per-layer
+        variances and squared norms and its base batch, from which the tuner's efficiency
+        grids come (:func:`_tune`). None otherwise (E alone)."""
         on = settings.policy.batch_scaling if self._batch_scaling is None else self._batch_scaling
         if not on or spec.global_batch > 0 or stats is None:
             return None
         if not len(stats.grad_var) == len(stats.grad_sqr) == layers.num_layers:
             return None
-        var, sqr = trainable_sums(stats.grad_var, stats.grad_sqr, frozen)
-
-        def grids(
-            gpus: Iterable[int], batches: Mapping[int, Sequence[int]]
-        ) -> dict[int, FloatArray | None]:
-            counts = list(gpus)
-            every = efficiency_of_sums(
-                var=var, sqr=sqr, global_batches=[g * m for g in counts for m in batches[g]],
-                base_batch=spec.min_gpus * spec.min_batch,
-            )  # fmt: skip
-            out: dict[int, FloatArray | None] = {}
-            at = 0
-            for g in counts:
-                out[g], at = every[at : at + len(batches[g])], at + len(batches[g])
-            return out
-
-        return grids
+        return stats.grad_var, stats.grad_sqr, spec.min_gpus * spec.min_batch
 
     def _freezeout_depth(
         self,
@@ -593,30 +632,74 @@ def _loads(
     return None if samples or not settings.sharing.before_samples else DeclaredLoad()
 
 
-def _tune_shared(
-    at: tuple[int, ...],
-    frozen: tuple[int, ...],
-    psi: FloatArray,
-    grid: FloatArray,
-    efficiency: FloatArray | None,
-    current_frozen: int | None,
-    loads: LoadModel | None,
-    layers: LayerTable,
-    settings: Settings,
-) -> TunerChoice | None:
-    """The shared option's own (m, l) (``core.sharing.tune_shared``): the best at lambda
-    among the configurations whose load fits one job's part of a GPU."""
-    if loads is None:
-        return None
-    best = tune_shared(
-        batch_sizes=at, frozen_candidates=frozen, psi=psi, throughput=grid, loads=loads,
-        layers=layers, lam=settings.sharing.speed_factor,
-        gpu_memory=settings.slurm.gpu_mem_gb * BYTES_PER_GB,
-        memory_safety=settings.sharing.memory_safety,
-        jobs_per_gpu=min(max(settings.sharing.max_jobs_per_gpu, 1), 2),
-        current_frozen=current_frozen, efficiency=efficiency,
-    )  # fmt: skip
-    return None if best is None else best[0]
+def _tune(prepared: Sequence[_Prepared]) -> None:
+    """Tune the options the prepared jobs have not tuned yet, all at once: the jobs with
+    batch scaling, those of one shape (global batches asked about, frozen depths, layers)
+    together, get their trainable statistics summed in one evaluation and their efficiency
+    grids in another; then one :func:`tune_rows` pass over every option. Each choice goes to
+    its job's cache. The same choices and floats as one job at a time, and no job's arrays
+    are padded to another's size."""
+    effs: dict[int, list[FloatArray | None]] = {}
+    shapes: dict[tuple[int, int, int], list[_Prepared]] = {}
+    for p in prepared:
+        if p.scaling is not None and p.todo:
+            width = sum(len(batches) for _, batches, _, _ in p.todo)
+            shapes.setdefault((width, len(p.frozen), len(p.scaling[0])), []).append(p)
+    for members in shapes.values():
+        scaling = [p.scaling for p in members if p.scaling is not None]
+        var, sqr = trainable_sums(
+            np.array([v for v, _, _ in scaling], dtype=float),
+            np.array([q for _, q, _ in scaling], dtype=float),
+            np.array([p.frozen for p in members], dtype=np.int64),
+        )
+        batch = np.array(
+            [[g * m for (g, _), batches, _, _ in p.todo for m in batches] for p in members],
+            dtype=float,
+        )
+        base = np.array([b for _, _, b in scaling], dtype=float)
+        every = efficiency_of_sums(var=var, sqr=sqr, global_batches=batch, base_batch=base)
+        for grid, p in zip(every, members, strict=True):
+            mine, start = effs.setdefault(id(p), []), 0
+            for _, batches, _, _ in p.todo:
+                mine.append(grid[start : start + len(batches)])
+                start += len(batches)
+    rows, keys = [], []
+    for p in prepared:
+        mine = effs.get(id(p)) or [None] * len(p.todo)
+        for (key, batches, grid, lam), eff in zip(p.todo, mine, strict=True):
+            rows.append(TuneRow(batches, p.frozen, p.psi, grid, eff, lam, p.current_frozen))
+            keys.append((p.cached, key))
+    for (cached, key), choice in zip(keys, tune_rows(rows), strict=True):
+        cached.tuned[key] = choice
+    for p in prepared:
+        p.todo = []
+
+
+def _finish(prepared: _Prepared, settings: Settings) -> tuple[Candidate, ...]:
+    """The job's candidates from its tuned options: T_acc of each (eq 16), a move charged
+    the reallocation overhead, a shared one with its predicted load."""
+    job, cached, layers = prepared.job, prepared.cached, prepared.layers
+    out: list[Candidate] = []
+    for gpus, shared in prepared.configs:
+        best = cached.tuned[gpus, shared]
+        if best is None:
+            continue
+        tta = time_to_accuracy(
+            age_s=prepared.age,
+            remaining=prepared.remaining,
+            effective_progress=best.effective_progress,
+        )
+        cur = job.current
+        if cur.gpus and (cur.gpus, cur.shared) != (gpus, shared):
+            tta += settings.controller.reallocation_overhead_s
+        if not math.isfinite(tta) or tta <= 0:
+            continue
+        loads = _loads(job, cached, layers, settings) if shared else None
+        load = None
+        if loads is not None:
+            load = loads.predict(batch=best.batch, frozen=best.frozen, layers=layers)
+        out.append(Candidate(gpus, shared, best, tta, load))
+    return tuple(out)
 
 
 def exploration_cap(job: JobSnapshot) -> int:

@@ -69,14 +69,15 @@ class IcefrogPolicy:
         options: dict[str, tuple[Candidate, ...]] = {}
         allocations: dict[int, Allocation] = {}
         reasons: dict[int, str] = {}
-        for job in sorted(snapshot.jobs, key=lambda j: (j.job.submit_time, j.id)):
-            cands, failed = self.estimator.candidates_or_reason(
-                job,
-                now=snapshot.time,
-                gpus_per_node=cluster.gpus_per_node,
-                capacity=cluster.gpus,
-                settings=settings,
-            )
+        jobs = sorted(snapshot.jobs, key=lambda j: (j.job.submit_time, j.id))
+        estimates = self.estimator.candidates_for(
+            jobs,
+            now=snapshot.time,
+            gpus_per_node=cluster.gpus_per_node,
+            capacity=cluster.gpus,
+            settings=settings,
+        )
+        for job, (cands, failed) in zip(jobs, estimates, strict=True):
             if not cands:
                 allocations[job.id] = _wait(job)
                 reasons[job.id] = failed or (

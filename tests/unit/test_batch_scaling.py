@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 
 from icefrog_slurm.commands.simulate import adapts_batch
-from icefrog_slurm.core.goodput import efficiency, efficiency_grid
+from icefrog_slurm.core.goodput import (
+    efficiency,
+    efficiency_grid,
+    efficiency_of_sums,
+    trainable_sums,
+)
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.tuner import tune_grid
 from icefrog_slurm.domain.records import JobRecord, JobView, Progress
@@ -42,6 +47,66 @@ def test_efficiency_grid_is_the_scalar_over_the_layers_that_train() -> None:
     zero = efficiency_grid(grad_var=(0.0,), grad_sqr=(0.0,), frozen_candidates=(0,),
                            global_batches=(0, 512), base_batch=64)  # fmt: skip
     assert zero.tolist() == [[1.0], [1.0]]
+
+
+def test_many_jobs_summed_and_judged_at_once_get_each_job_s_own_floats() -> None:
+    """Jobs of different depths padded into one array: the trainable layers' sums equal a
+    loop over each job's layers in order, and the efficiency grids equal one job at a time,
+    to the last bit."""
+    rng = np.random.default_rng(7)
+    jobs = []
+    for layers in (3, 7, 1, 12, 5):
+        var = tuple((rng.uniform(0, 2, layers) * 10.0 ** rng.integers(-9, 9, layers)).tolist())
+        sqr = tuple(rng.uniform(0, 1, layers).tolist())
+        frozen = tuple(sorted({0, *rng.integers(0, layers + 1, 3).tolist()}))
+        batches = tuple(int(b) for b in rng.choice([16, 64, 256, 1024], 3))
+        jobs.append((var, sqr, frozen, batches, 32 if not jobs else int(rng.choice([0, 32]))))
+    n, width = len(jobs), max(len(j[0]) for j in jobs)
+    depth = max(len(j[2]) for j in jobs)
+    grad_var, grad_sqr = np.zeros((n, width)), np.zeros((n, width))
+    frozen_at = np.full((n, depth), width)
+    batch, base = np.zeros((n, 3)), np.zeros(n)
+    for r, (var, sqr, frozen, batches, base_batch) in enumerate(jobs):
+        grad_var[r, : len(var)], grad_sqr[r, : len(sqr)] = var, sqr
+        frozen_at[r, : len(frozen)], batch[r], base[r] = frozen, batches, base_batch
+    var_sums, sqr_sums = trainable_sums(grad_var, grad_sqr, frozen_at)
+    every = efficiency_of_sums(var=var_sums, sqr=sqr_sums, global_batches=batch, base_batch=base)
+    for r, (var, sqr, frozen, batches, base_batch) in enumerate(jobs):
+        k = len(frozen)
+        looped = [0.0] * k
+        for j, first in enumerate(frozen):
+            for x in var[first:]:
+                looped[j] += x
+        assert var_sums[r, :k].tolist() == looped
+        assert var_sums[r, k:].tolist() == [0.0] * (depth - k)
+        alone = trainable_sums(var, sqr, frozen)
+        assert alone[0].tolist() == looped and alone[1].tolist() == sqr_sums[r, :k].tolist()
+        one = efficiency_of_sums(var=alone[0], sqr=alone[1], global_batches=batches,
+                                 base_batch=base_batch)  # fmt: skip
+        assert every[r, :, :k].tolist() == one.tolist()
+    assert (every < 1.0).any()  # batches above the base are worth less: not all ones
+
+
+def test_the_sums_of_a_job_with_thousands_of_layers_stay_within_their_working_memory() -> None:
+    """A declaration may carry 4096 layers and thousands of depths (15 million (depth, layer)
+    cells): the sums are taken a block of depths at a time, so the working arrays stay
+    within ``SUM_CELLS`` (about 40 MB; all at once would be about 500 MB), each column the
+    loop's float."""
+    import tracemalloc
+
+    layers = 4096
+    var = [0.5 + (i % 13) * 1e-3 for i in range(layers)]
+    sqr = [1e-6 * (i % 5) for i in range(layers)]
+    frozen = list(range(0, 3687))
+    tracemalloc.start()
+    try:
+        got_var, got_sqr = trainable_sums(var, sqr, frozen)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 60e6, peak
+    assert got_var.tolist() == [sum(var[k:]) for k in frozen]
+    assert got_sqr.tolist() == [sum(sqr[k:]) for k in frozen]
 
 
 def test_the_tuner_maximises_goodput_when_given_an_efficiency() -> None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import pytest
+
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.core.sharing import PRIOR_UTIL
+from icefrog_slurm.core.tuner import TunerChoice, TuneRow
 from icefrog_slurm.domain.records import JobRecord, JobView, Progress
 from icefrog_slurm.domain.snapshot import Current, JobSnapshot
 from icefrog_slurm.policies.estimate import Estimator
@@ -157,8 +160,113 @@ def test_hostile_metric_reports_neither_break_the_estimate_nor_unfreeze_a_job() 
                *(MetricReport(e, "acc", math.nan) for e in range(1, 40)))  # fmt: skip
     job = replace(job, view=replace(job.view, metrics=hostile))
     est = Estimator()
-    cands, reason = est.candidates_or_reason(job, now=100.0, gpus_per_node=4, capacity=16,
-                                             settings=SETTINGS)  # fmt: skip
+    [(cands, reason)] = est.candidates_for([job], now=100.0, gpus_per_node=4, capacity=16,
+                                           settings=SETTINGS)  # fmt: skip
     assert reason == "" and cands[0].choice.frozen == 2
     # the same job's later, honest stall still unfreezes it
     assert all(c.choice.frozen == 0 for c in _cands(_stalling(frozen=2), est).values())  # type: ignore[attr-defined]
+
+
+def _varied_jobs() -> list[JobSnapshot]:
+    """Jobs of every kind an estimate meets: on the prior, measured, with statistics that
+    make freezing pay, with batch scaling's statistics, with a global batch, shared."""
+    grad = GradStats(epoch=3, frozen=1, grad_var=(0.01, 0.02, 5.0, 4.0), grad_sqr=(0.5,) * L)
+    measured = (_sample(1, 0, 400.0), _sample(1, 2, 650.0), _sample(2, 0, 700.0))
+    fixed = replace(SPEC, global_batch=96)
+    out = [_job(), _job(measured), _job(measured, grad), _job(measured[:1], grad)]
+    rec = JobRecord(1, "g", 0, "root", "pending", 0.0, None, None, fixed, ("7",), Progress())
+    out.append(JobSnapshot(JobView(rec, measured, grad), None, Current(2, False, ("n1",))))
+    return [
+        JobSnapshot(
+            replace(j.view, job=replace(j.job, id=i, submit_time=float(i))), None, j.current
+        )
+        for i, j in enumerate(out)
+    ]
+
+
+def test_a_round_s_jobs_tuned_together_get_what_each_gets_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import icefrog_slurm.policies.estimate as estimate
+
+    passes: list[int] = []
+    real = estimate._tune
+
+    def counted(prepared: list[object]) -> None:
+        passes.append(len(prepared))
+        real(prepared)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(estimate, "_tune", counted)
+    jobs = _varied_jobs()
+    paper = settings_from_mapping({"policy": {"batch_scaling": False}})
+    for settings in (SETTINGS, BEFORE_SAMPLES, paper):
+        together = Estimator().candidates_for(jobs, now=100.0, gpus_per_node=4, capacity=16,
+                                              settings=settings)  # fmt: skip
+        for job, (cands, reason) in zip(jobs, together, strict=True):
+            alone = Estimator().candidates(job, now=100.0, gpus_per_node=4, capacity=16,
+                                           settings=settings)  # fmt: skip
+            assert reason == "" and cands == alone and cands
+        assert len({c[0][0].choice for c in together}) > 1  # the jobs differ
+        assert passes[-len(jobs) - 1] == len(jobs)  # one pass for the round, then each alone
+
+
+def test_a_job_whose_tuning_fails_waits_alone_while_the_others_are_tuned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job whose options break the round's one tuning pass (here: any row of the job that
+    holds 1 frozen layer) gets its reason; every other job is tuned as it would be alone."""
+    import icefrog_slurm.policies.estimate as estimate
+
+    real = estimate.tune_rows
+
+    def breaks_on_one_job(rows: list[TuneRow]) -> list[TunerChoice | None]:
+        if any(r.current_frozen == 1 and len(r.batch_sizes) > 1 for r in rows):
+            raise ValueError("a hostile grid")
+        return real(rows)
+
+    monkeypatch.setattr(estimate, "tune_rows", breaks_on_one_job)
+    jobs = _varied_jobs()
+    got = Estimator().candidates_for(jobs, now=100.0, gpus_per_node=4, capacity=16,
+                                     settings=SETTINGS)  # fmt: skip
+    failed = [i for i, (cands, reason) in enumerate(got) if reason]
+    assert failed == [2, 3]  # the two free-batch jobs holding 1 frozen layer
+    assert all(got[i][1] == "EstimateFailed: ValueError: a hostile grid" for i in failed)
+    assert all(got[i][0] == () for i in failed)
+    monkeypatch.setattr(estimate, "tune_rows", real)
+    for i in (0, 1, 4):
+        alone = Estimator().candidates(jobs[i], now=100.0, gpus_per_node=4, capacity=16,
+                                       settings=SETTINGS)  # fmt: skip
+        assert got[i] == (alone, "")
+
+
+def test_a_job_declaring_a_thousand_layers_does_not_swell_the_round_s_arrays() -> None:
+    """A hostile declaration (1000 layers, every depth up to 90 % legal, 31 batch sizes)
+    is tuned in the round with the other jobs: the round's working memory is that of the
+    jobs themselves, about 40 MB (no job's arrays padded to its size: that would take over
+    150 MB here) and every other job gets what it gets alone."""
+    import tracemalloc
+
+    layers = 1000
+    big = replace(SPEC, min_batch=1, max_batch=2**30, layer_flops=(1.0,) * layers,
+                  layer_param_bytes=(1.0,) * layers)  # fmt: skip
+    grad = GradStats(epoch=3, frozen=0, grad_var=tuple(0.01 * (i % 7 + 1) for i in range(layers)),
+                     grad_sqr=(0.5,) * layers)  # fmt: skip
+    rec = JobRecord(99, "big", 0, "root", "pending", 0.0, None, None, big, ("9",), Progress())
+    hostile = JobSnapshot(JobView(rec, (_sample(1, 0, 400.0),), grad), None, Current())
+    template = _varied_jobs()[2]
+    jobs = [
+        JobSnapshot(replace(template.view, job=replace(template.job, id=i)), None, Current())
+        for i in range(20)
+    ]
+    tracemalloc.start()
+    try:
+        got = Estimator().candidates_for([*jobs, hostile], now=100.0, gpus_per_node=4,
+                                         capacity=16, settings=SETTINGS)  # fmt: skip
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 80e6, peak
+    assert got[-1][1] == "" and got[-1][0]  # the big job is estimated too
+    alone = Estimator().candidates(jobs[0], now=100.0, gpus_per_node=4, capacity=16,
+                                   settings=SETTINGS)  # fmt: skip
+    assert all(g == (alone, "") for g in got[:-1])

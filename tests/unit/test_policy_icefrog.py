@@ -215,11 +215,13 @@ def test_hysteresis_keeps_a_running_job_whose_move_would_save_little(
 
     # One job on 2 GPUs of an otherwise empty cluster, submitted at 1 s, decided at 1000 s:
     # 4 GPUs would finish it 100 s sooner of the 3000 s it has left on 2 (3.3 %).
-    def fixed(self: Estimator, job: JobSnapshot, **_: object) -> tuple[tuple[Candidate, ...], str]:
+    def fixed(
+        self: Estimator, jobs: list[JobSnapshot], **_: object
+    ) -> list[tuple[tuple[Candidate, ...], str]]:
         choice = TunerChoice(64, 0, 1.0, 100.0, 100.0)
-        return (Candidate(2, False, choice, 3999.0), Candidate(4, False, choice, 3899.0)), ""
+        return [((Candidate(2, False, choice, 3999.0), Candidate(4, False, choice, 3899.0)), "")]
 
-    monkeypatch.setattr(Estimator, "candidates_or_reason", fixed)
+    monkeypatch.setattr(Estimator, "candidates_for", fixed)
     job = _job(1, _spec(1, 8), _small(0), Current(2, False, ("node1",)))
     kept = IcefrogPolicy().decide(_snap([job]), settings=settings_from_mapping({}))
     loose = settings_from_mapping({"solver": {"move_min_gain": 0.03}})

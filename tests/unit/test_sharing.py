@@ -18,10 +18,10 @@ from icefrog_slurm.core.sharing import (
     credited_util,
     fit_linear,
     fit_sharing,
+    shared_throughput,
     sharing_lambda,
-    tune_shared,
 )
-from icefrog_slurm.core.tuner import FloatArray
+from icefrog_slurm.core.tuner import FloatArray, tune_grid
 from icefrog_slurm.errors import InputError
 
 GB = 1e9
@@ -118,7 +118,7 @@ def test_predict_grid_matches_predict() -> None:
 def _grid_load(util: list[list[float]], memory: list[list[float]]) -> LoadModel:
     class Grid:
         def predict(self, *, batch: int, frozen: int, layers: LayerTable) -> Load:
-            raise AssertionError("tune_shared reads the grid")
+            raise AssertionError("the shared option reads the grid")
 
         def predict_grid(
             self, *, batches: Sequence[int], frozen: Sequence[int], layers: LayerTable
@@ -128,26 +128,29 @@ def _grid_load(util: list[list[float]], memory: list[list[float]]) -> LoadModel:
     return Grid()
 
 
-def test_tune_shared_takes_the_best_configuration_that_fits_half_a_gpu() -> None:
+def test_the_shared_option_is_tuned_on_the_configurations_that_fit_half_a_gpu() -> None:
     layers = LayerTable.uniform(4)
-    kwargs = dict(
-        batch_sizes=(32, 64), frozen_candidates=(0, 2), psi=np.array([1.0, 0.9]),
-        throughput=np.array([[100.0, 120.0], [150.0, 170.0]]), layers=layers, lam=0.9,
-        gpu_memory=80 * GB,
-    )  # fmt: skip
+    grid = np.array([[100.0, 120.0], [150.0, 170.0]])
+    kwargs = dict(batch_sizes=(32, 64), frozen_candidates=(0, 2), throughput=grid,
+                  layers=layers, lam=0.9, gpu_memory=80 * GB)  # fmt: skip
+    tuner = dict(batch_sizes=(32, 64), frozen_candidates=(0, 2), psi=np.array([1.0, 0.9]),
+                 lam=0.9)  # fmt: skip
     # Batch 64 is fastest but takes 70 % of the GPU (credited 63 %): not within half.
     loads = _grid_load([[0.5, 0.45], [0.7, 0.65]], [[10 * GB] * 2, [20 * GB] * 2])
-    got = tune_shared(loads=loads, **kwargs)  # type: ignore[arg-type]
-    assert got is not None
-    choice, load = got
-    assert (choice.batch, choice.frozen) == (32, 2)  # E = 0.9 x 120 beats 1.0 x 100
-    assert load == Load(0.45, 10 * GB)
+    fitting, util, memory = shared_throughput(loads=loads, **kwargs)  # type: ignore[arg-type]
+    assert fitting.tolist() == [[100.0, 120.0], [0.0, 0.0]]
+    assert util.tolist() == [[0.5, 0.45], [0.7, 0.65]] and memory[0, 1] == 10 * GB
+    choice = tune_grid(throughput=fitting, **tuner)  # type: ignore[arg-type]
+    assert choice is not None and (choice.batch, choice.frozen) == (32, 2)  # 0.9 x 120 > 100
     # Memory counts too: 40 GB x 1.1 > 40 GB leaves nothing within half of 80 GB.
     big = _grid_load([[0.1, 0.1], [0.1, 0.1]], [[40 * GB] * 2, [40 * GB] * 2])
-    assert tune_shared(loads=big, **kwargs) is None  # type: ignore[arg-type]
+    none, _, _ = shared_throughput(loads=big, **kwargs)  # type: ignore[arg-type]
+    assert not none.any() and tune_grid(throughput=none, **tuner) is None  # type: ignore[arg-type]
     # One job a GPU may use all of it (then the fastest is chosen, as the exclusive tuner).
-    whole = tune_shared(loads=loads, jobs_per_gpu=1, **kwargs)  # type: ignore[arg-type]
-    assert whole is not None and (whole[0].batch, whole[0].frozen) == (64, 2)
+    whole, _, _ = shared_throughput(loads=loads, jobs_per_gpu=1, **kwargs)  # type: ignore[arg-type]
+    assert whole.tolist() == grid.tolist()
+    with pytest.raises(InputError):
+        shared_throughput(loads=loads, jobs_per_gpu=0, **kwargs)  # type: ignore[arg-type]
 
 
 def test_samples_of_one_batch_say_nothing_about_other_batches() -> None:

@@ -20,13 +20,16 @@ from icefrog_slurm.core.penalty import PenaltyTable
 from icefrog_slurm.core.throughput import DdpThroughputModel, FreezeParams, LinearCurve, SyncCurve
 from icefrog_slurm.core.tuner import (
     ThroughputModel,
+    TuneRow,
     measured_or_predicted,
     measured_or_predicted_grid,
     measured_or_predicted_grids,
     tune,
     tune_grid,
     tune_grids,
+    tune_rows,
 )
+from icefrog_slurm.errors import InputError
 
 SEEDS = range(12)
 BATCHES = (1, 2, 8, 32, 64, 256)
@@ -262,3 +265,37 @@ def test_tune_grids_tunes_each_configuration_by_the_rule(seed: int) -> None:
             )
             assert have == want
         assert got[-2] is None and got[-1] is None
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_tune_rows_tunes_the_configurations_of_many_jobs_by_the_rule(seed: int) -> None:
+    """Rows of different jobs in one pass (each its own frozen depths, psi, lambda, current
+    depth and efficiency; grids of different sizes, ties, NaN cells, lambda 0) choose what
+    the rule chooses for each alone, with the floats of one tune_grid call a row."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(12):
+        frozen = sorted({0, *rng.choice(20, size=int(rng.integers(0, 6)), replace=False).tolist()})
+        batches = BATCHES[int(rng.integers(0, 5)) :]
+        grid = rng.choice([100.0, 200.0, 300.0], size=(len(batches), len(frozen)))
+        if rng.random() < 0.3:
+            grid[0, -1] = math.nan
+        eff = None if rng.random() < 0.5 else rng.uniform(0.5, 1.0, size=grid.shape)
+        current = [None, *frozen][int(rng.integers(0, len(frozen) + 1))]
+        lam = float(rng.choice([1.0, 0.9, 0.0]))
+        psi = rng.uniform(0.2, 1.0, size=len(frozen))
+        rows.append(TuneRow(batches, frozen, psi, grid, eff, lam, current))
+    got = tune_rows(rows)
+    assert len(got) == len(rows)
+    for row, choice in zip(rows, got, strict=True):
+        want = _tuned_by_hand(row.batch_sizes, row.frozen_candidates, row.psi, row.throughput,
+                              row.lam, row.current_frozen, row.efficiency)  # fmt: skip
+        have = None if choice is None else (choice.batch, choice.frozen, choice.effective_progress)
+        assert have == want
+        alone = tune_grid(batch_sizes=row.batch_sizes, frozen_candidates=row.frozen_candidates,
+                          psi=row.psi, throughput=row.throughput, lam=row.lam,
+                          current_frozen=row.current_frozen, efficiency=row.efficiency)  # fmt: skip
+        assert choice == alone
+    assert any(c is None for c in got) and any(c is not None for c in got)
+    with pytest.raises(InputError):
+        tune_rows([rows[0]._replace(lam=1.5)])
