@@ -53,9 +53,10 @@ model's throughput grids (and the shared option's, with the configurations that 
 zeroed) are cached until a sample arrives or the model changes, so new gradient
 statistics re-tune a job without predicting again. A round's jobs are tuned together
 (:meth:`Estimator.candidates_for`): each job is prepared alone (model, psi, grids), then
-the options of all of them are tuned in one pass over padded arrays (their statistics
-summed, their efficiency grids and the Layer Tuner's argmax, :func:`_tune`), the same
-choices and floats as one job at a time; a job whose estimate fails waits alone.
+the options of all of them are tuned in one pass, those of one shape stacked into one
+array (their statistics summed, their efficiency grids and the Layer Tuner's argmax,
+:func:`_tune`), the same choices and floats as one job at a time; no job's arrays are
+padded to another's size, and a job whose estimate fails waits alone.
 """
 
 from __future__ import annotations
