@@ -82,8 +82,10 @@ def trainable_sums(
         at = np.minimum(at, layers - 1)
         for x, out in ((var, out_var), (sqr, out_sqr)):
             picked = np.take_along_axis(x[..., None, :], at, axis=-1)
-            # a running sum adds in order, as a loop over the layers would
-            running = np.cumsum(np.where(inside, picked, 0.0), axis=-1)
+            # a running sum adds in order, as a loop over the layers would (and, as it
+            # would, overflows to inf without a word: a job's statistics may be huge)
+            with np.errstate(over="ignore"):
+                running = np.cumsum(np.where(inside, picked, 0.0), axis=-1)
             out[..., start : start + block] = running[..., -1]
     return out_var, out_sqr
 

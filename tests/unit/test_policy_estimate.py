@@ -270,3 +270,18 @@ def test_a_job_declaring_a_thousand_layers_does_not_swell_the_round_s_arrays() -
     alone = Estimator().candidates(jobs[0], now=100.0, gpus_per_node=4, capacity=16,
                                    settings=SETTINGS)  # fmt: skip
     assert all(g == (alone, "") for g in got[:-1])
+
+
+def test_huge_reported_statistics_neither_warn_nor_break_the_round_s_pass() -> None:
+    """A job's report may hold any finite numbers: squared norms near the float limit make
+    its sums overflow to inf (as a loop over its layers would) without a warning, and the
+    round's one pass still tunes it and every other job as each would be alone."""
+    huge = GradStats(epoch=3, frozen=0, grad_var=(0.01, 0.02, 5.0, 4.0), grad_sqr=(1e308,) * L)
+    jobs = _varied_jobs()
+    jobs[1] = replace(jobs[1], view=replace(jobs[1].view, grad_stats=huge))
+    got = Estimator().candidates_for(jobs, now=100.0, gpus_per_node=4, capacity=16,
+                                     settings=SETTINGS)  # fmt: skip
+    for job, (cands, reason) in zip(jobs, got, strict=True):
+        alone = Estimator().candidates(job, now=100.0, gpus_per_node=4, capacity=16,
+                                       settings=SETTINGS)  # fmt: skip
+        assert reason == "" and cands == alone and cands
