@@ -257,34 +257,9 @@ def tune_grid(
     (batch_sizes[i], frozen_candidates[j]) (``core/goodput.py``): the tuner then maximises
     the goodput psi x T x efficiency, so a larger batch must pay for the extra samples it
     needs (``[policy] batch_scaling``, spec section 15's batch elasticity)."""
-    return tune_grids(
-        batch_sizes=[batch_sizes], frozen_candidates=frozen_candidates, psi=psi,
-        throughputs=[throughput], lam=lam, current_frozen=current_frozen,
-        efficiencies=[efficiency],
-    )[0]  # fmt: skip
-
-
-def tune_grids(
-    *,
-    batch_sizes: Sequence[Sequence[int]],
-    frozen_candidates: Sequence[int],
-    psi: FloatArray,
-    throughputs: Sequence[FloatArray],
-    lam: float = 1.0,
-    current_frozen: int | None = None,
-    efficiencies: Sequence[FloatArray | None] | None = None,
-) -> list[TunerChoice | None]:
-    """:func:`tune_grid` for several configurations of one job at once (one GPU count each:
-    ``batch_sizes[c]``, ``throughputs[c]``, ``efficiencies[c]``, the frozen candidates and
-    psi shared): :func:`tune_rows` on one row a configuration."""
-    if efficiencies is None:
-        efficiencies = [None] * len(throughputs)
-    if not (len(batch_sizes) == len(throughputs) == len(efficiencies)):
-        raise InputError("tune_grids: one batch list, grid and efficiency a configuration")
-    return tune_rows([
-        TuneRow(batches, frozen_candidates, psi, grid, eff, lam, current_frozen)
-        for batches, grid, eff in zip(batch_sizes, throughputs, efficiencies, strict=True)
-    ])  # fmt: skip
+    return tune_rows(
+        [TuneRow(batch_sizes, frozen_candidates, psi, throughput, efficiency, lam, current_frozen)]
+    )[0]
 
 
 class TuneRow(NamedTuple):

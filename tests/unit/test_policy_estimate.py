@@ -12,7 +12,7 @@ from icefrog_slurm.core.sharing import PRIOR_UTIL
 from icefrog_slurm.core.tuner import TunerChoice, TuneRow
 from icefrog_slurm.domain.records import JobRecord, JobView, Progress
 from icefrog_slurm.domain.snapshot import Current, JobSnapshot
-from icefrog_slurm.policies.estimate import Estimator
+from icefrog_slurm.policies.estimate import Candidate, Estimator
 from icefrog_slurm.protocol import GradStats, JobSpec, MetricReport
 from icefrog_slurm.settings import Settings, settings_from_mapping
 
@@ -184,6 +184,23 @@ def _varied_jobs() -> list[JobSnapshot]:
     ]
 
 
+Estimates = list[tuple[tuple[Candidate, ...], str]]
+
+
+def _together(jobs: list[JobSnapshot], settings: Settings = SETTINGS) -> Estimates:
+    """The jobs' candidates and reasons from one round's estimate of all of them."""
+    est = Estimator()
+    return est.candidates_for(jobs, now=100.0, gpus_per_node=4, capacity=16, settings=settings)
+
+
+def _alone(jobs: list[JobSnapshot], settings: Settings = SETTINGS) -> Estimates:
+    """Each job's candidates from an estimator of its own, with no reason (it did not fail)."""
+    return [
+        (Estimator().candidates(j, now=100.0, gpus_per_node=4, capacity=16, settings=settings), "")
+        for j in jobs
+    ]
+
+
 def test_a_round_s_jobs_tuned_together_get_what_each_gets_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -200,12 +217,8 @@ def test_a_round_s_jobs_tuned_together_get_what_each_gets_alone(
     jobs = _varied_jobs()
     paper = settings_from_mapping({"policy": {"batch_scaling": False}})
     for settings in (SETTINGS, BEFORE_SAMPLES, paper):
-        together = Estimator().candidates_for(jobs, now=100.0, gpus_per_node=4, capacity=16,
-                                              settings=settings)  # fmt: skip
-        for job, (cands, reason) in zip(jobs, together, strict=True):
-            alone = Estimator().candidates(job, now=100.0, gpus_per_node=4, capacity=16,
-                                           settings=settings)  # fmt: skip
-            assert reason == "" and cands == alone and cands
+        together = _together(jobs, settings)
+        assert together == _alone(jobs, settings) and all(cands for cands, _ in together)
         assert len({c[0][0].choice for c in together}) > 1  # the jobs differ
         assert passes[-len(jobs) - 1] == len(jobs)  # one pass for the round, then each alone
 
@@ -226,17 +239,13 @@ def test_a_job_whose_tuning_fails_waits_alone_while_the_others_are_tuned(
 
     monkeypatch.setattr(estimate, "tune_rows", breaks_on_one_job)
     jobs = _varied_jobs()
-    got = Estimator().candidates_for(jobs, now=100.0, gpus_per_node=4, capacity=16,
-                                     settings=SETTINGS)  # fmt: skip
+    got = _together(jobs)
     failed = [i for i, (cands, reason) in enumerate(got) if reason]
     assert failed == [2, 3]  # the two free-batch jobs holding 1 frozen layer
     assert all(got[i][1] == "EstimateFailed: ValueError: a hostile grid" for i in failed)
     assert all(got[i][0] == () for i in failed)
     monkeypatch.setattr(estimate, "tune_rows", real)
-    for i in (0, 1, 4):
-        alone = Estimator().candidates(jobs[i], now=100.0, gpus_per_node=4, capacity=16,
-                                       settings=SETTINGS)  # fmt: skip
-        assert got[i] == (alone, "")
+    assert [got[i] for i in (0, 1, 4)] == _alone([jobs[i] for i in (0, 1, 4)])
 
 
 def test_a_job_declaring_a_thousand_layers_does_not_swell_the_round_s_arrays() -> None:
@@ -260,16 +269,13 @@ def test_a_job_declaring_a_thousand_layers_does_not_swell_the_round_s_arrays() -
     ]
     tracemalloc.start()
     try:
-        got = Estimator().candidates_for([*jobs, hostile], now=100.0, gpus_per_node=4,
-                                         capacity=16, settings=SETTINGS)  # fmt: skip
+        got = _together([*jobs, hostile])
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < 80e6, peak
     assert got[-1][1] == "" and got[-1][0]  # the big job is estimated too
-    alone = Estimator().candidates(jobs[0], now=100.0, gpus_per_node=4, capacity=16,
-                                   settings=SETTINGS)  # fmt: skip
-    assert all(g == (alone, "") for g in got[:-1])
+    assert got[:-1] == _alone(jobs)
 
 
 def test_huge_reported_statistics_neither_warn_nor_break_the_round_s_pass() -> None:
@@ -279,9 +285,5 @@ def test_huge_reported_statistics_neither_warn_nor_break_the_round_s_pass() -> N
     huge = GradStats(epoch=3, frozen=0, grad_var=(0.01, 0.02, 5.0, 4.0), grad_sqr=(1e308,) * L)
     jobs = _varied_jobs()
     jobs[1] = replace(jobs[1], view=replace(jobs[1].view, grad_stats=huge))
-    got = Estimator().candidates_for(jobs, now=100.0, gpus_per_node=4, capacity=16,
-                                     settings=SETTINGS)  # fmt: skip
-    for job, (cands, reason) in zip(jobs, got, strict=True):
-        alone = Estimator().candidates(job, now=100.0, gpus_per_node=4, capacity=16,
-                                       settings=SETTINGS)  # fmt: skip
-        assert reason == "" and cands == alone and cands
+    got = _together(jobs)
+    assert got == _alone(jobs) and all(cands for cands, _ in got)

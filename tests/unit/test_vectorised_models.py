@@ -26,7 +26,6 @@ from icefrog_slurm.core.tuner import (
     measured_or_predicted_grids,
     tune,
     tune_grid,
-    tune_grids,
     tune_rows,
 )
 from icefrog_slurm.errors import InputError
@@ -241,10 +240,10 @@ def _tuned_by_hand(
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_tune_grids_tunes_each_configuration_by_the_rule(seed: int) -> None:
-    """Several configurations tuned at once (grids of different heights, ties, NaN cells,
-    an empty and an all-zero configuration, with and without efficiencies) choose what
-    the rule chooses for each alone."""
+def test_tune_rows_tunes_each_configuration_of_one_job_by_the_rule(seed: int) -> None:
+    """Several configurations of one job tuned at once (grids of different heights, ties,
+    NaN cells, an empty and an all-zero configuration, with and without efficiencies)
+    choose what the rule chooses for each alone."""
     rng = np.random.default_rng(seed)
     frozen = sorted({0, *rng.choice(20, size=5, replace=False).tolist()})
     psi = rng.uniform(0.2, 1.0, size=len(frozen))
@@ -254,10 +253,10 @@ def test_tune_grids_tunes_each_configuration_by_the_rule(seed: int) -> None:
     grids[-1][:] = 0.0
     effs = [None if c % 2 else rng.uniform(0.5, 1.0, size=g.shape) for c, g in enumerate(grids)]
     for lam, current in ((1.0, None), (0.9, frozen[-1]), (1.0, frozen[1])):
-        got = tune_grids(
-            batch_sizes=configs, frozen_candidates=frozen, psi=psi, throughputs=grids,
-            lam=lam, current_frozen=current, efficiencies=effs,
-        )  # fmt: skip
+        got = tune_rows([
+            TuneRow(b, frozen, psi, grid, eff, lam, current)
+            for b, grid, eff in zip(configs, grids, effs, strict=True)
+        ])  # fmt: skip
         for b, grid, eff, choice in zip(configs, grids, effs, got, strict=True):
             want = _tuned_by_hand(b, frozen, psi, grid, lam, current, eff)
             have = (
