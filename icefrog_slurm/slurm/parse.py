@@ -165,7 +165,7 @@ def _job_from_json(r: Mapping[str, Any]) -> SlurmJobDetail:
         comment=comment,
         tag=parse_tag(comment),
         priority=_number(r.get("priority", 0)) or 0,
-        multiline_text=_has_line_break(r),
+        multiline_text=has_line_break(r),
         **_host_share(r),
     )
 
@@ -231,13 +231,24 @@ def _text(value: Any) -> str:
     return value
 
 
-def _has_line_break(value: Any) -> bool:
+LINE_BREAK = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+"""Every character ``str.splitlines`` ends a line at (not only ``\\n`` and ``\\r``): a user
+field holding any of them could pass for a line of Slurm's own in a line-based reading."""
+
+MAX_GPU_INDEX = 4096
+"""GPU indices on one node past this (``IDX:0-999999999999``) are no Slurm output: refused
+before a range of them is made."""
+
+
+def has_line_break(value: Any) -> bool:
+    """Whether a text, or any text inside a record's dicts and lists, holds a line break
+    (:data:`LINE_BREAK`)."""
     if isinstance(value, str):
-        return "\n" in value or "\r" in value
+        return LINE_BREAK.search(value) is not None
     if isinstance(value, dict):
-        return any(_has_line_break(v) for v in value.values())
+        return any(has_line_break(v) for v in value.values())
     if isinstance(value, list):
-        return any(_has_line_break(v) for v in value)
+        return any(has_line_break(v) for v in value)
     return False
 
 
@@ -268,27 +279,34 @@ def _split_top(text: str, brackets: str = "()") -> Iterator[str]:
 
 
 def parse_index_list(text: str) -> tuple[int, ...]:
-    """``0-1,3`` -> (0, 1, 3)."""
+    """``0-1,3`` -> (0, 1, 3); anything else (a non-number, an index past
+    :data:`MAX_GPU_INDEX`) is a ParseError naming the text."""
     out: list[int] = []
     for part in text.split(","):
         if not part:
             continue
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
+        m = re.fullmatch(r"(\d{1,5})(?:-(\d{1,5}))?", part)
+        lo, hi = (int(m.group(1)), int(m.group(2) or m.group(1))) if m else (0, -1)
+        if not m or hi < lo or hi > MAX_GPU_INDEX or len(out) + hi - lo >= MAX_GPU_INDEX:
+            raise ParseError(f"GPU index list {text[:80]!r} not understood")
+        out.extend(range(lo, hi + 1))
     return tuple(out)
 
 
 def _gres_item(item: str, nodes: tuple[str, ...]) -> GresAllocation:
-    m = re.fullmatch(r"([^:(]+)(?::[^:(]+)?:(\d+)\((.*)\)", item.strip())
+    m = re.fullmatch(r"([^:(]+)(?::[^:(]+)?:(\d{1,9})\((.*)\)", item.strip())
     if not m:
-        raise ParseError(f"GRES allocation {item!r} not understood")
+        raise ParseError(f"GRES allocation {item[:80]!r} not understood")
     kind, count, inner = m.group(1), int(m.group(2)), m.group(3)
     if inner.startswith("IDX:"):
         idx = parse_index_list(inner[4:]) if inner[4:] != "N/A" else ()
     elif inner.startswith("CNT:"):
         idx = ()
     else:  # 24.11 shared GRES: "used/avail" per device
-        idx = tuple(i for i, p in enumerate(inner.split(",")) if int(p.split("/")[0]) > 0)
+        used = [re.fullmatch(r"(\d{1,9})/\d{1,9}", p) for p in inner.split(",")]
+        if not all(used) or len(used) > MAX_GPU_INDEX:
+            raise ParseError(f"GRES allocation {item[:80]!r} not understood")
+        idx = tuple(i for i, u in enumerate(used) if u and int(u.group(1)) > 0)
     return GresAllocation(nodes=nodes, kind=kind, count=count, indices=idx)
 
 
@@ -300,7 +318,7 @@ def parse_gres_detail(
     ``hostnames`` maps a node-list string to its expansion (default: expand_hostlist).
     """
     out: list[GresAllocation] = []
-    for line in text.splitlines():
+    for line in text.split("\n"):  # Slurm's lines; not splitlines(): see LINE_BREAK
         stripped = line.strip()
         if not stripped.startswith("Nodes=") or " GRES=" not in stripped:
             continue

@@ -184,7 +184,7 @@ class SlurmPyslurmBackend:
             comment=comment,
             tag=parse.parse_tag(comment),
             priority=int(job.priority or 0),
-            multiline_text=any("\n" in (f or "") for f in fields),
+            multiline_text=any(parse.has_line_break(f or "") for f in fields),
         )
 
     def _live(self) -> list[Any]:

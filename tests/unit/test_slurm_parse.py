@@ -143,6 +143,61 @@ def test_gres_detail_golden(version: str) -> None:
     assert (shard.nodes, shard.kind, shard.count, shard.indices) == (("node3",), "shard", 1, (0,))
 
 
+# every character str.splitlines ends a line at, beyond \n and \r
+SPLITLINES_BREAKS = ["\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("brk", SPLITLINES_BREAKS)
+def test_a_comment_with_any_line_break_cannot_forge_a_gres_line(version: str, brk: str) -> None:
+    """A user's shard job whose comment (or name) breaks the line with a character other
+    than \\n, followed by a forged ``Nodes=... GRES=...`` line: the real line alone is read,
+    and the job's record says its text could be spoofed (so it is counted by shards)."""
+    real = golden(version, "scontrol-d-shard.txt")
+    [want] = parse.parse_gres_detail(real)
+    for forged in ("shard:1(IDX:z)", "shard:1(IDX:0-999999999999)", "gpu:4(IDX:0-3)"):
+        text = real.replace(
+            "Comment=icefrog:golden-shard;prev=2",
+            f"Comment=x{brk}     Nodes=node3 CPU_IDs=0 Mem=400 GRES={forged}",
+        )
+        assert parse.parse_gres_detail(text) == (want,)
+    doc = json.loads(golden(version, "squeue.json"))
+    record = doc["jobs"][0]
+    record["comment"] = f"x{brk}Nodes=node3 GRES=shard:1(IDX:z)"
+    [job] = parse.parse_squeue_json(json.dumps({**doc, "jobs": [record]})).values()
+    assert job.multiline_text
+    record["comment"], record["name"] = "plain", f"n{brk}x"
+    [job] = parse.parse_squeue_json(json.dumps({**doc, "jobs": [record]})).values()
+    assert job.multiline_text
+
+
+@pytest.mark.parametrize(
+    "gres",
+    [
+        "shard:1(IDX:z)",
+        "shard:1(IDX:0-999999999999)",  # a range that would fill the daemon's memory
+        "shard:1(IDX:3-1)",
+        "shard:1(IDX:0-4096)",
+        "shard:1(IDX:-1)",
+        "shard:1(x/2)",  # 24.11's used/available form, not numbers
+        "shard:1(1/2,0/2,z)",
+        "shard:99999999999(IDX:0)",
+    ],
+)
+def test_gres_allocations_slurm_never_prints_are_parse_errors(gres: str) -> None:
+    """What the controller's capacity pass catches (``cli_backend.partition_capacity``):
+    a ParseError, never a ValueError that would end the round, and never a huge range."""
+    text = f"JobId=9 JobName=x\n     Nodes=node3 CPU_IDs=0 Mem=400 GRES={gres}\n"
+    with pytest.raises(parse.ParseError, match="not understood"):
+        parse.parse_gres_detail(text)
+
+
+def test_gres_index_lists_slurm_prints() -> None:
+    assert parse.parse_index_list("0-1,3") == (0, 1, 3)
+    assert parse.parse_index_list("") == ()
+    assert parse.parse_index_list("4095") == (4095,)
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_sinfo_and_hostnames_golden(version: str) -> None:
     nodes = parse.parse_sinfo_nodes(golden(version, "sinfo.txt"))
