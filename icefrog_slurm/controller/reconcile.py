@@ -31,7 +31,10 @@ never does harm:
   held again first).
 
 Every Slurm command is logged with its outcome in the audit log (``slurm_actions``). A
-``SlurmUnavailable`` stops the pass and leaves the intents open for the next tick.
+``SlurmUnavailable`` stops the pass and leaves the intents open for the next tick. An
+intent whose job is no nearer its target after ``_MAX_PASSES`` steps (its owner undid each
+one: ``scontrol release`` after every hold) fails for this round, as one Slurm refused
+does, and the pass goes on with the others.
 """
 
 from __future__ import annotations
@@ -51,7 +54,6 @@ from icefrog_slurm.controller.tick import launch_refused, matches, run_dir_of
 from icefrog_slurm.domain.cluster import SlurmJobState
 from icefrog_slurm.domain.plan import Plan, SlurmRequest
 from icefrog_slurm.domain.records import ACTIVE_STATES, Intent
-from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.jsonio import printable
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.port import ClusterPort, SlurmRejected, SlurmUnavailable
@@ -100,6 +102,11 @@ class ReconcileResult:
 
 class _Waiting(Exception):
     """The intent cannot advance now (a job is checkpointing)."""
+
+
+class _NoProgress(Exception):
+    """The job's Slurm state came back after each of a pass's steps (its owner undoing every
+    hold, say): the intent fails for this round instead of ending the pass for every job."""
 
 
 class Reconciler:
@@ -163,7 +170,7 @@ class Reconciler:
                 detail = self._converge(intent, job.id, job.slurm_job_id, target, result)
         except _Waiting:
             return "waiting"
-        except SlurmRejected as exc:
+        except (SlurmRejected, _NoProgress) as exc:
             log.error(
                 "job=%d slurm_job=%s: intent %d (%s) failed: %s",
                 job.id, job.slurm_job_id, intent.id, intent.action, printable(str(exc), 500),
@@ -209,7 +216,7 @@ class Reconciler:
                 sid = self._resubmit(intent, job_id, sid, target, result)
             else:
                 return self._update_and_release(intent, job_id, sid, state, target, result)
-        raise IcefrogError(f"intent {intent.id}: no progress after {_MAX_PASSES} steps")
+        raise _NoProgress(f"no progress after {_MAX_PASSES} steps: Slurm job {sid} changed back")
 
     # ----- steps -------------------------------------------------------------------------
     def _after_end(
