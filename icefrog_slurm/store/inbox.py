@@ -389,23 +389,30 @@ class ReportInbox:
         return Claim(envelope=env, uid=cred.uid, digest=digest, munge_status=cred.status)
 
     def _decode(self, credential: str, now: float) -> security.DecodedCredential:
-        """The decoded credential; _Deferred while munged is unreachable (and backing off)."""
+        """The decoded credential; _Deferred while munged is unreachable (and backing off).
+        A credential munged failed on while it answers a fresh one is asked about once more
+        (a fault of a moment, a restart or a timeout under load, must not reject an honest
+        report); failing again, the credential is at fault and the report is rejected."""
         if self._munge_retry_at is not None and now < self._munge_retry_at:
             raise _Deferred
-        try:
-            cred = self.decode(credential)
-        except security.MungeUnavailable as exc:
-            if self.munged_answers():  # munged works: this credential made it fail
-                raise Rejected(f"credential: {exc}") from None
-            self._munge_retry_at = now + self._munge_wait_s
-            log.warning(
-                "inbox: munged unreachable (%s); reports wait, next try in %g s",
-                printable(str(exc), 300), self._munge_wait_s,
-            )  # fmt: skip
-            self._munge_wait_s = min(2 * self._munge_wait_s, 20 * self.munge_retry_s)
-            raise _Deferred from None
-        except security.MungeError as exc:
-            raise Rejected(str(exc)) from None
+        for attempt in (1, 2):
+            try:
+                cred = self.decode(credential)
+                break
+            except security.MungeUnavailable as exc:
+                if self.munged_answers():
+                    if attempt == 2:  # munged works: this credential made it fail twice
+                        raise Rejected(f"credential: {exc}") from None
+                    continue
+                self._munge_retry_at = now + self._munge_wait_s
+                log.warning(
+                    "inbox: munged unreachable (%s); reports wait, next try in %g s",
+                    printable(str(exc), 300), self._munge_wait_s,
+                )  # fmt: skip
+                self._munge_wait_s = min(2 * self._munge_wait_s, 20 * self.munge_retry_s)
+                raise _Deferred from None
+            except security.MungeError as exc:
+                raise Rejected(str(exc)) from None
         self._munge_retry_at, self._munge_wait_s = None, self.munge_retry_s
         return cred
 

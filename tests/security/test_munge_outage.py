@@ -177,3 +177,41 @@ def _count_decodes(site: Site) -> list[int]:
 
     site.inbox.decode = counted
     return calls
+
+
+def test_munged_restarted_under_one_report_does_not_reject_it(
+    store: SqlStore, tmp_path: Path, munge_users: dict[str, int], munged: Munged
+) -> None:
+    """munged stops just as the inbox asks it about Alice's report and is back before the
+    inbox checks whether munged answers (a restart, or a timeout under a flood of other
+    users' requests): the report was not at fault and is asked about again, and accepted.
+    A credential that fails twice while munged answers is rejected, as before."""
+    clock = Clock()
+    site = make_site(store, tmp_path, munge_users, munge_socket=munged.socket, clock=clock)
+    site.register(ALICE, ALICE_JOB)
+    assert site.drain() == DrainResult(accepted=1)
+    decode, restarts = site.inbox.decode, []
+
+    def restarted_under_it(credential: str) -> security.DecodedCredential:
+        if restarts:
+            return decode(credential)
+        munged.stop()
+        try:
+            return decode(credential)  # no munged: MungeUnavailable, a real socket error
+        finally:
+            munged.start()
+            restarts.append(1)
+
+    site.inbox.decode = restarted_under_it
+    site.drop(ALICE, "metric", METRIC, job=ALICE_JOB, seq=1)
+    assert site.drain() == DrainResult(accepted=1)
+    assert restarts == [1] and site.reasons() == [] and site.metrics(ALICE_JOB) == [0.5]
+
+    def always_unavailable(credential: str) -> security.DecodedCredential:
+        raise security.MungeUnavailable("unmunge: munged unavailable: Socket communication error")
+
+    site.inbox.decode = always_unavailable
+    site.drop(ALICE, "metric", {**METRIC, "epoch": 2}, job=ALICE_JOB, seq=2)
+    assert site.drain() == DrainResult(rejected=1)
+    (reason,) = site.reasons()
+    assert "munged unavailable" in reason
