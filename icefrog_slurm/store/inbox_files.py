@@ -9,8 +9,10 @@ report. Nothing here raises for a name or a file a user chose; an entry that van
 it is looked at is simply not there.
 
 - :func:`scan` lists the inbox: job folders (``<job id>`` and ``<job id>.<token>``, see
-  ``security.job_folder``) with their owner and report files, and junk entries; at most
-  :data:`MAX_INBOX_ENTRIES` entries and :data:`MAX_FOLDER_ENTRIES` a folder a drain.
+  ``security.job_folder``) with their owner and report files, and junk entries; it looks at
+  every entry of the inbox but keeps at most :data:`MAX_OWNER_ENTRIES` of each owner (so
+  one user's million folders cannot push anyone else's out of a scan) and
+  :data:`MAX_FOLDER_ENTRIES` a folder a drain.
 - :func:`fair_order` picks what one drain reads: at most ``per_owner`` entries of each
   owner, taken in turn across owners, ``total`` in all, each job's reports in ``seq`` order.
 - :func:`read_report` reads a report file after checking what it is and who owns it.
@@ -46,8 +48,9 @@ FOLDER = re.compile(r"([0-9]{1,10})(?:\.[0-9a-f]{8,64})?")
 checked by ``protocol.is_slurm_job_id``)."""
 FILE = re.compile(r"([0-9]{1,18})-([a-z_]{1,32})\.json")
 """A report file: ``<seq>-<kind>.json``; matched with ``fullmatch``."""
-MAX_INBOX_ENTRIES = 100_000
-"""Entries of the inbox one scan looks at (the rest wait until these are gone)."""
+MAX_OWNER_ENTRIES = 10_000
+"""Entries of the inbox of one owner (uid) one scan keeps (the rest wait until these are
+gone); the scan itself goes over every entry, whoever owns it."""
 MAX_FOLDER_ENTRIES = 10_000
 """Entries of one job folder one scan looks at."""
 JUNK_FOLDER = "_inbox"
@@ -105,9 +108,13 @@ def scan(inbox_fd: int, *, stale_before: float) -> Scan:
     junk of their folder."""
     folders: list[Folder] = []
     items: list[Item] = []
-    for name in _listdir(inbox_fd, MAX_INBOX_ENTRIES):
+    kept: dict[int, int] = {}  # entries kept by owner
+    for name in _names(inbox_fd):
         st = _lstat(name, inbox_fd)
         if st is None:
+            continue
+        kept[st.st_uid] = kept.get(st.st_uid, 0) + 1
+        if kept[st.st_uid] > MAX_OWNER_ENTRIES:
             continue
         m = FOLDER.fullmatch(name)
         if m is None or not is_slurm_job_id(m.group(1)) or not stat.S_ISDIR(st.st_mode):
@@ -126,6 +133,12 @@ def scan(inbox_fd: int, *, stale_before: float) -> Scan:
             continue
         folders.append(folder)
         items.extend(inside)
+    for uid, count in kept.items():
+        if count > MAX_OWNER_ENTRIES:
+            log.warning(
+                "inbox: uid %d has %d entries; %d are looked at a drain, the rest wait",
+                uid, count, MAX_OWNER_ENTRIES,
+            )  # fmt: skip
     return Scan(tuple(folders), tuple(items))
 
 
@@ -188,11 +201,12 @@ def archive(src_fd: int, name: str, target: Path, *, now: float) -> None:
 
 
 def remove_folder(inbox_fd: int, folder: Folder, *, modified_before: float) -> bool:
-    """Remove the folder if it is still the scanned one, empty, and was last modified
-    before ``modified_before``; True when it is gone."""
+    """Remove the folder if it is still the scanned one, empty, and was last changed
+    before ``modified_before`` (its ``st_ctime``, which no user can set: ``touch -d`` a
+    century ahead does not keep a folder); True when it is gone."""
     try:
         st = os.stat(folder.name, dir_fd=inbox_fd, follow_symlinks=False)
-        if (st.st_dev, st.st_ino) != folder.ident or st.st_mtime >= modified_before:
+        if (st.st_dev, st.st_ino) != folder.ident or st.st_ctime >= modified_before:
             return False
         os.rmdir(folder.name, dir_fd=inbox_fd)
     except OSError:  # not empty (a report just arrived), or gone: fine either way
@@ -250,6 +264,16 @@ def _delete(path: Path) -> int:
         log.warning("inbox: cannot prune %s: %s", printable(str(path)), exc.strerror)
         return 0
     return 1
+
+
+def _names(fd: int) -> Iterator[str]:
+    """Every name of the folder, one at a time (a huge inbox is not held in memory)."""
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                yield entry.name
+    except OSError as exc:
+        log.warning("inbox: cannot list a folder: %s", exc.strerror)
 
 
 def _listdir(fd: int, limit: int) -> list[str]:

@@ -147,3 +147,28 @@ def test_a_drain_lists_a_bounded_part_of_a_huge_folder(
     assert site.drain() == DrainResult(rejected=20)
     assert site.drain() == DrainResult(rejected=20)
     assert site.drain() == DrainResult(rejected=10) and site.left_in_inbox() == []
+
+
+def test_one_users_mass_of_folders_hides_nobody_s_reports(
+    site: Site, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Alice makes ten times more empty folders than a scan keeps of one owner (the bound
+    lowered to 30 here, 10,000 in production), with plausible job ids, dated a century
+    ahead (``touch -d``). Bob's register is read in the first drain whatever the order of
+    the inbox's entries, and once the grace period has passed since her folders were last
+    changed they go, a scan's share a drain, whatever their mtime says."""
+    from icefrog_slurm.store import inbox_files
+
+    monkeypatch.setattr(inbox_files, "MAX_OWNER_ENTRIES", 30)
+    site.register(BOB, BOB_JOB, name="bobs")
+    for n in range(300):
+        path = site.inbox_dir / str(100000 + n)
+        path.mkdir()
+        os.chown(path, site.uids[ALICE], -1)
+        os.utime(path, (2e10, 2e10))  # after the test's clock, as `touch -d 2600-01-01`
+    assert site.drain() == DrainResult(accepted=1)
+    assert site.job(BOB_JOB) is not None
+    clock.now = 1e10  # long after: nobody knows her jobs
+    for _ in range(10):
+        site.drain()
+    assert {p.name for p in site.inbox_dir.iterdir()} == {BOB_JOB}

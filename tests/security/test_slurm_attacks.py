@@ -148,3 +148,69 @@ def test_hostile_jobs_change_nothing_but_their_own(
     assert ctl.cluster.find_successor(job_id=a_sid, owner_uid=alice) == new_a
     assert ctl.cluster.find_successor(job_id=a_sid, owner_uid=bob) is None
     wait_for("old jobs cancelled", lambda: state_of(cluster, a_sid).finished)
+
+
+def test_a_forged_gres_line_in_a_shard_job_s_comment_does_not_stop_the_capacity_pass(
+    base: Path, cluster: SlurmCliBackend, munge_users: dict[str, int]
+) -> None:
+    """bob runs a shard job outside icefrog whose comment breaks the line with U+2028 (a
+    line break to ``str.splitlines``, not to the old check for \\n and \\r) and goes on like
+    a GRES line of ``scontrol show job -d`` with an index list that is no number. The
+    controller's capacity pass reads every foreign shard job's GPU indices from that text:
+    it must neither fail (which would stop every round) nor read the forged line."""
+    bob = munge_users["icefrog-bob"]
+    b_dir = _folder(base, "bob", bob)
+    forged = "x\u2028     Nodes=node1 CPU_IDs=0 Mem=400 GRES=shard:1(IDX:z)"
+    sid = sbatch_as(bob, b_dir, "-J", "forger", "--gres=shard:1", f"--comment={forged}")
+    wait_for("bob's shard job runs", lambda: state_of(cluster, sid).holds_resources)
+    detail = cluster.job_detail(job_id=sid)
+    assert "\u2028" in detail.comment and detail.user_id == bob  # Slurm kept the attack
+    assert detail.multiline_text  # so its -d text is not trusted: counted by its shards
+    real = cluster.gres_allocation(job_id=sid)  # read anyway: the forged line is not in it
+    assert [(a.kind, a.count) for a in real] == [("shard", 1)]
+    assert all(len(a.indices) <= 1 for a in real)
+    cap = cluster.partition_capacity(partition="gpu")
+    assert sid in cap.foreign_job_ids and cap.foreign_gpus >= 1
+    assert cap.foreign_gpus < cap.total_gpus
+
+
+def test_an_owner_undoing_every_hold_does_not_stop_the_pass_for_others(
+    tmp_path: Path, base: Path, cluster: SlurmCliBackend, munge_users: dict[str, int]
+) -> None:
+    """bob releases his own held icefrog job (told to wait; ``--begin`` a year away keeps
+    Slurm from starting it) and releases it again after every hold the controller puts on
+    it (``scontrol release`` as bob, run from the reconcile's step hook: the race won every
+    time). His intent can make no progress: it fails for this round after a bounded number
+    of steps, and alice's job, whose intent comes after his in the pass, is started."""
+    alice, bob = munge_users["icefrog-alice"], munge_users["icefrog-bob"]
+    settings = make_settings(tmp_path)
+    store = make_store(settings)
+    key = f"sec-{uuid.uuid4().hex[:8]}"
+    a_job, a_sid = _icefrog_job(store, alice, _folder(base, "alice", alice), f"{key}-a")
+    b_dir = _folder(base, "bob", bob)
+    b_sid = sbatch_as(
+        bob, b_dir, "-H", "--requeue", "-J", f"{key}-b", f"--comment=icefrog:{key}-b",
+        "--gres=gpu:1", "--begin=now+365days",
+    )  # fmt: skip
+    _register(store, name=f"{key}-b", uid=bob, sid=b_sid)
+    pw = pwd.getpwuid(bob)
+    as_bob = ["setpriv", f"--reuid={bob}", f"--regid={pw.pw_gid}", "--init-groups", "--"]
+    subprocess.run([*as_bob, "scontrol", "release", b_sid], check=True)
+    undone = []
+
+    def undo(what: str) -> None:
+        if what == "hold:done":
+            subprocess.run([*as_bob, "scontrol", "release", b_sid], check=True)
+            undone.append(b_sid)
+
+    ctl = make_controller(settings, store, FixedPolicy({a_job: (1, False, ())}), OffsetClock())
+    ctl.reconciler.after_step = undo
+    report = ctl.tick_once()
+    assert report.plan.decided_round == 1
+    assert report.reconcile.failed == 1 and report.reconcile.done == 1  # bob's, alice's
+    assert len(undone) == 8  # the race won after each of the pass's steps, and no more
+    assert running(cluster, a_sid).user_id == alice
+    b = state_of(cluster, b_sid)
+    assert b.state == "PENDING" and b.user_id == bob
+    with store.transaction() as tx:
+        assert [(a.gpus, a.shared) for _, a in tx.job_allocations(a_job)] == [(1, False)]
