@@ -31,7 +31,9 @@ never does harm:
   held again first).
 
 Every Slurm command is logged with its outcome in the audit log (``slurm_actions``). A
-``SlurmUnavailable`` stops the pass and leaves the intents open for the next tick. An
+``SlurmUnavailable`` stops the pass and leaves the intents open for the next tick; any
+other error in one intent's work (a bug, a user's text no check foresaw) fails that intent,
+logged with its traceback, and the pass goes on (a lost lead still ends it). An
 intent whose job is no nearer its target after ``_MAX_PASSES`` steps (its owner undid each
 one: ``scontrol release`` after every hold) fails for this round, as one Slurm refused
 does, and the pass goes on with the others.
@@ -54,6 +56,7 @@ from icefrog_slurm.controller.tick import launch_refused, matches, run_dir_of
 from icefrog_slurm.domain.cluster import SlurmJobState
 from icefrog_slurm.domain.plan import Plan, SlurmRequest
 from icefrog_slurm.domain.records import ACTIVE_STATES, Intent
+from icefrog_slurm.errors import LostLead
 from icefrog_slurm.jsonio import printable
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.port import ClusterPort, SlurmRejected, SlurmUnavailable
@@ -145,6 +148,13 @@ class Reconciler:
                 result.errors.append(str(exc))
                 result.waiting += 1
                 break
+            except LostLead:
+                raise
+            except Exception as exc:  # one job's intent must not end the pass for the others
+                log.exception("job=%s: intent %d (%s) failed", intent.job_id, intent.id,
+                              intent.action)  # fmt: skip
+                result.errors.append(f"{type(exc).__name__}: {exc}")
+                outcome = self._abandon(intent, exc)
             if outcome == "done":
                 result.done += 1
                 result.reallocations += intent.action == "change"
@@ -154,6 +164,19 @@ class Reconciler:
                 result.failed += 1
         self._write_decisions(plan)
         return result
+
+    def _abandon(self, intent: Intent, exc: Exception) -> str:
+        """Fail an intent an unexpected error stopped (the next round plans its job again);
+        when even that cannot be recorded, it stays open for the next pass."""
+        try:
+            with self.store.transaction() as tx:
+                self._finish(tx, intent, "failed", printable(f"{type(exc).__name__}: {exc}", 500))
+        except LostLead:
+            raise
+        except Exception as again:
+            log.error("intent %d: left open: %s", intent.id, printable(str(again), 300))
+            return "waiting"
+        return "failed"
 
     def _advance(self, intent: Intent, result: ReconcileResult) -> str:
         target = SlurmRequest.from_params(intent.params.get("target", {}))

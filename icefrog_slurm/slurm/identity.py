@@ -90,7 +90,9 @@ class TagSigner:
         if tag.previous_id is None or tag.signature is None:
             return False
         want = self._sig(tag.key, tag.previous_id, owner_uid)
-        return hmac.compare_digest(want, tag.signature)
+        # bytes: compare_digest refuses str with non-ASCII characters (a user's comment may
+        # hold any), and a TypeError here would end the reconcile pass for every job
+        return hmac.compare_digest(want.encode(), tag.signature.encode("utf-8", "replace"))
 
 
 def successor_of(

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -214,3 +215,55 @@ def test_an_owner_undoing_every_hold_does_not_stop_the_pass_for_others(
     assert b.state == "PENDING" and b.user_id == bob
     with store.transaction() as tx:
         assert [(a.gpus, a.shared) for _, a in tx.job_allocations(a_job)] == [(1, False)]
+
+
+@pytest.mark.parametrize("bug", [False, True], ids=["as-is", "lookup-raises"])
+def test_a_decoy_with_a_signature_of_any_text_does_not_stop_the_pass(
+    tmp_path: Path,
+    base: Path,
+    cluster: SlurmCliBackend,
+    munge_users: dict[str, int],
+    monkeypatch: pytest.MonkeyPatch,
+    bug: bool,
+) -> None:
+    """The round starts bob's held icefrog job and alice's. Between the round's snapshot and
+    its reconcile, bob cancels his job and leaves a held decoy whose comment names it as
+    the predecessor with a signature of non-ASCII text (``sig=é``): the controller, looking
+    for a successor of the cancelled job, must take the decoy for none (comparing such a
+    signature once raised a TypeError out of the pass), fail bob's intent alone, and start
+    alice's job. ``lookup-raises``: the successor lookup itself fails with an error nothing
+    foresaw (as that TypeError was): the pass still fails bob's intent alone."""
+    alice, bob = munge_users["icefrog-alice"], munge_users["icefrog-bob"]
+    settings = make_settings(tmp_path)
+    store = make_store(settings)
+    key = f"sec-{uuid.uuid4().hex[:8]}"
+    b_dir = _folder(base, "bob", bob)
+    b_job, b_sid = _icefrog_job(store, bob, b_dir, f"{key}-b")  # first: its intent is first
+    a_job, a_sid = _icefrog_job(store, alice, _folder(base, "alice", alice), f"{key}-a")
+    policy = FixedPolicy({b_job: (1, False, ()), a_job: (1, False, ())})
+    ctl = make_controller(settings, store, policy, OffsetClock())
+    decoys: list[str] = []
+    enact = ctl.reconciler.enact
+
+    def bob_moves_first(plan: Any) -> Any:
+        pw = pwd.getpwuid(bob)
+        as_bob = ["setpriv", f"--reuid={bob}", f"--regid={pw.pw_gid}", "--init-groups", "--"]
+        subprocess.run([*as_bob, "scancel", b_sid], check=True)
+        wait_for("bob's job cancelled", lambda: state_of(cluster, b_sid).finished)
+        comment = f"--comment=icefrog:{key}-b;prev={b_sid};sig=\u00e9"
+        decoys.append(sbatch_as(bob, b_dir, "-H", "-J", f"{key}-b", comment, "--gres=gpu:1"))
+        return enact(plan)
+
+    ctl.reconciler.enact = bob_moves_first  # type: ignore[method-assign]
+    if bug:
+
+        def broken(*, job_id: str, owner_uid: int) -> str | None:
+            raise RuntimeError(f"a bug in the successor lookup of {job_id}")
+
+        monkeypatch.setattr(ctl.cluster, "find_successor", broken)
+    report = ctl.tick_once()
+    assert report.plan.decided_round == 1
+    assert report.reconcile.failed == 1 and report.reconcile.done == 1  # bob's, alice's
+    assert running(cluster, a_sid).user_id == alice
+    assert chain(store, b_job)[-1] == b_sid  # the decoy was not linked to bob's job
+    assert state_of(cluster, decoys[0]).held  # and nothing was done to it

@@ -43,9 +43,15 @@ def test_decoys_are_never_taken_for_a_successor() -> None:
         _job("21", ALICE, "icefrog:abc;prev=10"),  # unsigned, even by the owner
         _job("22", ALICE, "icefrog:abc;prev=10;sig=" + "0" * 32),  # a guessed signature
         _job("23", ALICE, real, state="CANCELLED"),  # the real one, but ended
+        # signatures compare_digest refuses as str (a TypeError would end the pass)
+        _job("25", ALICE, "icefrog:abc;prev=10;sig=\u00e9"),
+        _job("26", ALICE, "icefrog:abc;prev=10;sig=" + "\ufffd" * 32),
+        _job("27", ALICE, "icefrog:abc;prev=10;sig=\udcff"),  # a lone surrogate
     ]
     assert successor_of(jobs, job_id="10", owner_uid=ALICE, signer=signer) is None
     jobs.append(_job("24", ALICE, real))
+    assert successor_of(jobs, job_id="10", owner_uid=ALICE, signer=signer) == "24"
+    jobs.append(_job("28", ALICE, real[:-1] + "\u00e9"))  # the real one, one char off
     assert successor_of(jobs, job_id="10", owner_uid=ALICE, signer=signer) == "24"
 
 
