@@ -2,10 +2,10 @@
 mid-run reach its target in no more effective epochs than the fixed-batch run, and with
 which learning-rate rule (icefrog_launcher.lr)?
 
-Model and data: the digits MLP of examples/train_digits.py (scikit-learn's bundled digits,
-1500 training and 297 validation images, offline), SGD with momentum 0.9 (or Adam,
-``--optimizer adam``) at the learning rate tuned for the base batch (``--lr``, README.md),
-the real Model Trainer in this process
+Model and data: the digits MLP of examples/train_digits.py (or its CNN, ``--model cnn``;
+scikit-learn's bundled digits, 1500 training and 297 validation images, offline), SGD with
+momentum 0.9 (or Adam, ``--optimizer adam``) at the learning rate tuned for the base batch
+(``--lr``, README.md), the real Model Trainer in this process
 (one process, so the global batch is the per-GPU batch). For each seed:
 
 - the fixed run trains at the base batch B0 (``--base``) throughout;
@@ -21,7 +21,9 @@ the real Model Trainer in this process
   of an epoch at which it held (finer than the trainer's epoch ends).
 
 No layer is frozen here, so effective (full-model-equivalent) epochs are epochs trained.
-It prints a line a run and a table per schedule, and writes experiments/batch_change/results.md.
+It prints a line a run and a table per schedule, and writes experiments/batch_change/results.md
+(results-cnn.md with ``--model cnn``) unless ``--no-doc``. ``--changes`` with no schedule
+runs the fixed runs alone: the sweep that tunes ``--lr`` for the base batch.
 Not part of the test suite. From the repository root:
 
     PYTHONPATH=.:launcher nice -n 10 python experiments/batch_change/run.py
@@ -69,12 +71,13 @@ class Result:
 
 
 OPTIMIZERS = {"sgd": "SGD momentum 0.9", "adam": "Adam"}
+MODELS = {"mlp": "MLP", "cnn": "CNN"}
 
 
 def train(args: argparse.Namespace, seed: int, rule: str, changes: dict[int, int]) -> Result:
     torch.manual_seed(seed)
     train_set, val = digits_example.digits(seed)
-    model = digits_example.make_model("mlp")
+    model = digits_example.make_model(args.model)
     optimizer: torch.optim.Optimizer
     if args.optimizer == "adam":
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -156,22 +159,26 @@ def main() -> None:
     parser.add_argument("--base", type=int, default=16, help="base batch B0")
     parser.add_argument(
         "--changes",
-        nargs="+",
+        nargs="*",
         default=["2:32,4:64", "2:64,4:128", "2:64,4:32"],
-        help="schedules of the controller's decisions, each epoch:batch,epoch:batch",
+        help="schedules of the controller's decisions, each epoch:batch,epoch:batch "
+        "(none: the fixed runs alone)",
     )
     parser.add_argument("--max-epochs", type=int, default=30)
     parser.add_argument("--probe", type=float, default=0.25, help="loss probe, epochs")
     parser.add_argument("--rules", nargs="+", default=list(RULES))
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
                         help="sgd: momentum 0.9; adam: torch's defaults but the lr")  # fmt: skip
+    parser.add_argument("--model", choices=MODELS, default="mlp")
     parser.add_argument("--no-doc", action="store_true", help="print only")
     args = parser.parse_args()
     torch.set_num_threads(1)
     start = time.monotonic()
     results: dict[str, list[Result]] = {}
+    fixed_runs: list[Result] = []
     for seed in args.seeds:
         fixed = train(args, seed, "none", {})
+        fixed_runs.append(fixed)
         _say("fixed", fixed)
         for schedule in args.changes:
             results.setdefault(schedule, []).append(fixed)
@@ -181,15 +188,19 @@ def main() -> None:
                 _say(schedule, result)
     seconds = time.monotonic() - start
     lines = [
-        f"Digits MLP, {OPTIMIZERS[args.optimizer]}, lr {args.lr} for the base batch {args.base}; "
+        f"Digits {MODELS[args.model]}, {OPTIMIZERS[args.optimizer]}, lr {args.lr} for the base "
+        f"batch {args.base}; "
         f"target: training loss <= {args.target} (at most {args.max_epochs} epochs); seeds "
         f"{' '.join(map(str, args.seeds))}; {seconds:.0f} s.",
     ]
     for schedule, rows in results.items():
         lines += ["", *summary(rows, args, schedule)]
+    if not args.changes:
+        lines += ["", *summary(fixed_runs, args, "")]
     print("\n".join(lines))
     if not args.no_doc:
-        (REPO / "experiments" / "batch_change" / "results.md").write_text("\n".join(lines) + "\n")
+        name = "results.md" if args.model == "mlp" else f"results-{args.model}.md"
+        (REPO / "experiments" / "batch_change" / name).write_text("\n".join(lines) + "\n")
 
 
 def _say(schedule: str, r: Result) -> None:
@@ -202,10 +213,16 @@ def _say(schedule: str, r: Result) -> None:
 
 
 def summary(results: list[Result], args: argparse.Namespace, schedule: str) -> list[str]:
-    runs = ["fixed", *args.rules]
+    """The table of one schedule's runs ("": the fixed runs alone)."""
+    runs = ["fixed", *args.rules] if schedule else ["fixed"]
     base = {r.seed: r for r in results if r.run == "fixed"}
+    title = (
+        f"Decisions after epochs {schedule} (epoch:per-GPU batch; from {args.base}):"
+        if schedule
+        else f"The fixed runs alone (per-GPU batch {args.base} throughout):"
+    )
     lines = [
-        f"Decisions after epochs {schedule} (epoch:per-GPU batch; from {args.base}):",
+        title,
         "",
         "| run | effective epochs at the end (trainer), mean (min-max) | <= fixed (seeds) | "
         "epochs to target by the probe, mean | vs fixed | optimizer steps | val acc |",
