@@ -24,7 +24,9 @@ so a caller (the simulator's ablation) can hand a LLaMA job the DDP model instea
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
@@ -204,12 +206,22 @@ class SdpModel(_ModelBase):
 # ----------------------------------------------------------------------- PP and HP
 
 
+EXACT_STAGE_STEPS = 200_000
+"""p·L² up to which :func:`balanced_stages` runs its exact dynamic programme (a fraction of
+a second); beyond, a declaration of thousands of layers and stages would cost a round
+minutes to hours, so the least largest stage is found by bisection instead."""
+
+
+@functools.lru_cache(maxsize=256)
 def balanced_stages(table: LayerTable, stages: int) -> tuple[int, ...]:
     """Layers per stage: the contiguous split into ``stages`` minimising the largest
-    stage's FLOPs (exact dynamic programme, O(p·L²)); ties go to the earliest cut."""
+    stage's FLOPs (exact dynamic programme, O(p·L²), ties to the earliest cut; past
+    :data:`EXACT_STAGE_STEPS`, :func:`_bisected_stages`). Remembered for the last tables."""
     n = table.num_layers
     if not 1 <= stages <= n:
         raise InputError(f"stages: need 1 <= p <= {n} layers, got {stages}")
+    if stages * n * n > EXACT_STAGE_STEPS:
+        return _bisected_stages(table.flops, stages)
     prefix = [0.0]
     for f in table.flops:
         prefix.append(prefix[-1] + f)
@@ -228,6 +240,38 @@ def balanced_stages(table: LayerTable, stages: int) -> tuple[int, ...]:
         sizes.append(i - cut[k][i])
         i = cut[k][i]
     return tuple(reversed(sizes))
+
+
+def _bisected_stages(flops: Sequence[float], stages: int) -> tuple[int, ...]:
+    """The split of :func:`balanced_stages` in O(L log): the least cap on a stage's FLOPs
+    that a greedy left-to-right packing fits in ``stages`` stages, by bisection to a
+    relative 1e-12 of the total; the packing at that cap, its stages split further (the
+    last layer of the first stage of several layers made a stage of its own) until there
+    are ``stages``, which never raises the largest."""
+    total = math.fsum(flops)
+
+    def pack(cap: float) -> list[int]:
+        sizes, load = [0], 0.0
+        for f in flops:
+            if sizes[-1] and load + f > cap:
+                sizes.append(0)
+                load = 0.0
+            sizes[-1] += 1
+            load += f
+        return sizes
+
+    lo, hi = max(flops), total * (1 + 1e-9)  # one stage of everything fits under hi
+    while hi - lo > 1e-12 * total and len(pack(lo)) > stages:
+        mid = (lo + hi) / 2
+        if len(pack(mid)) <= stages:
+            hi = mid
+        else:
+            lo = mid
+    sizes = pack(lo if len(pack(lo)) <= stages else hi)
+    while len(sizes) < stages:
+        at = next(i for i, size in enumerate(sizes) if size > 1)
+        sizes[at : at + 1] = [sizes[at] - 1, 1]
+    return tuple(sizes)
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,7 @@ class Estimator:
         self._tables: dict[tuple[object, ...], LayerTable] = {}  # one object per equal table
         self._prior_of: dict[int, tuple[tuple[object, ...], ThroughputModel]] = {}
         self._unfrozen: set[int] = set()  # jobs whose metric stalled while frozen
+        self._failing: set[int] = set()  # jobs whose estimate failed: not fitted first
 
     def new_round(self, *, fit_budget: int | None, jobs: Sequence[JobSnapshot] = ()) -> None:
         """Start a round that fits at most ``fit_budget`` models (None: no limit). Given the
@@ -221,6 +222,8 @@ class Estimator:
                 break
             cached = self._cache.get(job.id)
             fitted = cached is not None and not cached.prior and cached.model is not None
+            if job.id in self._failing:
+                continue
             if not fitted and any(not s.shared for s in job.view.samples):
                 self._first.add(job.id)
         self._budget = fit_budget - len(self._first)
@@ -236,8 +239,8 @@ class Estimator:
     ) -> list[tuple[tuple[Candidate, ...], str]]:
         """:meth:`candidates` of each job, in order, the options of all of them tuned in one
         pass (:func:`_tune`), each job isolated: when estimating one job raises (an empty
-        or invalid layer table, a fit that fails), its cached model is dropped, the error is
-        logged and ``((), "EstimateFailed: ...")`` comes back for it, so it waits with that
+        or invalid layer table, a fit that fails), the error is logged (:meth:`_failed`)
+        and ``((), "EstimateFailed: ...")`` comes back for it, so it waits with that
         reason while the round goes on for every other job."""
         out: list[tuple[tuple[Candidate, ...], str]] = []
         ready: dict[int, _Prepared] = {}  # by position in ``jobs``
@@ -262,11 +265,22 @@ class Estimator:
                 out[at] = (_finish(prepared, settings), "")
             except Exception as exc:
                 out[at] = ((), self._failed(prepared.job, exc))
+            else:
+                self._failing.discard(prepared.job.id)
         return out
 
     def _failed(self, job: JobSnapshot, exc: Exception) -> str:
-        """Drop the job's cached model and log why its estimate failed; the reason it waits."""
-        self._cache.pop(job.id, None)
+        """Log why the job's estimate failed; the reason it waits. Its choices, grids and
+        sharing fits are dropped (they may be half made); its samples and fitted model are
+        kept, so the next round does not fit it again from nothing, and it no longer goes
+        first for the round's fits (:meth:`new_round`): a job whose estimate fails every
+        round cannot take the fit budget from the others."""
+        cached = self._cache.get(job.id)
+        if cached is not None:
+            cached.tuned, cached.tuned_for, cached.grids, cached.grids_for = {}, (), {}, ()
+            cached.sharing, cached.sharing_for = None, -1
+            cached.shared_grid, cached.shared_for = None, ()
+        self._failing.add(job.id)
         reason = f"EstimateFailed: {type(exc).__name__}: {exc}"
         log.warning("job %d (%s): %s", job.id, job.job.name, reason)
         return reason
@@ -519,7 +533,7 @@ class Estimator:
                 history.add(_prior(job.job.spec, modelled, layers, gpus_per_node, self._gpu))
             self._cache[job.id] = cached
         if cached.samples != len(samples) or cached.samples == 0:
-            cached.stale |= cached.history.add(samples[cached.samples :])
+            cached.stale |= cached.history.add(_in_spec(job.job.spec, samples[cached.samples :]))
             cached.samples = len(samples)
         return cached
 
@@ -534,6 +548,7 @@ class Estimator:
         for job_id in set(self._prior_of) - keep:
             del self._prior_of[job_id]
         self._unfrozen &= keep
+        self._failing &= keep
         live = {id(layers) for _, layers in self._layers.values()}
         self._tables = {k: t for k, t in self._tables.items() if id(t) in live}
 
@@ -701,6 +716,21 @@ def _finish(prepared: _Prepared, settings: Settings) -> tuple[Candidate, ...]:
             load = loads.predict(batch=best.batch, frozen=best.frozen, layers=layers)
         out.append(Candidate(gpus, shared, best, tta, load))
     return tuple(out)
+
+
+def _in_spec(spec: JobSpec, samples: Sequence[ProfileSample]) -> list[ProfileSample]:
+    """The samples of configurations the job's declaration allows (a legal GPU count, or one
+    shared GPU; a per-GPU batch in its range; at most its layers frozen): a user's report of
+    others would only add configurations for every fit of the job to read."""
+    counts = set(spec.parallelism.legal_gpu_counts(spec.min_gpus, spec.max_gpus))
+    layers = len(spec.layer_flops)
+    return [
+        s
+        for s in samples
+        if (s.gpus in counts or (s.shared and s.gpus == 1))
+        and spec.min_batch <= s.batch <= spec.max_batch
+        and 0 <= s.frozen <= layers
+    ]
 
 
 def exploration_cap(job: JobSnapshot) -> int:

@@ -167,6 +167,86 @@ def test_hostile_metric_reports_neither_break_the_estimate_nor_unfreeze_a_job() 
     assert all(c.choice.frozen == 0 for c in _cands(_stalling(frozen=2), est).values())  # type: ignore[attr-defined]
 
 
+def test_a_progress_report_near_the_float_limit_does_not_fail_the_estimate() -> None:
+    """effective_samples_done = 1e308 after one sample makes the learning-curve fit's
+    sample axis infinite (it raised LinAlgError, and the job was fitted again from nothing
+    every round); those points are dropped and P falls back on the declared budget."""
+    job = _stalling(frozen=0, epochs=6)
+    record = replace(job.job, progress=Progress(samples_done=1, effective_samples_done=1e308))
+    job = replace(job, view=replace(job.view, job=record))
+    [(cands, reason)] = Estimator().candidates_for(
+        [job], now=100.0, gpus_per_node=4, capacity=16, settings=SETTINGS
+    )
+    assert reason == "" and cands
+
+
+def test_jobs_whose_estimate_fails_every_round_neither_refit_nor_take_the_fit_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Eight of one user's jobs, submitted first, whose estimates fail after their fits
+    (any error nothing foresaw): each is fitted once, not again every round, and with the
+    budget at 8 another user's job that measured itself still gets its model in the first
+    round after theirs failed."""
+    from icefrog_slurm.policies import estimate
+
+    def snap(i: int) -> JobSnapshot:
+        j = _job((_sample(1, 0, 400.0 + i), _sample(2, 0, 700.0)))
+        return JobSnapshot(
+            replace(j.view, job=replace(j.job, id=i, submit_time=i)), None, Current()
+        )
+
+    attackers, victim = [snap(i) for i in range(8)], snap(8)
+    honest = estimate.remaining_samples
+
+    def fails_for_attackers(job: JobSnapshot) -> float:
+        if job.id < 8:
+            raise RuntimeError("an error nothing foresaw")
+        return honest(job)
+
+    monkeypatch.setattr(estimate, "remaining_samples", fails_for_attackers)
+    est = Estimator()
+    fits = []
+    for _ in range(3):
+        est.new_round(fit_budget=8, jobs=[*attackers, victim])
+        before = {i: est._cache[i].version if i in est._cache else 0 for i in range(9)}
+        got = est.candidates_for([*attackers, victim], now=100.0, gpus_per_node=4, capacity=16,
+                                 settings=SETTINGS)  # fmt: skip
+        assert [r for _, r in got[:8]] == [
+            "EstimateFailed: RuntimeError: an error nothing foresaw"
+        ] * 8
+        fits.append([est._cache[i].version - before[i] for i in range(9)])
+    assert fits[0][:8] == [1] * 8  # the first round fits them (they are oldest)
+    assert fits[1][:8] == fits[2][:8] == [0] * 8  # and never again: the models were kept
+    assert [f[8] for f in fits] == [0, 1, 0]  # the victim: no budget left, then its fit
+    assert est._cache[8].model is not None and not est._cache[8].prior
+    assert got[8][1] == "" and got[8][0]
+
+
+def test_a_flood_of_profile_configurations_is_bounded_and_off_spec_ones_ignored() -> None:
+    """One user's reports of every configuration their declaration allows (825 of them,
+    batch 32-64 one by one) and of configurations it does not (9 or 4096 GPUs of at most
+    8, a batch of a million, 99 frozen of 4 layers): the job's history keeps the first
+    MAX_CONFIGURATIONS in-spec ones, so each of its fits reads at most that many, and none
+    of the others."""
+    from icefrog_slurm.core.fit import MAX_CONFIGURATIONS
+
+    def sample(gpus: int, batch: int, frozen: int) -> ProfileSample:
+        return ProfileSample(gpus, batch, frozen, False, 0.0, 0.0, 0.0, 0.1, 0.0, 20e9, 0.4)
+
+    off_spec = (sample(4096, 64, 0), sample(1, 10**6, 0), sample(2, 64, 99), sample(9, 64, 0))
+    flood = tuple(
+        sample(g, b, k) for g in (1, 2, 3, 4, 8) for b in range(32, 65) for k in range(L + 1)
+    )
+    assert len(flood) == 825 > MAX_CONFIGURATIONS
+    est = Estimator()
+    [(cands, reason)] = est.candidates_for(
+        [_job((*off_spec, *flood))], now=100.0, gpus_per_node=4, capacity=16, settings=SETTINGS
+    )
+    kept = est._cache[1].history.samples
+    assert len(kept) == MAX_CONFIGURATIONS and set(kept) <= set(flood)
+    assert reason == "" and cands
+
+
 def _varied_jobs() -> list[JobSnapshot]:
     """Jobs of every kind an estimate meets: on the prior, measured, with statistics that
     make freezing pay, with batch scaling's statistics, with a global batch, shared."""
