@@ -210,9 +210,14 @@ class Reconciler:
     def _converge(
         self, intent: Intent, job_id: int, sid: str, target: SlurmRequest, result: ReconcileResult
     ) -> str:
-        """Step the job towards ``target`` until done; raises _Waiting (module docstring)."""
+        """Step the job towards ``target`` until done; raises _Waiting (module docstring).
+        A Slurm job of that id owned by another uid is not the job's (an id given again):
+        it is taken as gone, never acted on."""
+        owner = self._owner(job_id)
         for _ in range(_MAX_PASSES):
             state = self.cluster.poll(job_ids=[sid]).get(sid)
+            if state is not None and state.user_id != owner:
+                state = None
             if state is None or state.finished:
                 sid = self._after_end(intent, job_id, sid, state, result)
             elif state.admin_held:  # an administrator's hold is never lifted, nor worked around

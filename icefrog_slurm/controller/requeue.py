@@ -66,6 +66,10 @@ def requeue_ended(ports: EndedJobs, job_id: int, sid: str, *, requeue: Callable[
     launcher exits 75); the next round releases it like any held job. Otherwise it is
     recorded failed here. Returns the intent's detail."""
     state = ports.cluster.poll(job_ids=[sid]).get(sid)
+    if state is not None:
+        with ports.store.transaction() as tx:
+            if state.user_id != tx.job(job_id).owner_uid:
+                state = None  # the id given again to another user's job: this one is gone
     if state is not None and not state.finished:
         return f"Slurm job {sid} is {state.state} again (requeued by Slurm)"
     why = not_requeueable(ports, job_id, sid, state)

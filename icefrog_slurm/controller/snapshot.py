@@ -42,10 +42,14 @@ def build_snapshot(
     capacity: PartitionCapacity,
     now: float,
 ) -> Snapshot:
-    """Join the store's active jobs with the Slurm state of their current Slurm job."""
+    """Join the store's active jobs with the Slurm state of their current Slurm job. A Slurm
+    job of that id owned by another uid is not theirs (Slurm gave the id again, after its
+    ids were reset): the job's own is gone."""
     jobs = []
     for view in store.jobs:
         state = states.get(view.job.slurm_job_id)
+        if state is not None and state.user_id != view.job.owner_uid:
+            state = None
         jobs.append(JobSnapshot(view=view, slurm=state, current=current_of(state)))
     return Snapshot(
         time=now,

@@ -331,6 +331,15 @@ class ReportInbox:
                     return "rejected"
                 except _Deferred:
                     return "deferred"
+                except OSError as exc:
+                    if exc.errno not in files.TRANSIENT_ERRNOS:
+                        self._quarantine(job_fd, item, f"cannot be read: {_why(exc)}", size, claim)
+                        return "rejected"
+                    log.warning(
+                        "%sinbox: %s waits, reading it failed: %s",
+                        _fields(None, item), item.where, _why(exc),
+                    )  # fmt: skip
+                    return "deferred"
                 except Exception as exc:
                     if _transient_db(exc):
                         self._db_fault = True

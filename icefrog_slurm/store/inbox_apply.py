@@ -100,9 +100,24 @@ def _register(
     )
 
 
+KEPT_A_JOB = {"profile": 8192, "grad_stats": 10_000, "metric": 20_000}
+"""Rows the store keeps of one job's profile samples, gradient-statistics epochs and metric
+values (a simulated job sends about a hundred samples; a job of thousands of epochs stays
+far below): past them a report of that kind is rejected, so one user's flood cannot grow
+what every round reads without bound."""
+
+
 def _apply_payload(
     tx: SqlStoreTx, job_id: int, env: protocol.Envelope, payload: Any, now: float
 ) -> None:
+    if env.kind in KEPT_A_JOB:
+        adding = len(payload) if isinstance(payload, list) else 1
+        kept = tx.kept_rows(job_id=job_id, kind=env.kind)
+        if kept + adding > KEPT_A_JOB[env.kind]:
+            raise Rejected(
+                f"Slurm job {env.slurm_job_id}: {kept} {env.kind} rows kept and {adding} more "
+                f"would pass the {KEPT_A_JOB[env.kind]} a job may keep"
+            )
     if isinstance(payload, protocol.JobSpec):
         tx.set_spec(job_id=job_id, spec=payload)
     elif isinstance(payload, list):

@@ -56,6 +56,13 @@ MAX_FOLDER_ENTRIES = 10_000
 JUNK_FOLDER = "_inbox"
 """The archive folder of entries that are no job folder (``archive/rejected/_inbox``)."""
 
+TRANSIENT_ERRNOS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EIO, errno.ESTALE, errno.EINTR,
+     errno.EAGAIN, errno.ETIMEDOUT, errno.ENOBUFS}
+)  # fmt: skip
+"""Errors reading a report that no user's file causes (descriptors or memory run out, a
+disk or NFS fault): the report waits for the next drain instead of being rejected."""
+
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SAFE_NAME = re.compile(r"\.?[0-9A-Za-z_.-]{1,100}")
@@ -238,6 +245,8 @@ def read_report(dir_fd: int, name: str, owner: int) -> tuple[bytes, int]:
     try:
         fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
+        if exc.errno in TRANSIENT_ERRNOS:
+            raise  # the reader's fault, not the file's: the report waits
         raise Rejected(f"cannot open: {exc.strerror}") from None
     try:
         st = os.fstat(fd)

@@ -176,6 +176,16 @@ class SqlStoreTx(LedgerTx):
             ),
         )
 
+    def kept_rows(self, *, job_id: int, kind: str) -> int:
+        """Rows of one job's ``profile`` samples, ``grad_stats`` epochs or ``metric`` values
+        the store holds (what :data:`~icefrog_slurm.store.inbox_apply.KEPT_A_JOB` bounds)."""
+        column = {
+            "profile": ProfileSampleRow.job_id,
+            "grad_stats": GradStatsRow.job_id,
+            "metric": MetricRow.job_id,
+        }[kind]
+        return int(self._s.execute(select(func.count()).where(column == job_id)).scalar_one())
+
     def put_metric(self, *, job_id: int, metric: MetricReport, now: float) -> None:
         """Store one epoch's validation metric, replacing a re-sent one."""
         self._s.execute(

@@ -14,6 +14,7 @@ import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,3 +144,66 @@ def test_a_fault_outside_the_reports_reach_is_quarantined_too(site: Site) -> Non
     (reason,) = site.reasons()
     assert "RecursionError" in reason and reason.isprintable() and "\\x00" in reason
     assert site.metrics(ALICE_JOB) == [0.7] and site.left_in_inbox() == []
+
+
+def test_one_jobs_flood_of_rows_is_bounded_and_others_still_land(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bob sends more profile samples, metric epochs and gradient-statistics epochs for his
+    own job than the store keeps of a job (bounds lowered here: 10, 3 and 2): the reports
+    past them are rejected with the reason, the rows stop growing (every round reads
+    them), and Alice's reports land."""
+    from dataclasses import asdict
+
+    from icefrog_slurm.core.samples import ProfileSample
+    from icefrog_slurm.store import inbox_apply
+
+    monkeypatch.setattr(inbox_apply, "KEPT_A_JOB", {"profile": 10, "grad_stats": 2, "metric": 3})
+    site.register(ALICE, ALICE_JOB)
+    site.register(BOB, BOB_JOB, name="bobs")
+    assert site.drain() == DrainResult(accepted=2)
+    sample = asdict(ProfileSample(1, 32, 0, False, 0.0, 0.0, 0.0, 0.1, 320.0, 1e9, 0.5))
+    for seq in (1, 2, 3):  # 4 + 4 samples fit, the third report's 4 would pass 10
+        site.drop(BOB, "profile", {"samples": [sample] * 4}, seq=seq, job=BOB_JOB, name="bobs")
+    for seq in range(4, 9):  # 3 metric epochs fit, 2 more do not
+        site.drop(BOB, "metric", {**METRIC, "epoch": seq}, seq=seq, job=BOB_JOB, name="bobs")
+    grad = {"frozen": 0, "grad_var": [1.0] * 4, "grad_sqr": [1.0] * 4}
+    for seq in (9, 10, 11):
+        site.drop(BOB, "grad_stats", {**grad, "epoch": seq}, seq=seq, job=BOB_JOB, name="bobs")
+    site.drop(ALICE, "metric", METRIC, seq=1, job=ALICE_JOB)
+    assert site.drain() == DrainResult(accepted=2 + 3 + 2 + 1, rejected=1 + 2 + 1)
+    [bob] = [v for v in site.inbox.store.snapshot().jobs if v.job.slurm_job_id == BOB_JOB]
+    assert (len(bob.samples), len(bob.metrics)) == (8, 3)
+    with site.inbox.store.transaction() as tx:
+        assert tx.kept_rows(job_id=bob.job.id, kind="grad_stats") == 2
+    assert sum("the 10 a job may keep" in r for r in site.reasons()) == 1
+    assert site.metrics(ALICE_JOB) == [0.5]
+
+
+def test_a_read_fault_of_the_reader_defers_a_report_instead_of_rejecting_it(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller runs out of file descriptors (EMFILE) just as it opens one of Alice's
+    reports: no file of hers caused it, so the report waits for the next drain, which takes
+    it; a file a user can make unreadable (a symlink: ELOOP) is still rejected."""
+    import errno
+
+    site.register(ALICE, ALICE_JOB)
+    assert site.drain() == DrainResult(accepted=1)
+    for seq in (1, 2):
+        site.drop(ALICE, "metric", {**METRIC, "epoch": seq}, seq=seq, job=ALICE_JOB)
+    (site.inbox_dir / ALICE_JOB / "3-metric.json").symlink_to("/etc/passwd")
+    real_open = os.open
+    faults: list[str] = []
+
+    def out_of_descriptors(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if path == "1-metric.json" and not faults:
+            faults.append(path)
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", out_of_descriptors)  # what inbox_files.read_report calls
+    assert site.drain() == DrainResult(accepted=1, rejected=1, deferred=1)
+    assert faults and [r for r in site.reasons() if "cannot open" in r]
+    assert site.drain() == DrainResult(accepted=1)
+    assert site.metrics(ALICE_JOB) == [0.5, 0.5] and site.left_in_inbox() == []

@@ -267,3 +267,25 @@ def test_a_decoy_with_a_signature_of_any_text_does_not_stop_the_pass(
     assert running(cluster, a_sid).user_id == alice
     assert chain(store, b_job)[-1] == b_sid  # the decoy was not linked to bob's job
     assert state_of(cluster, decoys[0]).held  # and nothing was done to it
+
+
+def test_a_slurm_id_given_again_to_another_user_s_job_is_never_acted_on(
+    tmp_path: Path, base: Path, cluster: SlurmCliBackend, munge_users: dict[str, int]
+) -> None:
+    """Slurm's job ids were reset (an administrator wiped its state) while the store still
+    has alice's job under an id that now belongs to bob's held job. The round plans alice's
+    job on a GPU: the controller must take her job as gone, and neither update, release nor
+    signal bob's."""
+    alice, bob = munge_users["icefrog-alice"], munge_users["icefrog-bob"]
+    settings = make_settings(tmp_path)
+    store = make_store(settings)
+    key = f"sec-{uuid.uuid4().hex[:8]}"
+    b_sid = sbatch_as(bob, _folder(base, "bob", bob), "-H", "-J", key, "--gres=gpu:1")
+    a_job = _register(store, name=f"{key}-a", uid=alice, sid=b_sid)  # the id, given again
+    ctl = make_controller(settings, store, FixedPolicy({a_job: (1, False, ())}), OffsetClock())
+    converge(ctl)
+    b = state_of(cluster, b_sid)
+    assert b.held and b.user_id == bob and b.gres == Gres("gpu", 1)
+    with store.transaction() as tx:
+        assert tx.job(a_job).state not in ("pending", "running")
+        assert [a for a in tx.actions(job_id=a_job) if a.slurm_job_id == b_sid] == []
