@@ -368,6 +368,9 @@ class Reconciler:
         except SlurmRejected as exc:
             outcome, detail = "error", str(exc)
             raise
+        except Exception as exc:  # output that could not be read, a bug: not done, not "ok"
+            outcome, detail = "error", f"{type(exc).__name__}: {exc}"
+            raise
         finally:
             r.commands += 1
             self.after_step(f"{action}:done")

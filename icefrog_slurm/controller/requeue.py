@@ -91,11 +91,11 @@ def not_requeueable(ports: EndedJobs, job_id: int, sid: str, state: SlurmJobStat
     if state is None:
         return f"Slurm job {sid} is gone from Slurm (its record outlived MinJobAge)"
     with ports.store.transaction() as tx:
-        starts = [
+        starts = [  # a command that timed out may have taken effect: it counts as a start
             a.time
             for a in tx.actions(job_id=job_id)
             if a.slurm_job_id == sid
-            and a.outcome == "ok"
+            and a.outcome in ("ok", "timeout")
             and a.action in ("release", "requeue_hold")
         ]
     if not starts:

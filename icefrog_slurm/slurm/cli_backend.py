@@ -74,6 +74,10 @@ _UNAVAILABLE = (
     "slurmctld is not responding",
     "in standby mode",
     "unexpected message received",  # scontrol release/update while slurmctld is down
+    # munged down or restarting on this host: the client cannot sign its request
+    "munge encode failed",
+    "protocol authentication error",
+    "socket communication error",
 )
 _NOT_FOUND = ("invalid job id specified",)
 _ALREADY_DONE = ("already completing or completed", "job has already finished")
