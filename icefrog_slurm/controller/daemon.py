@@ -242,9 +242,20 @@ class Controller:
         Slurm job but the store's own (by id and owner, whatever its comment says now) is
         foreign to the capacity: a managed job whose owner rewrote its comment is still
         planned by its Slurm id and counted once, and a job that carries a tag the store
-        never adopted holds foreign GPUs."""
+        never adopted holds foreign GPUs. A job whose Slurm job was cancelled or is gone
+        but has a signed successor (a gpu<->shard resubmission made but not linked: the
+        controller stopped in between, longer than a round) is planned by its successor's
+        state, never ended as cancelled; the reconcile pass links it (``_after_end``)."""
         ids = [v.job.slurm_job_id for v in store_snapshot.jobs]
-        states = self.cluster.poll(job_ids=ids)
+        states = dict(self.cluster.poll(job_ids=ids))
+        for v in store_snapshot.jobs:  # a resubmission the controller made but never linked
+            sid = v.job.slurm_job_id
+            state = states.get(sid)
+            if state is None or state.state == "CANCELLED":
+                new = self.cluster.find_successor(job_id=sid, owner_uid=v.job.owner_uid)
+                successor = None if new is None else self.cluster.poll(job_ids=[new]).get(new)
+                if successor is not None:  # planned as the job it replaces; reconcile links it
+                    states[sid] = successor
         managed = {v.job.slurm_job_id: v.job.owner_uid for v in store_snapshot.jobs}
         capacity = self.cluster.partition_capacity(
             partition=self.settings.slurm.partition, managed=managed

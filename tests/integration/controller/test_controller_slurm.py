@@ -161,6 +161,27 @@ def test_two_jobs_share_a_gpu_and_one_moves_back(
         assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in _job_env(dir_b, back[-1])
 
 
+def test_a_resubmission_made_but_never_linked_is_planned_not_taken_for_a_cancel(
+    tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
+) -> None:
+    """The controller resubmitted a held job for a shared GPU (the new Slurm job made and
+    signed, the old one cancelled) and was stopped before linking them, for longer than a
+    round. The next round must not take the job as cancelled by its owner: it plans the
+    job by its signed successor, which reconcile links and starts."""
+    settings = make_settings(tmp_path)
+    a, sid_a, _ = submit_job(store, cluster, base, _key())
+    ctl = make_controller(settings, store, FixedPolicy({a: (1, True, ("node4",))}), OffsetClock())
+    with store.transaction() as tx:
+        owner = tx.job(a).owner_uid
+    new = ctl.cluster.resubmit(job_id=sid_a, owner_uid=owner, gres=Gres("shard", 1))
+    wait_for("the old job cancelled", lambda: state_of(cluster, sid_a).finished)
+    converge(ctl)
+    assert chain(store, a) == (sid_a, new)
+    assert running(cluster, new).gres == Gres("shard", 1)
+    with store.transaction() as tx:
+        assert tx.job(a).state in ("pending", "running")  # not ended as cancelled
+
+
 def _job_env(run_dir: Path, sid: str | None = None) -> dict[str, str]:
     """The GPU variables the job script saw (``SCRIPT`` writes them at each start), of its
     last start or of Slurm job ``sid``'s."""
