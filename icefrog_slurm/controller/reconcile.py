@@ -190,7 +190,8 @@ class Reconciler:
             if intent.action == REQUEUE:
                 detail = self._requeue_ended(intent, job.id, job.slurm_job_id, result)
             else:
-                detail = self._converge(intent, job.id, job.slurm_job_id, target, result)
+                detail = self._converge(intent, job.id, job.slurm_job_id, target, result,
+                                        owner=job.owner_uid)  # fmt: skip
         except _Waiting:
             return "waiting"
         except (SlurmRejected, _NoProgress) as exc:
@@ -208,12 +209,18 @@ class Reconciler:
         return "done"
 
     def _converge(
-        self, intent: Intent, job_id: int, sid: str, target: SlurmRequest, result: ReconcileResult
+        self,
+        intent: Intent,
+        job_id: int,
+        sid: str,
+        target: SlurmRequest,
+        result: ReconcileResult,
+        *,
+        owner: int,
     ) -> str:
         """Step the job towards ``target`` until done; raises _Waiting (module docstring).
         A Slurm job of that id owned by another uid is not the job's (an id given again):
         it is taken as gone, never acted on."""
-        owner = self._owner(job_id)
         for _ in range(_MAX_PASSES):
             state = self.cluster.poll(job_ids=[sid]).get(sid)
             if state is not None and state.user_id != owner:

@@ -159,9 +159,11 @@ def _metric_points(
     if len(epochs) > MAX_METRIC_POINTS:
         pick = np.unique(np.linspace(0, len(epochs) - 1, MAX_METRIC_POINTS).round().astype(int))
         epochs = [epochs[i] for i in pick]
+    y = np.array([by_epoch[e] for e in epochs], dtype=float)
+    if math.isfinite(float(epochs[-1]) * samples_per_epoch * ratio):  # the largest x
+        return np.array(epochs, dtype=float) * samples_per_epoch * ratio, y
     with np.errstate(over="ignore"):  # a reported ratio near the float limit: inf, dropped
         x = np.array(epochs, dtype=float) * samples_per_epoch * ratio
-    y = np.array([by_epoch[e] for e in epochs], dtype=float)
     finite = np.isfinite(x)
     if int(finite.sum()) < MIN_METRIC_POINTS:
         return None

@@ -722,7 +722,7 @@ def _in_spec(spec: JobSpec, samples: Sequence[ProfileSample]) -> list[ProfileSam
     """The samples of configurations the job's declaration allows (a legal GPU count, or one
     shared GPU; a per-GPU batch in its range; at most its layers frozen): a user's report of
     others would only add configurations for every fit of the job to read."""
-    counts = set(spec.parallelism.legal_gpu_counts(spec.min_gpus, spec.max_gpus))
+    counts = _legal_counts(spec.parallelism, spec.min_gpus, spec.max_gpus)
     layers = len(spec.layer_flops)
     return [
         s
@@ -731,6 +731,11 @@ def _in_spec(spec: JobSpec, samples: Sequence[ProfileSample]) -> list[ProfileSam
         and spec.min_batch <= s.batch <= spec.max_batch
         and 0 <= s.frozen <= layers
     ]
+
+
+@functools.lru_cache(maxsize=256)
+def _legal_counts(parallelism: Parallelism, lo: int, hi: int) -> frozenset[int]:
+    return frozenset(parallelism.legal_gpu_counts(lo, hi))
 
 
 def exploration_cap(job: JobSnapshot) -> int:
