@@ -102,6 +102,16 @@ class SlurmJobState:
     comment: str
     tag: IcefrogTag | None
     name: str = ""
+    gpus_by_node: tuple[tuple[str, int], ...] | None = None
+    """The GPUs the job holds on each of its nodes as Slurm allocated them (whole GPUs, and
+    the GPUs its shards or MPS sit on); None where Slurm gave no allocation."""
+    gpus_otherwise: bool = False
+    """It asked for GPUs per job, task or socket (``--gpus``, ``--gpus-per-task``,
+    ``--gpus-per-socket``), so ``gres`` (per node) is None."""
+
+    def gpus_on(self, node: str) -> int | None:
+        """GPUs held on ``node`` by Slurm's allocation (None: not known)."""
+        return dict(self.gpus_by_node or ()).get(node)
 
     @property
     def is_icefrog(self) -> bool:

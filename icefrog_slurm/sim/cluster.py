@@ -22,7 +22,7 @@ checkpoint; the engine reads who holds which GPU through :meth:`holdings`.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from icefrog_slurm.domain.cluster import (
     Gres,
@@ -265,16 +265,20 @@ class SimCluster:
             )
             for n, g in self._nodes.items()
         ]  # fmt: skip
-        shard_gpus = {
-            j.job_id: {n: len({i for m, i in j.held_on if m == n}) for n, _ in j.held_on}
+        jobs = [
+            replace(
+                self._state(j),
+                gpus_by_node=tuple(
+                    (n, len({i for m, i in j.held_on if m == n}))
+                    for n in dict.fromkeys(n for n, _ in j.held_on)
+                ),
+            )
             for j in running
-            if j.gres.kind == "shard"
-        }
+        ]
         return partition_capacity(
             partition=partition,
             nodes=nodes,
-            jobs=[self._state(j) for j in running],
-            shard_gpus=shard_gpus,
+            jobs=jobs,
             managed=managed,
             need=HostNeed(memory=True),
         )

@@ -8,9 +8,12 @@ never adopted is foreign. A caller with no store (``managed`` None: preflight, t
 tests) goes by the comment's icefrog tag (see ``port``). A foreign job holds
 GPUs while it is in a holding state (RUNNING, COMPLETING, ...), on every node of its node
 list that belongs to the partition, also when it was submitted to another partition that
-shares those nodes. A ``gpu:N`` job holds N GPUs a node; a ``shard:K`` (``mps:N``) job
-holds the GPUs its shards (MPS) sit on (from ``scontrol show job -d``), or, when that is
-unknown, ceil(K / shards-per-GPU) (ceil(N / MPS-per-GPU)) GPUs a node.
+shares those nodes. What it holds on a node is what Slurm allocated it there
+(``SlurmJobState.gpus_by_node``: its whole GPUs and the GPUs its shards or MPS sit on),
+however it asked (``--gres``, ``--gpus-per-node``, ``--gpus``, ``--gpus-per-task``,
+``--gpus-per-socket``). Where Slurm gave no allocation (a completing job): a ``gpu:N`` job
+holds N GPUs a node, a ``shard:K`` (``mps:N``) job ceil(K / shards-per-GPU)
+(ceil(N / MPS-per-GPU)), a job that asked per job, task or socket every GPU of its nodes.
 
 Memory and cores (``HostNeed``): on a site that schedules them (``SelectTypeParameters``
 CR_Core_Memory and the like), a foreign job that holds a node's whole memory (``--mem=0``)
@@ -48,18 +51,6 @@ def is_foreign(job: SlurmJobState, managed: Mapping[str, int] | None) -> bool:
     return managed.get(job.job_id) != job.user_id
 
 
-def foreign_shard_jobs(
-    jobs: Iterable[SlurmJobState], managed: Mapping[str, int] | None = None
-) -> tuple[str, ...]:
-    """Ids of foreign jobs holding shards or MPS (their GPU indices are worth one more
-    query)."""
-    return tuple(
-        j.job_id
-        for j in jobs
-        if j.holds_resources and j.gres is not None and j.gres.shared and is_foreign(j, managed)
-    )
-
-
 @dataclass(frozen=True)
 class HostNeed:
     """What a GPU of the controller's job takes on its node besides the GPU (module
@@ -77,7 +68,6 @@ def partition_capacity(
     partition: str,
     nodes: Sequence[NodeGpus],
     jobs: Iterable[SlurmJobState],
-    shard_gpus: Mapping[str, Mapping[str, int]] | None = None,
     managed: Mapping[str, int] | None = None,
     need: HostNeed | None = None,
     asked: Mapping[str, tuple[int | None, int | None]] | None = None,
@@ -85,7 +75,6 @@ def partition_capacity(
     """Capacity = sum over usable nodes n of max(GPUs(n) - foreign GPUs on n - GPUs blocked
     on n, 0) (module docstring).
 
-    ``shard_gpus[job id][node]`` = distinct GPUs a foreign shard job uses on that node;
     ``asked[job id]`` = (memory MB, cores) per GPU a managed job asked for (None: the need).
     """
     usable = {n.name: n for n in nodes if n.usable}
@@ -95,22 +84,21 @@ def partition_capacity(
     need = need or HostNeed()
     foreign_ids: list[str] = []
     for job in jobs:
-        if not job.holds_resources or job.gres is None:
+        if not job.holds_resources or not _asks_gpus(job):
             continue
         held_here = [n for n in expand_hostlist(job.nodelist) if n in usable]
         if not held_here:
             continue
-        shard_map = (shard_gpus or {}).get(job.job_id)
         if not is_foreign(job, managed):
             mem, cpus = (asked or {}).get(job.job_id, (None, None))
             for name in held_here:
-                gpus = _gpus_held(job, usable[name], shard_map)
+                gpus = _gpus_held(job, usable[name])
                 own_cpus[name] += gpus * (cpus or need.cpus_per_gpu or 1)
                 own_mem[name] += gpus * (mem or need.mem_per_gpu_mb or 0)
             continue
         foreign_ids.append(job.job_id)
         for name in held_here:
-            foreign[name] += _gpus_held(job, usable[name], shard_map)
+            foreign[name] += _gpus_held(job, usable[name])
     caps = []
     for name, node in usable.items():
         held = min(foreign[name], node.gpus)
@@ -158,12 +146,18 @@ def _usable_by(total: int | None, alloc: int | None, own: int, per_gpu: int | No
 _UNLIMITED = 1 << 30
 
 
-def _gpus_held(job: SlurmJobState, node: NodeGpus, shard_map: Mapping[str, int] | None) -> int:
-    assert job.gres is not None
+def _asks_gpus(job: SlurmJobState) -> bool:
+    return job.gres is not None or job.gpus_otherwise or any(n for _, n in job.gpus_by_node or ())
+
+
+def _gpus_held(job: SlurmJobState, node: NodeGpus) -> int:
+    held = job.gpus_on(node.name)
+    if held is not None:
+        return held
+    if job.gres is None:  # asked per job, task or socket: how many here is not known
+        return node.gpus
     if job.gres.kind == "gpu":
         return job.gres.count
-    if shard_map and node.name in shard_map:
-        return shard_map[node.name]
     shares = node.mps if job.gres.kind == "mps" else node.shards
     per_gpu = max(shares // node.gpus, 1) if node.gpus else 1
     return math.ceil(job.gres.count / per_gpu)

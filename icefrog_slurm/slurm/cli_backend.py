@@ -44,7 +44,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from icefrog_slurm.domain.cluster import SHARED_KINDS, Gres, PartitionCapacity, SlurmJobState
+from icefrog_slurm.domain.cluster import Gres, PartitionCapacity, SlurmJobState
 from icefrog_slurm.slurm import capacity, commands, parse, sbatch_options
 from icefrog_slurm.slurm.commands import Argv
 from icefrog_slurm.slurm.identity import TagSigner, earlier_submission, successor_of
@@ -347,21 +347,6 @@ class SlurmCliBackend:
         need = capacity.site_need(self._run(SHOW_CONFIG), self._run(show_partition(partition)))
         details = self._details()
         jobs = [d.state_view() for d in details.values()]
-        shard_gpus: dict[str, dict[str, int]] = {}
-        for jid in capacity.foreign_shard_jobs(jobs, managed):
-            if details[jid].multiline_text:  # its -d text could be spoofed: count by shards
-                continue
-            try:
-                allocs = self.gres_allocation(job_id=jid)
-            except (JobNotFound, parse.ParseError) as exc:
-                log.warning("slurm_job=%s: GPU indices unknown (%s): counted by shards", jid, exc)
-                continue
-            per_node: dict[str, set[int]] = {}
-            for a in allocs:
-                if a.kind in SHARED_KINDS:
-                    for n in a.nodes:
-                        per_node.setdefault(n, set()).update(a.indices)
-            shard_gpus[jid] = {n: len(ix) for n, ix in per_node.items() if ix}
         asked = {  # a shard job's asks are per node or per task: the need stands in
             jid: (d.mem_per_gpu_mb, d.cpus_per_gpu)
             for jid, d in details.items()
@@ -371,7 +356,6 @@ class SlurmCliBackend:
             partition=partition,
             nodes=nodes,
             jobs=jobs,
-            shard_gpus=shard_gpus,
             managed=managed,
             need=need,
             asked=asked,

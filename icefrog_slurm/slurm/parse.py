@@ -28,7 +28,13 @@ from typing import Any
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
-from icefrog_slurm.domain.cluster import COMMENT_PREFIX, Gres, GresKind, IcefrogTag
+from icefrog_slurm.domain.cluster import (
+    COMMENT_PREFIX,
+    SHARED_KINDS,
+    Gres,
+    GresKind,
+    IcefrogTag,
+)
 from icefrog_slurm.slurm.port import (
     GresAllocation,
     NodeGpus,
@@ -145,6 +151,7 @@ def _job_from_json(r: Mapping[str, Any]) -> SlurmJobDetail:
     if job_id is None or uid is None or gid is None:
         raise ValueError("job_id, user_id or group_id unset")
     comment = _text(r.get("comment"))
+    gres = parse_gres_request(_text(r.get("tres_per_node")))
     return SlurmJobDetail(
         job_id=str(job_id),
         name=_text(r.get("name")),
@@ -153,7 +160,7 @@ def _job_from_json(r: Mapping[str, Any]) -> SlurmJobDetail:
         state=_state(r["job_state"]),
         reason=_text(r.get("state_reason")),
         restarts=_number(r.get("restart_cnt", 0)) or 0,
-        gres=parse_gres_request(_text(r.get("tres_per_node"))),
+        gres=gres,
         num_nodes=_number(r.get("node_count", 1)) or 1,
         req_nodes=_opt(_text(r.get("required_nodes"))),
         nodelist=_opt(_text(r.get("nodes"))),
@@ -166,8 +173,49 @@ def _job_from_json(r: Mapping[str, Any]) -> SlurmJobDetail:
         tag=parse_tag(comment),
         priority=_number(r.get("priority", 0)) or 0,
         multiline_text=has_line_break(r),
+        gpus_by_node=_gpus_by_node(r.get("gres_detail"), _text(r.get("nodes"))),
+        gpus_otherwise=gres is None
+        and any(_GPU_ASKED.search(_text(r.get(k))) for k in _OTHER_GPU_REQUESTS),
         **_host_share(r),
     )
+
+
+_OTHER_GPU_REQUESTS = ("tres_per_job", "tres_per_task", "tres_per_socket")
+_GPU_ASKED = re.compile(r"(?:^|[,:/])gpu(?:[:=]|$)")  # gres:gpu:2, gres/gpu=1 (24.11 per task)
+
+
+def _gpus_by_node(detail: Any, nodelist: str) -> tuple[tuple[str, int], ...] | None:
+    """``gres_detail`` (one string a node of the job's node list, in order:
+    ``gpu:a800:2(IDX:0-1)``, ``shard:1(IDX:0)``, 24.11's ``shard:1(1/2,0/2,0/2,0/2)``) ->
+    the GPUs the job holds on each node: its whole GPUs and the GPUs its shards or MPS sit
+    on. None where Slurm gave none (a pending job) or it does not read as one entry a node
+    with device indices (the caller then counts by the request)."""
+    if not isinstance(detail, list) or not detail or not all(isinstance(d, str) for d in detail):
+        return None
+    try:
+        names = expand_hostlist(nodelist)
+    except ParseError:
+        return None
+    if len(names) != len(detail):
+        return None
+    out = []
+    for name, text in zip(names, detail, strict=True):
+        whole, shared = 0, set[int]()
+        for item in _split_top(text):
+            if not item.strip():
+                continue
+            try:
+                alloc = _gres_item(item, (name,))
+            except ParseError:
+                return None
+            if alloc.kind == "gpu":
+                whole += len(alloc.indices) or alloc.count
+            elif alloc.kind in SHARED_KINDS:
+                if not alloc.indices:
+                    return None
+                shared.update(alloc.indices)
+        out.append((name, whole + len(shared)))
+    return tuple(out)
 
 
 def _host_share(r: Mapping[str, Any]) -> dict[str, int | None]:

@@ -79,6 +79,8 @@ class SlurmJobDetail:
     multiline_text: bool = False  # a user field holds a line break (text outputs unsafe)
     mem_per_gpu_mb: int | None = None  # asked for (per GPU, or a shard job's per node)
     cpus_per_gpu: int | None = None  # asked for (per GPU, or a shard job's per task)
+    gpus_by_node: tuple[tuple[str, int], ...] | None = None  # SlurmJobState's
+    gpus_otherwise: bool = False  # SlurmJobState's
 
     def state_view(self) -> SlurmJobState:
         """The same job as a poll sees it."""
@@ -95,6 +97,8 @@ class SlurmJobDetail:
             comment=self.comment,
             tag=self.tag,
             name=self.name,
+            gpus_by_node=self.gpus_by_node,
+            gpus_otherwise=self.gpus_otherwise,
         )
 
 

@@ -32,6 +32,7 @@ import pytest
 from icefrog_slurm.domain.cluster import Gres, IcefrogTag, SlurmJobState
 from icefrog_slurm.settings import ControllerSettings
 from icefrog_slurm.slurm.cli_backend import CliSettings, SlurmCliBackend
+from icefrog_slurm.slurm.parse import expand_hostlist
 from icefrog_slurm.slurm.port import (
     ClusterPort,
     SlurmRejected,
@@ -255,6 +256,40 @@ def test_two_shard_jobs_see_the_same_gpu_ordinal(port: ClusterPort, script: Path
         _running(port, jid)
     gdo = {re.search(r"GDO=(\d+)", _output(script, j, "GDO=")) for j in ids}
     assert len({m.group(1) for m in gdo if m}) == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "gpus"),
+    [
+        (("--gpus=2", "-w", "node2"), 2),
+        (("-n2", "--gpus-per-task=1", "-w", "node2"), 2),
+        (("--gpus-per-node=3", "-w", "node2"), 3),
+        (("--gpus=5", "-N2", "-w", "node[3-4]"), 5),
+    ],
+    ids=["gpus", "gpus-per-task", "gpus-per-node", "gpus-on-two-nodes"],
+)
+def test_a_foreign_job_holds_its_gpus_however_it_asked_for_them(
+    port: ClusterPort, job_dir: Path, options: tuple[str, ...], gpus: int
+) -> None:
+    """``--gpus``/``--gpus-per-task`` leave squeue's per-node request empty: the GPUs Slurm
+    allocated (its per-node detail) leave the capacity all the same."""
+    before = port.partition_capacity(partition="gpu")
+    jid = _submit_as_nobody(job_dir, "-J", "theirs", "-p", "gpu", *options)
+    try:
+        _running(port, jid)
+        after = port.partition_capacity(partition="gpu")
+        assert jid in after.foreign_job_ids
+        assert after.available_gpus == before.available_gpus - gpus
+        gained = {
+            n.name: n.foreign_gpus - b.foreign_gpus
+            for n, b in zip(after.nodes, before.nodes, strict=True)
+            if n.foreign_gpus != b.foreign_gpus
+        }
+        assert set(gained) == set(expand_hostlist(options[-1]))
+    finally:
+        subprocess.run(["scancel", jid], check=False)
+        wait_for("it ended", lambda: jid not in port.poll(job_ids=[jid]) or
+                 port.poll(job_ids=[jid])[jid].finished, timeout=30)  # fmt: skip
 
 
 def _submit_as_nobody(job_dir: Path, *args: str, script: str = SCRIPT) -> str:

@@ -27,10 +27,8 @@ def test_managed_jobs_are_never_foreign_and_the_rest_always_are() -> None:
     cap = capacity.partition_capacity(partition="gpu", nodes=NODES, jobs=JOBS, managed=MANAGED)
     assert cap.foreign_job_ids == ("2", "3")
     assert {n.name: n.foreign_gpus for n in cap.nodes} == {"n1": 1, "n2": 1}
-    assert capacity.foreign_shard_jobs(JOBS, MANAGED) == ("3",)
 
 
 def test_without_a_store_the_comment_decides() -> None:
     cap = capacity.partition_capacity(partition="gpu", nodes=NODES, jobs=JOBS)
     assert cap.foreign_job_ids == ("1",)
-    assert capacity.foreign_shard_jobs(JOBS) == ()

@@ -4,6 +4,7 @@ the real 22.05, 24.11 and 26.05 daemons (tests/golden/slurm-V-mps, tests/golden/
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -54,13 +55,11 @@ def test_a_foreign_mps_job_holds_one_gpu_of_its_node(version: str) -> None:
     jobs = [
         d.state_view() for d in parse.parse_squeue_json(golden(version, "squeue.json")).values()
     ]
-    foreign = capacity.foreign_shard_jobs(jobs)
-    assert len(foreign) == 1  # the icefrog jobs sharing node1 are not foreign
-    # counted by MPS (ceil(50 / 100 a GPU)) or by its GPU index: one GPU either way
-    for shard_gpus in (None, {foreign[0]: {"node2": 1}}):
-        cap = capacity.partition_capacity(
-            partition="gpu", nodes=nodes, jobs=jobs, shard_gpus=shard_gpus
-        )
+    [foreign] = [j for j in jobs if j.name == "foreign-mps"]
+    assert foreign.gpus_by_node == (("node2", 1),)  # its GPU index, from squeue's gres_detail
+    # counted by its GPU index, or by MPS when Slurm gave none (ceil(50 / 100 a GPU)): one GPU
+    for counted in (jobs, [replace(j, gpus_by_node=None) for j in jobs]):
+        cap = capacity.partition_capacity(partition="gpu", nodes=nodes, jobs=counted)
         assert {n.name: n.foreign_gpus for n in cap.nodes} == {
             "node1": 0,
             "node2": 1,
