@@ -22,8 +22,10 @@ never does harm:
   released again only ``launch_retry_s`` after the refused release; never failed
   (``release_timing.py``);
 - pending and held: gpu<->shard needs a resubmission as the job's owner (Slurm 22.05 cannot
-  change a pending job's GRES type), linked into the icefrog job's chain (a job released but
-  not started yet is held first: ``scontrol uhold``, a user hold); otherwise update
+  change a pending job's GRES type), linked into the icefrog job's chain, then the old job
+  cancelled (at every later step of the job's intents too, while it lives: a cancel that
+  failed is tried again; a job released but not started yet is held first: ``scontrol
+  uhold``, a user hold); otherwise update
   GRES / NumNodes=N-N / ReqNodeList; then release with StartTime=now, ``release_gap_s``
   after its last requeue (also a requeued job found released but with no release logged:
   the controller stopped inside that step);
@@ -190,8 +192,9 @@ class Reconciler:
             if intent.action == REQUEUE:
                 detail = self._requeue_ended(intent, job.id, job.slurm_job_id, result)
             else:
+                replaced = job.slurm_job_ids[-2] if len(job.slurm_job_ids) > 1 else None
                 detail = self._converge(intent, job.id, job.slurm_job_id, target, result,
-                                        owner=job.owner_uid)  # fmt: skip
+                                        owner=job.owner_uid, replaced=replaced)  # fmt: skip
         except _Waiting:
             return "waiting"
         except (SlurmRejected, _NoProgress) as exc:
@@ -217,14 +220,22 @@ class Reconciler:
         result: ReconcileResult,
         *,
         owner: int,
+        replaced: str | None = None,
     ) -> str:
         """Step the job towards ``target`` until done; raises _Waiting (module docstring).
         A Slurm job of that id owned by another uid is not the job's (an id given again):
-        it is taken as gone, never acted on."""
+        it is taken as gone, never acted on. ``replaced``: the Slurm job the current one
+        was resubmitted in place of, cancelled first when it still lives (its cancel
+        failed, or the controller stopped in between)."""
         for _ in range(_MAX_PASSES):
-            state = self.cluster.poll(job_ids=[sid]).get(sid)
+            ids = [sid] if replaced is None else [sid, replaced]
+            polled = self.cluster.poll(job_ids=ids)
+            state = polled.get(sid)
             if state is not None and state.user_id != owner:
                 state = None
+            if replaced is not None:
+                self._cancel_replaced(intent, job_id, replaced, polled.get(replaced), state, result)
+                replaced = None
             if state is None or state.finished:
                 sid = self._after_end(intent, job_id, sid, state, result)
             elif state.admin_held:  # an administrator's hold is never lifted, nor worked around
@@ -248,7 +259,7 @@ class Reconciler:
             elif target.gres is None:
                 return "waits (held)"
             elif _kind_changes(state, target):
-                sid = self._resubmit(intent, job_id, sid, target, result)
+                sid, replaced = self._resubmit(intent, job_id, sid, target, result), sid
             else:
                 return self._update_and_release(intent, job_id, sid, state, target, result)
         raise _NoProgress(f"no progress after {_MAX_PASSES} steps: Slurm job {sid} changed back")
@@ -272,6 +283,32 @@ class Reconciler:
             raise SlurmRejected(f"Slurm job {sid} ended ({state.state if state else 'gone'})")
         self._do(intent, job_id, sid, "requeue_hold", r, partial(self._requeue_hold, sid))
         return sid
+
+    def _cancel_replaced(
+        self,
+        intent: Intent,
+        job_id: int,
+        old_sid: str,
+        old: SlurmJobState | None,
+        state: SlurmJobState | None,
+        r: ReconcileResult,
+    ) -> None:
+        """Cancel the job's previous Slurm job when it still lives and is the one the
+        current job's tag names as replaced (same owner, same key): a resubmission is
+        linked before its old job is cancelled, so a cancel that failed leaves a held
+        job nothing plans, never a job the store lost."""
+        if (
+            old is None
+            or old.finished
+            or state is None
+            or old.user_id != state.user_id
+            or state.tag is None
+            or old.tag is None
+            or state.tag.previous_id != old_sid
+            or old.tag.key != state.tag.key
+        ):
+            return
+        self._do(intent, job_id, old_sid, "cancel", r, partial(self.cluster.cancel, job_id=old_sid))
 
     def _checkpoint_then_requeue(
         self, intent: Intent, job_id: int, sid: str, r: ReconcileResult

@@ -3,17 +3,17 @@
 Nodes of ``gpus_per_node`` GPUs; each GPU is held exclusively by one ``gpu:N`` job or
 split into ``shards_per_gpu`` shards among ``shard:K`` jobs, or into ``mps_per_gpu``
 MPS shares among ``mps:N`` jobs (never two of these at once, as in Slurm 22.05). Jobs move
-as Slurm moves them: submitted held, released, started when their request fits (pinned
-nodes respected, a shard or MPS job packed onto a GPU that already has such jobs before an
-empty one), signalled, requeued held (freeing their GPUs at once),
-updated while pending, resubmitted with a new GRES kind (the old job cancelled, the new
-one tagged ``prev=<old id>``), completed by the engine when training ends. Administrators'
-holds and foreign jobs (:meth:`SimCluster.admin_hold`, :meth:`SimCluster.run_foreign`: the
-simulator itself makes neither) behave as on Slurm: icefrog never lifts the one, and the
-other's GPUs leave the capacity icefrog plans with (``slurm/capacity.py``'s arithmetic); a
-foreign job holding its node's whole memory keeps every other job off that node, and its
-free GPUs count as blocked. Memory is modelled only that far.
-The semantic half of the ClusterPort contract (``tests/contract``) runs over this class.
+as Slurm moves them: submitted held, released, started when their request fits (pinned nodes
+respected, a shard or MPS job packed onto a GPU that already has such jobs before an empty
+one), signalled, requeued held (freeing their GPUs at once), updated while pending,
+resubmitted with a new GRES kind (the new job tagged ``prev=<old id>``; the controller
+cancels the old one), completed by the engine when training ends. Administrators' holds and
+foreign jobs (:meth:`SimCluster.admin_hold`, :meth:`SimCluster.run_foreign`: the simulator
+itself makes neither) behave as on Slurm: icefrog never lifts the one, and the other's GPUs
+leave the capacity icefrog plans with (``slurm/capacity.py``'s arithmetic); a foreign job
+holding its node's whole memory keeps every other job off that node, and its free GPUs count
+as blocked. Memory is modelled only that far. The semantic half of the ClusterPort contract
+(``tests/contract``) runs over this class.
 
 Nothing here knows about training: ``on_signal`` tells the engine a job was asked to
 checkpoint; the engine reads who holds which GPU through :meth:`holdings`.
@@ -302,7 +302,6 @@ class SimCluster:
         if old.user_id != owner_uid:
             raise SlurmRejected(f"job {job_id} belongs to uid {old.user_id}, not {owner_uid}")
         self._refuse_admin_hold(old, "resubmitted")
-        self.cancel(job_id=job_id)
         request = SubmitRequest(
             script="", tag=IcefrogTag(old.tag.key, previous_id=job_id), name=old.name,
             gres=gres, num_nodes=num_nodes or 1, nodes=nodes or (), workdir=old.work_dir,

@@ -20,12 +20,12 @@ SLURM_CONF): the new job is the user's own submission with the user's uid, gid a
 groups and nothing of root's, so it can do nothing its owner could not do with sbatch. Never
 as root for another user's job, and never for a user the system does not know. Name,
 partition, working directory, output paths and time limit are kept; the comment names the
-old id under the controller's signature (``identity.TagSigner``); the new job is held; then
-the old job is cancelled. The script's ``#SBATCH`` lines apply again (what ``icefrog submit``
-kept of the user's sbatch options); a header with anything else, such as ``--gres`` or
-``--nodelist`` beside the controller's own options, is refused
-(``sbatch_options.replay_refusal``). ``submit_held`` runs sbatch with the same minimal
-environment, so that the first run of a job sees what every later one sees.
+old id under the controller's signature (``identity.TagSigner``); the new job is held; the
+old job is left for the caller to cancel once it has recorded the new one. The script's
+``#SBATCH`` lines apply again (what ``icefrog submit`` kept of the user's sbatch options); a
+header with anything else, such as ``--gres`` or ``--nodelist`` beside the controller's own
+options, is refused (``sbatch_options.replay_refusal``). ``submit_held`` runs sbatch with
+the same minimal environment, so that the first run of a job sees what every later one sees.
 
 Holds: icefrog's own holds are user holds (``scontrol uhold``); a job an administrator holds
 (``JobHeldAdmin``) is never released.
@@ -209,23 +209,35 @@ class SlurmCliBackend:
         env: Mapping[str, str],
     ) -> str:
         """sbatch at most once a tag: a live job of the owner with the same name and comment
-        (an earlier submission that timed out but reached slurmctld) is returned instead."""
+        (an earlier submission that timed out but reached slurmctld) is returned instead,
+        also when the last try timed out (one more look after it). When even that look
+        fails, the error says a held job of that name may exist."""
         last: SlurmUnavailable | None = None
-        for attempt in range(self.settings.attempts):
+        tries = self.settings.attempts
+        for attempt in range(tries + 1):
             if attempt:
                 self._wait(attempt - 1)
             try:
                 found = earlier_submission(
                     self._jobs_once().values(), name=name, comment=comment, owner_uid=owner_uid
                 )
-                if found is not None:
-                    return found
+            except SlurmUnavailable as exc:
+                log.warning("squeue unavailable (try %d): %s", attempt + 1, exc)
+                last = exc
+                continue
+            if found is not None:
+                return found
+            if attempt == tries:  # looked once more: no try took effect
+                raise SlurmUnavailable(f"{last} (gave up after {tries} tries)", command=argv)
+            try:
                 return parse.parse_sbatch_parsable(self._once(argv, stdin=script, env=env))
             except SlurmUnavailable as exc:
                 log.warning("sbatch unavailable (try %d): %s", attempt + 1, exc)
                 last = exc
         raise SlurmUnavailable(
-            f"{last} (gave up after {self.settings.attempts} tries)", command=argv
+            f"{last} (gave up after {tries} tries; a held job named {name!r} may have been "
+            "made: squeue --me shows it)",
+            command=argv,
         )
 
     def _jobs_once(self) -> dict[str, SlurmJobState]:
@@ -422,7 +434,6 @@ class SlurmCliBackend:
             owner_uid,
             gres,
         )
-        self.cancel(job_id=job_id)
         return new_id
 
     def _as_owner(self, argv: Argv, *, uid: int, gid: int) -> tuple[Argv, dict[str, str]]:

@@ -226,9 +226,10 @@ class ClusterPort(Protocol):
         num_nodes: int | None = None,
         nodes: tuple[str, ...] | None = None,
     ) -> str:
-        """Replace a pending job by the same batch script, as its owner and with nothing
-        more, with new GRES (the only way to move between gpu and shard on 22.05); the old
-        job is cancelled and the new one (held) links to it in its signed comment. Refused
+        """Submit a successor of a pending job: the same batch script, as its owner and with
+        nothing more, with new GRES (the only way to move between gpu and shard on 22.05),
+        held, linking to the old job in its signed comment. The old job is left as it is:
+        the caller cancels it once it has recorded the new one. Refused
         unless Slurm's owner of the job is ``owner_uid`` (the owner icefrog recorded from
         the job's munge-signed registration), and unless the script's ``#SBATCH`` header
         holds only what ``icefrog submit`` writes there (the user's kept sbatch options,

@@ -286,6 +286,8 @@ class ClusterSemantics:
         )
         assert h.port.find_successor(job_id=old, owner_uid=owner) == new
         assert h.port.find_successor(job_id=old, owner_uid=owner + 1) is None
+        assert state(h, old).held  # left for the caller to cancel once it recorded the new one
+        h.port.cancel(job_id=old)
         assert h.wait("the old job cancelled", lambda: state(h, old).state == "CANCELLED")
         h.port.release_now(job_id=new)
         assert running(h, new).gres == Gres("shard", 1)

@@ -370,7 +370,7 @@ def test_slow_slurmctld_times_out_and_a_submission_is_never_doubled(
             slow.poll(job_ids=["1"])
         with pytest.raises(SlurmUnavailable, match="gave up after 2 tries"):
             slow.submit_held(request=request)
-        assert slept == [0.1, 0.1]
+        assert slept == [0.1, 0.1, 0.2]  # poll's one backoff; sbatch's, then the last look's
     finally:
         os.kill(pid, signal.SIGCONT)
     time.sleep(1)  # let slurmctld work off what reached it while stopped

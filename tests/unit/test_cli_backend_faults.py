@@ -4,14 +4,16 @@ fails an intent). The clients are stand-ins on PATH that print what Slurm's prin
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
 
 import pytest
 
-from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
-from icefrog_slurm.slurm.port import SlurmRejected, SlurmUnavailable
+from icefrog_slurm.domain.cluster import Gres, IcefrogTag
+from icefrog_slurm.slurm.cli_backend import CliSettings, SlurmCliBackend
+from icefrog_slurm.slurm.port import SlurmRejected, SlurmUnavailable, SubmitRequest
 
 # what sbatch / scontrol print when this host's munged is down or restarting
 MUNGE_DOWN = (
@@ -49,3 +51,70 @@ def test_munged_down_is_an_outage_not_a_refusal(
     with pytest.raises(error):
         SlurmCliBackend(sleep=slept.append).hold(job_id="7")
     assert bool(slept) == (error is SlurmUnavailable)  # an outage is retried first
+
+
+TIMED_OUT = "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation"
+
+
+def _held_job(name: str, comment: str) -> str:
+    record = {
+        "job_id": 41, "user_id": os.geteuid(), "group_id": os.getegid(),
+        "job_state": "PENDING", "state_reason": "JobHeldUser", "name": name, "comment": comment,
+    }  # fmt: skip
+    return json.dumps({"jobs": [record]})
+
+
+@pytest.mark.parametrize(
+    ("takes_effect_on", "squeue_at_the_end", "want"),
+    [
+        (2, True, "41"),  # the last sbatch reached slurmctld: the last look finds the job
+        (None, True, "gave up after 2 tries"),  # no try took effect: never a third sbatch
+        (2, False, "may have been made"),  # the last look failed too: the error says so
+    ],
+)
+def test_a_submission_whose_last_try_times_out_is_looked_for_once_more(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    takes_effect_on: int | None,
+    squeue_at_the_end: bool,
+    want: str,
+) -> None:
+    """sbatch's answer times out on every try; on the last one the job was made all the
+    same (slurmctld took it): it is returned, never left held and unknown to the caller."""
+    request = SubmitRequest(script=str(tmp_path / "job.sh"), tag=IcefrogTag("k"), name="icefrog-k",
+                            gres=Gres("gpu", 1))  # fmt: skip
+    Path(request.script).write_text("#!/bin/sh\n")
+    calls, made, jobs = tmp_path / "sbatch-calls", tmp_path / "made", tmp_path / "jobs.json"
+    jobs.write_text(_held_job(request.name, request.tag.comment()))
+    effect = (
+        f'[ "$(wc -l < {calls})" -ge {takes_effect_on} ] && : > {made}\n' if takes_effect_on else ""
+    )
+    _stand_in(
+        tmp_path,
+        "sbatch",
+        f"cat >/dev/null\necho . >> {calls}\n{effect}echo '{TIMED_OUT}' >&2\nexit 1\n",
+    )
+    looks = tmp_path / "squeue-calls"
+    down = (
+        ""
+        if squeue_at_the_end
+        else f'[ "$(wc -l < {looks})" -ge 3 ] && {{ echo "{TIMED_OUT}" >&2; exit 1; }}\n'
+    )
+    _stand_in(tmp_path, "squeue", f"echo . >> {looks}\n{down}"
+              f'if [ -e {made} ]; then cat {jobs}; else echo \'{{"jobs": []}}\'; fi\n')  # fmt: skip
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    slept: list[float] = []
+    backend = SlurmCliBackend(CliSettings(attempts=2, backoff_s=0.1), sleep=slept.append)
+    if want == "41":
+        assert backend.submit_held(request=request) == "41"
+    else:
+        with pytest.raises(SlurmUnavailable, match=want):
+            backend.submit_held(request=request)
+    assert len(calls.read_text().split()) == 2  # sbatch at most the tries asked for
+    assert slept == [0.1, 0.2]
+
+
+def _stand_in(tmp_path: Path, name: str, body: str) -> None:
+    script = tmp_path / name
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)

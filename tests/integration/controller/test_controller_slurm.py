@@ -27,6 +27,7 @@ from icefrog_slurm.policies.standin import StandInPolicy
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
 from icefrog_slurm.slurm.parse import expand_hostlist
+from icefrog_slurm.slurm.port import SlurmUnavailable
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.conftest import wait_for
 from tests.integration.controller.support import (
@@ -164,22 +165,64 @@ def test_two_jobs_share_a_gpu_and_one_moves_back(
 def test_a_resubmission_made_but_never_linked_is_planned_not_taken_for_a_cancel(
     tmp_path: Path, store: SqlStore, cluster: SlurmCliBackend, base: Path
 ) -> None:
-    """The controller resubmitted a held job for a shared GPU (the new Slurm job made and
-    signed, the old one cancelled) and was stopped before linking them, for longer than a
-    round. The next round must not take the job as cancelled by its owner: it plans the
-    job by its signed successor, which reconcile links and starts."""
+    """A held job was resubmitted for a shared GPU (the new Slurm job made and signed) and
+    its old one cancelled, and the controller never linked them (stopped in between, for
+    longer than a round). The next round must not take the job as cancelled by its owner:
+    it plans the job by its signed successor, which reconcile links and starts."""
     settings = make_settings(tmp_path)
     a, sid_a, _ = submit_job(store, cluster, base, _key())
     ctl = make_controller(settings, store, FixedPolicy({a: (1, True, ("node4",))}), OffsetClock())
     with store.transaction() as tx:
         owner = tx.job(a).owner_uid
     new = ctl.cluster.resubmit(job_id=sid_a, owner_uid=owner, gres=Gres("shard", 1))
+    ctl.cluster.cancel(job_id=sid_a)
     wait_for("the old job cancelled", lambda: state_of(cluster, sid_a).finished)
     converge(ctl)
     assert chain(store, a) == (sid_a, new)
     assert running(cluster, new).gres == Gres("shard", 1)
     with store.transaction() as tx:
         assert tx.job(a).state in ("pending", "running")  # not ended as cancelled
+
+
+def test_a_resubmission_whose_old_job_could_not_be_cancelled_leaves_no_held_duplicate(
+    tmp_path: Path,
+    store: SqlStore,
+    cluster: SlurmCliBackend,
+    base: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The old job's scancel fails (slurmctld away) right after a gpu->shard resubmission,
+    and the next round moves the job back to a whole GPU. The new job was linked before the
+    cancel: the store plans it, the old one is cancelled at the job's next step, and no
+    held job is left behind."""
+    settings = make_settings(tmp_path)
+    clock = OffsetClock()
+    key = _key()
+    a, sid_a, _ = submit_job(store, cluster, base, key)
+    policy = FixedPolicy({a: (1, True, ("node4",))})
+    ctl = make_controller(settings, store, policy, clock)
+    failed: list[str] = []
+    real_cancel = ctl.cluster.cancel
+
+    def cancel(*, job_id: str) -> None:
+        if not failed:
+            failed.append(job_id)
+            raise SlurmUnavailable("scancel: Unable to contact slurm controller (test)")
+        real_cancel(job_id=job_id)
+
+    monkeypatch.setattr(ctl.cluster, "cancel", cancel)
+    ctl.tick_once()  # resubmitted, linked; the old job's cancel fails and the pass stops
+    new = chain(store, a)[-1]
+    assert failed == [sid_a] and new != sid_a
+    assert state_of(cluster, sid_a).held  # still there
+    policy.decisions[a] = (1, False, ("node4",))  # the next round: a whole GPU again
+    clock.next_round(settings)
+    converge(ctl)
+    assert state_of(cluster, sid_a).state == "CANCELLED"
+    live = live_tagged(cluster, key)
+    assert len(live) == 1 and not live[0].held, live
+    assert chain(store, a)[:2] == (sid_a, new)
+    assert running(cluster, live[0].job_id).gres == Gres("gpu", 1)
 
 
 def _job_env(run_dir: Path, sid: str | None = None) -> dict[str, str]:

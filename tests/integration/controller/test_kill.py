@@ -227,10 +227,11 @@ def test_killed_during_a_drain_loses_and_doubles_no_report(
     restarted_converges(jobs, cluster)
 
 
-MOVE_POINTS = 9  # signal, requeue_hold, resubmit (x2: done, logged), link, release (x2)
+# signal, requeue_hold, resubmit (x2: done, logged), link, cancel (x2), release (x2)
+MOVE_POINTS = 11
 MOVE_KILLS = [(RECONCILE_STEPS, n) for n in range(1, MOVE_POINTS + 1)] + [("run:sbatch", 1)]
 # The move is the same steps for both kinds of shared GRES: mps is killed inside the
-# resubmission only (after the new job is made, and before the old one is cancelled)
+# resubmission only (after the new job is made, before it is linked)
 MOVE_KILLS_BY_KIND = [(at, nth, "shard") for at, nth in MOVE_KILLS] + [
     (RECONCILE_STEPS, 3, "mps"),
     ("run:sbatch", 1, "mps"),
