@@ -90,6 +90,26 @@ def legal_frozen(
     return tuple(k for k in allowed if k in wanted)
 
 
+MAX_DEPTHS = 128
+"""Frozen depths a job is tuned over at most: a table that allows more (thousands of layers,
+each one a boundary) is tuned over this many of them, spread evenly from 0 to its deepest,
+so the grids one declaration costs every round stay bounded (the shipped tasks allow 6-34)."""
+
+
+def spread_depths(
+    depths: tuple[int, ...], keep: int | None = None, most: int = MAX_DEPTHS
+) -> tuple[int, ...]:
+    """At most ``most`` of the sorted ``depths``, evenly spread, the first and the last
+    among them, and ``keep`` (the depth a job trains at now) when it is one of them."""
+    n = len(depths)
+    if n <= most:
+        return depths
+    picked = {depths[round(i * (n - 1) / (most - 1))] for i in range(most)}
+    if keep in depths:
+        picked.add(keep)
+    return tuple(sorted(picked))
+
+
 def measured_or_predicted(
     *,
     gpus: int,

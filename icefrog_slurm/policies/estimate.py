@@ -96,6 +96,7 @@ from icefrog_slurm.core.tuner import (
     measured_or_predicted_grid,
     measured_or_predicted_grids,
     powers_of_two,
+    spread_depths,
     tune_grid,
     tune_rows,
 )
@@ -316,8 +317,11 @@ class Estimator:
         if stats is not None and len(stats.grad_var) == layers.num_layers:
             penalty = PenaltyTable(stats.grad_var)
             psi = penalty.psi
-            frozen = legal_frozen(layers, layers.max_frozen_from_fraction(spec.max_frozen_fraction))
             current_frozen: int | None = stats.frozen
+            frozen = spread_depths(
+                legal_frozen(layers, layers.max_frozen_from_fraction(spec.max_frozen_fraction)),
+                keep=current_frozen,
+            )
             if freezing == "penalty" and self._stalled_frozen(job, stats, settings):
                 frozen = (0,)
         else:
