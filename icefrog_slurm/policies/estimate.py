@@ -131,6 +131,7 @@ class _Cached:
     history: ProfileHistory
     prior: bool  # the history holds only the prior sample
     modelled: Parallelism  # the parallelism whose model the history fits
+    layers: LayerTable | None = None  # the layer table the history fits (a spec's own)
     model: ThroughputModel | None = None  # the last fitted model
     stale: bool = True  # a configuration arrived since ``model`` was fitted
     # The tuner's choices by (gpus, shared), valid while ``tuned_for`` is unchanged.
@@ -530,9 +531,14 @@ class Estimator:
         samples = job.view.samples
         cached = self._cache.get(job.id)
         measured = any(not s.shared for s in samples)
-        if cached is None or (cached.prior and measured) or cached.modelled != modelled:
+        if (
+            cached is None
+            or (cached.prior and measured)
+            or cached.modelled != modelled
+            or cached.layers is not layers  # registered again with other layers
+        ):
             history = _history(layers, gpus_per_node, modelled)
-            cached = _Cached(0, history, prior=not measured, modelled=modelled)
+            cached = _Cached(0, history, prior=not measured, modelled=modelled, layers=layers)
             if not measured:
                 history.add(_prior(job.job.spec, modelled, layers, gpus_per_node, self._gpu))
             self._cache[job.id] = cached
@@ -542,7 +548,8 @@ class Estimator:
         return cached
 
     def forget(self, keep: set[int]) -> None:
-        """Drop the models of jobs that are gone."""
+        """Drop the models of jobs that are gone, and the layer tables and prior models no
+        job uses any more (a job registered again with other layers leaves its old ones)."""
         for job_id in set(self._cache) - keep:
             del self._cache[job_id]
         for job_id in set(self._schedules) - keep:
@@ -555,6 +562,8 @@ class Estimator:
         self._failing &= keep
         live = {id(layers) for _, layers in self._layers.values()}
         self._tables = {k: t for k, t in self._tables.items() if id(t) in live}
+        used = {id(model) for _, model in self._prior_of.values()}
+        self._priors = {k: m for k, m in self._priors.items() if id(m) in used}
 
 
 def requested_count(job: JobSnapshot) -> int:
