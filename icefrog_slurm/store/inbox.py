@@ -211,12 +211,18 @@ class ReportInbox:
         )
 
     def prepare(self) -> None:
-        """Create the inbox (1733: drop-only, like /tmp) and the root-only archive."""
+        """Create the inbox (1733: drop-only, like /tmp) and the root-only archive: every
+        folder of it 0700, also those an earlier version made 0755 (a junk folder moved in
+        from the inbox is its owner's: from inside it, its owner must reach nothing else)."""
         self.inbox_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.inbox_dir, 0o1733)
-        for sub in ("accepted", "rejected"):
-            (self.archive_dir / sub).mkdir(parents=True, exist_ok=True)
+        self.archive_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.archive_dir, 0o700)
+        for sub in ("accepted", "rejected"):
+            folder = self.archive_dir / sub
+            folder.mkdir(exist_ok=True, mode=0o700)
+            os.chmod(folder, 0o700)
+            files.private_folders(folder)
 
     def drain(self) -> DrainResult:
         """Process what is in the inbox now (a fair share of it, see the module docstring)."""

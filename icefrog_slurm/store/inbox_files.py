@@ -193,7 +193,7 @@ def archive(src_fd: int, name: str, target: Path, *, now: float) -> None:
     as ``<now>-<ns>-<name>``; if that fails, delete it, so it is never read twice."""
     safe = name if _SAFE_NAME.fullmatch(name) else "unnamed"
     try:
-        target.mkdir(parents=True, exist_ok=True)
+        target.mkdir(exist_ok=True, mode=0o700)  # root's alone (umask only takes bits)
         with dir_fd(target, follow=True) as dst_fd:
             os.rename(name, f"{int(now)}-{time.time_ns()}-{safe}", src_dir_fd=src_fd,
                       dst_dir_fd=dst_fd)  # fmt: skip
@@ -262,8 +262,20 @@ def read_report(dir_fd: int, name: str, owner: int) -> tuple[bytes, int]:
         os.close(fd)
 
 
+def private_folders(base: Path) -> None:
+    """Make every folder directly in ``base`` (an archive's per-job folders) 0700."""
+    with dir_fd(base, follow=True) as base_fd:
+        for name in _listdir_path(base):
+            with contextlib.suppress(OSError), dir_fd(name, at=base_fd) as fd:  # gone, no folder
+                if os.fstat(fd).st_uid == os.geteuid():
+                    os.fchmod(fd, 0o700)
+
+
 def _delete(path: Path) -> int:
-    """Delete an archived entry (a junk folder with all it holds); 1 when it is gone."""
+    """Delete an archived entry (a junk folder with all it holds); 1 when it is gone. What
+    cannot be deleted is logged and left (a user's junk folder nested thousands deep makes
+    ``shutil.rmtree`` recurse past Python's limit): the other entries are pruned all the
+    same."""
     try:
         if stat.S_ISDIR(os.lstat(path).st_mode):
             shutil.rmtree(path)  # fd-based on Linux: follows no symlink inside
@@ -271,6 +283,9 @@ def _delete(path: Path) -> int:
             os.unlink(path)
     except OSError as exc:
         log.warning("inbox: cannot prune %s: %s", printable(str(path)), exc.strerror)
+        return 0
+    except RecursionError:
+        log.warning("inbox: cannot prune %s: nested too deep; left", printable(str(path)))
         return 0
     return 1
 

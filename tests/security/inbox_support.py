@@ -10,7 +10,7 @@ import json
 import os
 import pickle
 import pwd
-import shutil
+import subprocess
 import uuid
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
@@ -187,12 +187,15 @@ def make_site(store: SqlStore, root: Path, uids: dict[str, int], **options: Any)
 
 
 @contextmanager
-def site_in_tmp(store: SqlStore, uids: dict[str, int], prefix: str) -> Iterator[Site]:
+def site_in_tmp(
+    store: SqlStore, uids: dict[str, int], prefix: str, **options: Any
+) -> Iterator[Site]:
     """:func:`make_site` under a fresh folder of /tmp that every user can reach (pytest's
-    tmp_path lies under /root), removed afterwards."""
+    tmp_path lies under /root), removed afterwards (by ``rm -r``: a test's tree may be
+    nested deeper than ``shutil.rmtree`` can recurse)."""
     root = Path(f"/tmp/{prefix}-{uuid.uuid4().hex[:8]}")
     root.mkdir()
     try:
-        yield make_site(store, root, uids)
+        yield make_site(store, root, uids, **options)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        subprocess.run(["rm", "-rf", "--", str(root)], check=False)

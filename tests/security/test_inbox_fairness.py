@@ -9,14 +9,19 @@ replay of its sequence numbers). Real munge, real users, SQLite and Postgres.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import pwd
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from icefrog_slurm.store.inbox import DrainResult
 from icefrog_slurm.store.sql import SqlStore
-from tests.security.inbox_support import METRIC, Site, make_site
+from tests.security.inbox_support import METRIC, Site, as_user, make_site, site_in_tmp
 from tests.support.munge import USERS
 
 ALICE, BOB = USERS
@@ -107,6 +112,91 @@ def test_archive_and_ledgers_are_pruned_after_the_retention(site: Site, clock: C
     site.register(BOB, BOB_JOB, name="bobs")
     assert site.drain() == DrainResult(duplicates=1)
     assert os.listdir(site.root / "archive" / "rejected") == []
+
+
+def test_a_junk_folder_nested_thousands_deep_neither_stops_pruning_nor_opens_the_archive(
+    store: SqlStore, munge_users: dict[str, int], clock: Clock
+) -> None:
+    """Alice drops a junk folder 1200 levels deep and keeps a shell inside it; the drain
+    moves it into the archive. Pruning it later makes ``shutil.rmtree`` recurse past
+    Python's limit: that entry is left and logged, Bob's archived files are pruned all the
+    same (the RecursionError ended every prune). From inside her folder, Alice reaches
+    nothing of the archive: every folder above hers is root's, 0700."""
+    with site_in_tmp(store, munge_users, "icefrog-deep", clock=clock, retention_days=30.0) as site:
+        _nested_junk(site, clock)
+
+
+def _nested_junk(site: Site, clock: Clock) -> None:
+    inside = site.inbox_dir / "zz"
+
+    def nest() -> None:
+        os.mkdir(inside)
+        os.chdir(inside)
+        for _ in range(1200):
+            os.mkdir("d")
+            os.chdir("d")
+
+    as_user(ALICE, nest)
+    with _shell_in(ALICE, inside) as shell:  # her shell, its working folder her junk folder
+        _moved_and_pruned(site, clock, shell)
+
+
+def _moved_and_pruned(site: Site, clock: Clock, shell: Callable[[], list[str]]) -> None:
+    site.register(BOB, BOB_JOB, name="bobs")
+    site.put(BOB, BOB_JOB, "9-metric.json", b"junk")
+    assert site.drain() == DrainResult(accepted=1, rejected=2)
+    rejected = site.root / "archive" / "rejected"
+    for folder in (site.root / "archive", rejected, *rejected.iterdir()):
+        assert oct(folder.stat().st_mode & 0o777) == oct(0o700), folder
+        assert folder.stat().st_uid == 0
+    [moved] = (rejected / "_inbox").iterdir()
+    assert shell() == []  # from inside, nothing above her folder can be listed
+    clock.now += 31 * DAY
+    site.drain()  # prunes what is past the retention
+    assert not (rejected / BOB_JOB).exists()  # Bob's junk pruned, its folder with it
+    assert [p.name for p in (rejected / "_inbox").iterdir()] == [moved.name]  # left, logged
+
+
+@contextlib.contextmanager
+def _shell_in(user: str, folder: Path) -> Iterator[Callable[[], list[str]]]:
+    """A process of ``user`` whose working folder is ``folder`` from now on; calling the
+    result makes it list ``..``, ``../..`` and ``../../..`` (what it can) and end."""
+    entry = pwd.getpwnam(user)
+    go_r, go_w = os.pipe()
+    out_r, out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(entry.pw_gid)
+            os.setuid(entry.pw_uid)
+            os.chdir(folder)
+            os.write(out_w, b"ready\n")
+            os.read(go_r, 1)
+            seen = []
+            for up in ("..", "../..", "../../.."):
+                with contextlib.suppress(OSError):
+                    seen += os.listdir(up)
+            os.write(out_w, json.dumps(seen).encode() + b"\n")
+        finally:
+            os._exit(0)
+    out = os.fdopen(out_r)
+    assert out.readline() == "ready\n"
+
+    def listing() -> list[str]:
+        os.write(go_w, b"g")
+        seen: list[str] = json.loads(out.readline())
+        return seen
+
+    try:
+        yield listing
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        for fd in (go_r, go_w, out_w):
+            os.close(fd)
+        out.close()
 
 
 def _rows(site: Site) -> tuple[int, int]:
