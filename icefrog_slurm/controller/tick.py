@@ -150,18 +150,27 @@ def _end_state(state: SlurmJobState | None, store_state: str) -> str:
 def unstable_packed(jobs: tuple[JobSnapshot, ...], settings: Settings) -> frozenset[int]:
     """Jobs to evict: for each shared job whose last ``util_window`` shared samples have a
     GPU-utilization standard deviation above ``unstable_util_std``, the later-submitted
-    of it and the jobs sharing a GPU on its node (ties: the larger id)."""
+    of it and the jobs sharing a GPU on its node (ties: the larger id), as the spec evicts
+    by submission time, when that job's own samples say so too (a shared GPU's utilization
+    is the device's, which both see); else the job whose samples say so. A job's samples
+    are its own word: one reporting an instability its partner does not see evicts itself,
+    never another user's job."""
     window, limit = settings.sharing.util_window, settings.sharing.unstable_util_std
+
+    def unstable(j: JobSnapshot) -> bool:
+        utils = [s.gpu_util for s in j.view.samples if s.shared and s.gpu_util >= 0][-window:]
+        return len(utils) >= window and statistics.pstdev(utils) > limit
+
     shared = [j for j in jobs if j.current.shared]
     evict: set[int] = set()
     for j in shared:
-        utils = [s.gpu_util for s in j.view.samples if s.shared and s.gpu_util >= 0][-window:]
-        if len(utils) < window or statistics.pstdev(utils) <= limit:
+        if not unstable(j):
             continue
         pack = [p for p in shared if set(p.current.nodes) & set(j.current.nodes)]
         if len(pack) < 2:
             continue  # alone on its GPU: nothing to evict it from
-        evict.add(max(pack, key=lambda p: (p.job.submit_time, p.id)).id)
+        later = max(pack, key=lambda p: (p.job.submit_time, p.id))
+        evict.add(later.id if later is j or unstable(later) else j.id)
     return frozenset(evict)
 
 

@@ -100,11 +100,12 @@ def _register(
     )
 
 
-KEPT_A_JOB = {"profile": 8192, "grad_stats": 10_000, "metric": 20_000}
-"""Rows the store keeps of one job's profile samples, gradient-statistics epochs and metric
-values (a simulated job sends about a hundred samples; a job of thousands of epochs stays
-far below): past them a report of that kind is rejected, so one user's flood cannot grow
-what every round reads without bound."""
+KEPT_A_JOB = {"profile": 8192, "metric": 20_000}
+"""Rows the store keeps of one job's profile samples and metric values (a simulated job
+sends about a hundred samples; a job of thousands of epochs stays far below): past them a
+report of that kind is rejected, so one user's flood cannot grow what every round reads
+without bound. Of its gradient statistics the store keeps the latest epochs alone
+(``tx.KEPT_GRAD_EPOCHS``)."""
 
 
 def _apply_payload(

@@ -15,7 +15,7 @@ from functools import cache
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import Text, bindparam, cast, func, insert, select, update
+from sqlalchemy import Text, bindparam, cast, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import identity_key
@@ -163,7 +163,9 @@ class SqlStoreTx(LedgerTx):
             )
 
     def put_grad_stats(self, *, job_id: int, stats: GradStats, now: float) -> None:
-        """Store one epoch's per-layer statistics, replacing a re-sent epoch."""
+        """Store one epoch's per-layer statistics, replacing a re-sent epoch, and keep only
+        the job's :data:`KEPT_GRAD_EPOCHS` latest epochs (a round reads the latest alone;
+        one epoch of 4096 layers is about 190 KB)."""
         self._s.execute(
             _upsert(self._s, GradStatsRow, ("job_id", "epoch")),
             dict(
@@ -175,6 +177,7 @@ class SqlStoreTx(LedgerTx):
                 time=now,
             ),
         )
+        self._s.execute(_OLD_GRAD_STATS, dict(p_job=job_id, p_keep=KEPT_GRAD_EPOCHS))
 
     def kept_rows(self, *, job_id: int, kind: str) -> int:
         """Rows of one job's ``profile`` samples, ``grad_stats`` epochs or ``metric`` values
@@ -287,6 +290,20 @@ _SET_PROGRESS = (
         progress_time=bindparam("sent"),
     )
 )
+KEPT_GRAD_EPOCHS = 8
+"""Gradient-statistics epochs the store keeps of a job: those within this many of its
+latest (which every round reads); older ones are deleted as new ones arrive."""
+
+_LATEST_GRAD_EPOCH = (
+    select(func.max(GradStatsRow.epoch))
+    .where(GradStatsRow.job_id == bindparam("p_job"))
+    .scalar_subquery()
+)
+_OLD_GRAD_STATS = delete(GradStatsRow).where(
+    GradStatsRow.job_id == bindparam("p_job"),
+    GradStatsRow.epoch <= _LATEST_GRAD_EPOCH - bindparam("p_keep"),
+)
+
 _FINISHED = (
     update(table(JobRow))
     .where(_JOBS.id == bindparam("p_id"))

@@ -149,16 +149,19 @@ def test_a_fault_outside_the_reports_reach_is_quarantined_too(site: Site) -> Non
 def test_one_jobs_flood_of_rows_is_bounded_and_others_still_land(
     site: Site, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Bob sends more profile samples, metric epochs and gradient-statistics epochs for his
-    own job than the store keeps of a job (bounds lowered here: 10, 3 and 2): the reports
-    past them are rejected with the reason, the rows stop growing (every round reads
-    them), and Alice's reports land."""
+    """Bob sends more profile samples and metric epochs for his own job than the store
+    keeps of a job (bounds lowered here: 10 and 3): the reports past them are rejected with
+    the reason, the rows stop growing (every round reads them), and Alice's reports land.
+    Of his gradient statistics, sent for epochs going up and then down (each up to 190 KB),
+    the store keeps those within KEPT_GRAD_EPOCHS (2 here) of the latest, which the round
+    reads."""
     from dataclasses import asdict
 
     from icefrog_slurm.core.samples import ProfileSample
-    from icefrog_slurm.store import inbox_apply
+    from icefrog_slurm.store import inbox_apply, tx
 
-    monkeypatch.setattr(inbox_apply, "KEPT_A_JOB", {"profile": 10, "grad_stats": 2, "metric": 3})
+    monkeypatch.setattr(inbox_apply, "KEPT_A_JOB", {"profile": 10, "metric": 3})
+    monkeypatch.setattr(tx, "KEPT_GRAD_EPOCHS", 2)
     site.register(ALICE, ALICE_JOB)
     site.register(BOB, BOB_JOB, name="bobs")
     assert site.drain() == DrainResult(accepted=2)
@@ -168,14 +171,16 @@ def test_one_jobs_flood_of_rows_is_bounded_and_others_still_land(
     for seq in range(4, 9):  # 3 metric epochs fit, 2 more do not
         site.drop(BOB, "metric", {**METRIC, "epoch": seq}, seq=seq, job=BOB_JOB, name="bobs")
     grad = {"frozen": 0, "grad_var": [1.0] * 4, "grad_sqr": [1.0] * 4}
-    for seq in (9, 10, 11):
-        site.drop(BOB, "grad_stats", {**grad, "epoch": seq}, seq=seq, job=BOB_JOB, name="bobs")
+    epochs = (9, 10, 11, 500, 400, 300, 499)
+    for seq, epoch in enumerate(epochs, start=9):
+        site.drop(BOB, "grad_stats", {**grad, "epoch": epoch}, seq=seq, job=BOB_JOB, name="bobs")
     site.drop(ALICE, "metric", METRIC, seq=1, job=ALICE_JOB)
-    assert site.drain() == DrainResult(accepted=2 + 3 + 2 + 1, rejected=1 + 2 + 1)
+    assert site.drain() == DrainResult(accepted=2 + 3 + len(epochs) + 1, rejected=1 + 2)
     [bob] = [v for v in site.inbox.store.snapshot().jobs if v.job.slurm_job_id == BOB_JOB]
     assert (len(bob.samples), len(bob.metrics)) == (8, 3)
-    with site.inbox.store.transaction() as tx:
-        assert tx.kept_rows(job_id=bob.job.id, kind="grad_stats") == 2
+    assert bob.grad_stats is not None and bob.grad_stats.epoch == 500
+    with site.inbox.store.transaction() as store_tx:
+        assert store_tx.kept_rows(job_id=bob.job.id, kind="grad_stats") == 2  # 499 and 500
     assert sum("the 10 a job may keep" in r for r in site.reasons()) == 1
     assert site.metrics(ALICE_JOB) == [0.5]
 

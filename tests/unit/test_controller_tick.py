@@ -80,15 +80,30 @@ def test_a_round_is_never_decided_on_a_snapshot_without_measurements() -> None:
         tick(bare, Everyone(), settings_from_mapping({}))
 
 
+UNSTABLE = (0.1, 0.9, 0.2, 0.95, 0.1)
+
+
 def test_unstable_packed_job_submitted_later_is_evicted() -> None:
+    """Both see the shared GPU's utilization swing: the later-submitted one goes."""
     settings = settings_from_mapping({})
-    unstable = (0.1, 0.9, 0.2, 0.95, 0.1)
-    views = [_job(1, submit=10.0, utils=unstable), _job(2, submit=20.0, utils=(0.5,) * 5)]
+    views = [_job(1, submit=10.0, utils=UNSTABLE), _job(2, submit=20.0, utils=UNSTABLE[::-1])]
     states = {"1": _state(1, Gres("shard", 1)), "2": _state(2, Gres("shard", 1))}
     plan = tick(_snap(views, states), Everyone(), settings)
     by_id = {j.job_id: j for j in plan.jobs}
     assert by_id[2].reason == EVICTED and by_id[2].action == "stop"
     assert by_id[1].allocation.gpus == 1 and by_id[1].reason == ""
+
+
+def test_a_job_reporting_an_instability_its_partners_do_not_see_evicts_only_itself() -> None:
+    """Alice's early job reports a swinging utilization every round; Bob's later job on the
+    same node sees a steady one: Alice's job is evicted, never Bob's (it was, every round)."""
+    settings = settings_from_mapping({})
+    views = [_job(1, submit=10.0, utils=UNSTABLE), _job(2, submit=20.0, utils=(0.5,) * 5)]
+    states = {"1": _state(1, Gres("shard", 1)), "2": _state(2, Gres("shard", 1))}
+    plan = tick(_snap(views, states), Everyone(), settings)
+    by_id = {j.job_id: j for j in plan.jobs}
+    assert by_id[1].reason == EVICTED and by_id[1].action == "stop"
+    assert by_id[2].allocation.gpus == 1 and by_id[2].reason == ""
 
 
 def test_stable_pack_is_left_alone() -> None:
