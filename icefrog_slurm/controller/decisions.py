@@ -6,13 +6,16 @@ CUDA MPS the launcher turns it into the job's limits (icefrog_launcher.launch.mp
 The :class:`~icefrog_slurm.controller.reconcile.Reconciler` calls :meth:`DecisionWriter.write`
 after each pass. A write that fails (the folder is on a filesystem that is down, say) is
 tried again next pass. A folder :class:`~icefrog_slurm.controller.jobdir.UnsafeJobDir`
-refuses is not tried again until the next round: the refusal is logged and recorded in the
-audit log (action ``decision``, outcome ``refused``, the reason naming the component), and
-the other jobs' decisions are written as usual.
+refuses, or one whose write fails for what its owner made there (:data:`OWNER_MADE_ERRNOS`:
+a folder in place of the temporary file, a file in place of a folder, no permission), is not
+tried again until the next round: the refusal is logged and recorded in the audit log
+(action ``decision``, outcome ``refused``, the reason naming the component), and the other
+jobs' decisions are written as usual.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Callable
 
@@ -26,6 +29,13 @@ from icefrog_slurm.protocol import MAX_DEVICE_BYTES, Decision, SharedLoad
 from icefrog_slurm.settings import SharingSettings
 
 log = logging.getLogger(__name__)
+
+OWNER_MADE_ERRNOS = frozenset(
+    {errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.ELOOP, errno.EACCES, errno.EPERM,
+     errno.ENAMETOOLONG}
+)  # fmt: skip
+"""Write errors a job folder's owner can cause at will (each try of them costs a walk of the
+folder's path): refused for the round, not tried again every pass."""
 
 JobDir = Callable[[str, str], str]
 """(Slurm job id, folder its reports name) -> the job's folder (Reconciler._job_dir)."""
@@ -78,13 +88,22 @@ class DecisionWriter:
         except UnsafeJobDir as exc:
             self._refused(job, run_dir, str(exc))
             return True
-        except (OSError, IcefrogError) as exc:
-            log.warning(
-                "job=%d slurm_job=%s: decision.json not written yet: %s",
-                job.job_id, job.slurm_job_id, printable(str(exc), 500),
-            )  # fmt: skip
+        except OSError as exc:
+            if exc.errno in OWNER_MADE_ERRNOS:  # the folder's owner made it so: not this round
+                self._refused(job, run_dir, str(exc))
+                return True
+            self._not_yet(job, exc)
+            return False
+        except IcefrogError as exc:
+            self._not_yet(job, exc)
             return False
         return True
+
+    def _not_yet(self, job: JobPlan, exc: Exception) -> None:
+        log.warning(
+            "job=%d slurm_job=%s: decision.json not written yet: %s",
+            job.job_id, job.slurm_job_id, printable(str(exc), 500),
+        )  # fmt: skip
 
     def _refused(self, job: JobPlan, run_dir: str, reason: str) -> None:
         log.warning(

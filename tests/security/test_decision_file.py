@@ -278,3 +278,68 @@ def test_the_controller_refuses_alices_folder_and_decides_bobs_round(
         for sid in sids.values():
             backend().cancel(job_id=sid)
         store.close()
+
+
+class _Audit:
+    """The store's audit log as the writer uses it (what it refused), and its clock."""
+
+    def __init__(self) -> None:
+        self.refused: list[str] = []
+
+    def transaction(self) -> _Audit:
+        return self
+
+    def __enter__(self) -> _Audit:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def log_action(self, **fields: object) -> None:
+        self.refused.append(str(fields["detail"]))
+
+    def now(self) -> float:  # (the clock too)
+        return 0.0
+
+
+def test_a_folder_in_place_of_the_temporary_file_is_refused_for_the_round(
+    base: Path, users: tuple[User, User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Alice puts a folder named like the writer's temporary file in her job's folder: the
+    write fails (EISDIR) for a reason she made, so it is refused and recorded once for the
+    round, not tried again (a walk of her folder's path each time) at every reconcile pass;
+    the next round tries again, and writes once she removed it."""
+    from icefrog_slurm.controller.decisions import DecisionWriter
+    from icefrog_slurm.domain.plan import JobPlan, Plan, SlurmRequest
+    from icefrog_slurm.domain.records import Allocation
+
+    alice, _ = users
+    run = base / alice.name / "run"
+    alice.run("mkdir", str(run))
+    alice.run("mkdir", str(run / f".{DECISION_FILE}.tmp"))
+    tries: list[str] = []
+    files = FsJobFiles()
+    real = files.write_decision
+
+    def counted(**kw: object) -> None:
+        tries.append(str(kw["run_dir"]))
+        real(**kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(files, "write_decision", counted)
+    audit = _Audit()
+    writer = DecisionWriter(files=files, store=audit, clock=audit,  # type: ignore[arg-type]
+                            job_dir=lambda sid, reported: str(run))  # fmt: skip
+    job = JobPlan(1, "17", alice.uid, Allocation(job_id=1, gpus=1, batch=32, frozen=0),
+                  SlurmRequest(gres=None), "none", run_dir=str(run))  # fmt: skip
+
+    def plan(round_no: int) -> Plan:
+        return Plan(time=0.0, round_no=round_no, policy="icefrog", capacity_gpus=4, jobs=(job,),
+                    decided_round=round_no)  # fmt: skip
+
+    for _ in range(3):  # three reconcile passes of round 5
+        writer.write(plan(5))
+    assert len(tries) == 1 and len(audit.refused) == 1 and "Is a directory" in audit.refused[0]
+    assert not (run / DECISION_FILE).exists()
+    alice.run("rmdir", str(run / f".{DECISION_FILE}.tmp"))
+    writer.write(plan(6))
+    assert parse_decision((run / DECISION_FILE).read_text()).round == 6
