@@ -20,6 +20,7 @@ tests/golden/slurm-22.05. TresPerNode is ``gres:gpu:2`` on 22.05 and ``gres/gpu:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -173,7 +174,7 @@ def _job_from_json(r: Mapping[str, Any]) -> SlurmJobDetail:
         tag=parse_tag(comment),
         priority=_number(r.get("priority", 0)) or 0,
         multiline_text=has_line_break(r),
-        gpus_by_node=_gpus_by_node(r.get("gres_detail"), _text(r.get("nodes"))),
+        gpus_by_node=_gpus_by_node(_detail_of(r.get("gres_detail")), _text(r.get("nodes"))),
         gpus_otherwise=gres is None
         and any(_GPU_ASKED.search(_text(r.get(k))) for k in _OTHER_GPU_REQUESTS),
         **_host_share(r),
@@ -184,16 +185,25 @@ _OTHER_GPU_REQUESTS = ("tres_per_job", "tres_per_task", "tres_per_socket")
 _GPU_ASKED = re.compile(r"(?:^|[,:/])gpu(?:[:=]|$)")  # gres:gpu:2, gres/gpu=1 (24.11 per task)
 
 
-def _gpus_by_node(detail: Any, nodelist: str) -> tuple[tuple[str, int], ...] | None:
+def _detail_of(value: Any) -> tuple[str, ...]:
+    """squeue's ``gres_detail`` as a tuple of strings (() when it is anything else)."""
+    if not isinstance(value, list) or not all(isinstance(d, str) for d in value):
+        return ()
+    return tuple(value)
+
+
+@functools.lru_cache(maxsize=8192)
+def _gpus_by_node(detail: tuple[str, ...], nodelist: str) -> tuple[tuple[str, int], ...] | None:
     """``gres_detail`` (one string a node of the job's node list, in order:
     ``gpu:a800:2(IDX:0-1)``, ``shard:1(IDX:0)``, 24.11's ``shard:1(1/2,0/2,0/2,0/2)``) ->
     the GPUs the job holds on each node: its whole GPUs and the GPUs its shards or MPS sit
     on. None where Slurm gave none (a pending job) or it does not read as one entry a node
-    with device indices (the caller then counts by the request)."""
-    if not isinstance(detail, list) or not detail or not all(isinstance(d, str) for d in detail):
+    with device indices (the caller then counts by the request). Remembered: a job shows
+    the same allocation at every poll (a hostlist's expansion is the costly part)."""
+    if not detail:
         return None
     try:
-        names = expand_hostlist(nodelist)
+        names = (nodelist,) if _NODE_NAME.fullmatch(nodelist) else expand_hostlist(nodelist)
     except ParseError:
         return None
     if len(names) != len(detail):
