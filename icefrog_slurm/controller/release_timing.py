@@ -8,6 +8,12 @@
 - A requeued job found released but with no release logged (a controller stopped inside
   ``release_now`` released it without ``StartTime=now``, and Slurm would start it only ~2
   minutes after the requeue) is released again.
+- A job held again since the controller's last release of it, with no requeue of the
+  controller's since (Slurm requeued it on its own: a site's ``RequeueExitHold``, an
+  administrator's ``scontrol requeuehold``), was requeued at a time the controller does not
+  know: the first pass that sees it logs that requeue (action ``requeued``) and the release
+  waits ``release_gap_s`` from then (released at once, such a job was killed by slurmd as
+  "non-startable: Job credential revoked" and ended FAILED).
 """
 
 from __future__ import annotations
@@ -39,6 +45,13 @@ class ReleaseTiming:
         ``release_gap_s`` after its last requeue (:func:`after_requeue_gap`) have passed."""
         with self.store.transaction() as tx:
             audit = tx.actions(job_id=job_id)
+            if state.held and last_move(audit, sid) == "release":  # requeued by someone else
+                tx.log_action(
+                    action=SEEN_REQUEUE, command=(SEEN_REQUEUE, sid), outcome="ok",
+                    now=self.clock.now(), duration_s=0.0, slurm_job_id=sid, job_id=job_id,
+                    detail="held again since its release, not by icefrog",
+                )  # fmt: skip
+                return True, False
         release = state.held or release_unfinished(audit, sid)
         if not release:
             return False, True
@@ -70,16 +83,30 @@ class ReleaseTiming:
         return True
 
 
+SEEN_REQUEUE = "requeued"
+"""The audit log's action for a requeue the controller saw but did not make (module
+docstring)."""
+_REQUEUES = ("requeue_hold", SEEN_REQUEUE)
+
+
+def last_move(actions: Sequence[SlurmAction], sid: str) -> str | None:
+    """The Slurm job's last release, hold or requeue in the job's audit log ``actions``
+    (its action's name); None when there is none."""
+    done = [
+        a
+        for a in actions
+        if a.slurm_job_id == sid
+        and a.outcome == "ok"
+        and a.action in ("release", "hold", *_REQUEUES)
+    ]
+    return max(done, key=lambda a: a.time).action if done else None
+
+
 def release_unfinished(actions: Sequence[SlurmAction], sid: str) -> bool:
     """Whether the Slurm job was requeued and not released since, by the job's audit log
     ``actions``: a controller stopped inside ``release_now`` released it without
     ``StartTime=now``, and Slurm would start it only ~2 minutes after the requeue."""
-    done = [
-        a
-        for a in actions
-        if a.slurm_job_id == sid and a.outcome == "ok" and a.action in ("requeue_hold", "release")
-    ]
-    return bool(done) and max(done, key=lambda a: a.time).action == "requeue_hold"
+    return last_move(actions, sid) in _REQUEUES
 
 
 def after_requeue_gap(
@@ -91,7 +118,7 @@ def after_requeue_gap(
     requeues = [
         a.time
         for a in actions
-        if a.action == "requeue_hold" and a.outcome == "ok" and a.slurm_job_id == sid
+        if a.action in _REQUEUES and a.outcome == "ok" and a.slurm_job_id == sid
     ]
     return retry_wait_s(last_release=max(requeues, default=None), now=now, retry_s=gap_s) <= 0
 

@@ -224,7 +224,8 @@ def test_a_job_slurm_requeued_held_on_its_own_is_released_by_the_plan(
     """A site's RequeueExitHold=75: Slurm requeues a job that exits 75 held, in state
     SPECIAL_EXIT (played with ``scontrol requeuehold State=SpecialExit``, as the dev cluster
     has no RequeueExitHold). The controller reads it as pending and held, takes Slurm's
-    requeue as done and releases the job by its plan: it runs again, never failed."""
+    requeue as done and releases the job by its plan, ``release_gap_s`` after it first saw
+    it held: it runs again, never failed."""
     settings = make_settings(tmp_path, release_gap_s=2.0)
     job, sid, run_dir = submit_job(store, cluster, job_dir, f"tl-{uuid.uuid4().hex[:8]}")
     ctl = make_controller(settings, store, FixedPolicy({job: (1, False, ())}), OffsetClock())
@@ -245,4 +246,9 @@ def test_a_job_slurm_requeued_held_on_its_own_is_released_by_the_plan(
     wait_for("the second start", restarted, timeout=60, every=0.5)
     assert "pending" in states and "failed" not in states, states
     with store.transaction() as tx:
-        assert [a.action for a in tx.actions(job_id=job)][-2:] == ["update", "release"]
+        actions = tx.actions(job_id=job)
+    assert [a.action for a in actions][-3:] == ["requeued", "update", "release"]
+    # the requeue it did not make is taken as seen then, and the release waits its gap
+    # (released at once, in the second of the requeue, slurmd killed the job as
+    # "non-startable: Job credential revoked" and it ended FAILED, seen on a loaded machine)
+    assert actions[-1].time - actions[-3].time >= settings.controller.release_gap_s
