@@ -1,0 +1,94 @@
+"""What one user's input costs the controller: a hostile declaration's estimate, and the
+reading of Slurm's job list. Prints the figures; asserts nothing.
+
+``declaration``: the estimator's candidates for one job declaring LAYERS layers (every depth
+legal up to 90 %), per-GPU batches 1..2^30, on a cluster of GPUS GPUs: wall time and the
+tracemalloc peak, tuned over at most ``core.tuner.MAX_DEPTHS`` depths and (``--every-depth``)
+over every legal depth, as before that bound.
+
+``squeue``: one parse of a ``squeue --json`` document of JOBS running jobs (one node each,
+each with its per-node GPU allocation), the median of a few parses after a first one.
+
+    .venv/bin/python -m benchmarks.hostile_costs declaration --gpus 1024 [--every-depth]
+    .venv/bin/python -m benchmarks.hostile_costs squeue --jobs 2400
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import tracemalloc
+from collections.abc import Sequence
+
+from icefrog_slurm.core.samples import ProfileSample
+from icefrog_slurm.domain.records import JobRecord, JobView, Progress
+from icefrog_slurm.domain.snapshot import Current, JobSnapshot
+from icefrog_slurm.policies import estimate
+from icefrog_slurm.policies.estimate import Estimator
+from icefrog_slurm.protocol import GradStats, JobSpec
+from icefrog_slurm.settings import settings_from_mapping
+from icefrog_slurm.slurm import parse
+
+
+def declaration(layers: int, gpus: int, every_depth: bool) -> None:
+    spec = JobSpec(1, gpus, 1, 2**30, 0.9, "acc", ">=", 0.9, 10, 10000, (1.0,) * layers,
+                   (1.0,) * layers)  # fmt: skip
+    grad = GradStats(epoch=3, frozen=1001 % layers, grad_var=(1e-6,) * layers,
+                     grad_sqr=(0.5,) * layers)  # fmt: skip
+    rec = JobRecord(99, "big", 0, "root", "running", 0.0, None, None, spec, ("9",), Progress())
+    sample = ProfileSample(1, 64, 0, False, 0.0, 0.0, 0.0, 0.16, 400.0, 20e9, 0.4)
+    job = JobSnapshot(JobView(rec, (sample,), grad), None, Current())
+    if every_depth:  # the tuning as it was before MAX_DEPTHS
+        estimate.spread_depths = lambda depths, keep=None: depths  # type: ignore[assignment]
+    tracemalloc.start()
+    started = time.perf_counter()
+    got = Estimator().candidates(
+        job, now=100.0, gpus_per_node=4, capacity=gpus, settings=settings_from_mapping({})
+    )
+    wall = time.perf_counter() - started
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    depths = "every depth" if every_depth else "at most MAX_DEPTHS depths"
+    print(f"{layers} layers on {gpus} GPUs, {depths}: {wall:.2f} s, peak {peak / 1e6:.0f} MB, "
+          f"{len(got)} candidates")  # fmt: skip
+
+
+def squeue(jobs: int, runs: int = 5) -> None:
+    records = [
+        {"job_id": i + 1, "user_id": 1000, "group_id": 1000, "job_state": "RUNNING",
+         "name": f"j{i}", "nodes": f"node{i % 240 + 1}", "node_count": 1, "partition": "gpu",
+         "tres_per_node": "gres:gpu:2", "gres_detail": ["gpu:a800:2(IDX:0-1)"],
+         "comment": f"icefrog:k{i}"}
+        for i in range(jobs)
+    ]  # fmt: skip
+    text = json.dumps({"jobs": records})
+    parse.parse_squeue_json(text)  # the first: nothing remembered yet
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        parse.parse_squeue_json(text)
+        times.append(time.perf_counter() - started)
+    print(f"squeue --json of {jobs} running jobs: {statistics.median(times) * 1e3:.0f} ms a parse")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    d = sub.add_parser("declaration")
+    d.add_argument("--layers", type=int, default=4096)
+    d.add_argument("--gpus", type=int, default=1024)
+    d.add_argument("--every-depth", action="store_true")
+    s = sub.add_parser("squeue")
+    s.add_argument("--jobs", type=int, default=2400)
+    args = ap.parse_args(argv)
+    if args.what == "declaration":
+        declaration(args.layers, args.gpus, args.every_depth)
+    else:
+        squeue(args.jobs)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
