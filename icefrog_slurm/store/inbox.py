@@ -21,8 +21,9 @@ and rejects it otherwise with a logged and recorded reason, changing nothing els
    it is pending held (``icefrog submit`` registers its job before releasing it; a job
    running unheld, a plain ``sbatch`` with a hand-written tag, stays unmanaged): a new
    icefrog job is created, owned by that uid;
-5. (Slurm job, seq) was not accepted before with other content. The same content again is
-   a duplicate: it is archived and changes nothing.
+5. (Slurm job, seq) was not accepted before with other content, and is not older than the
+   ledger's kept reports of that Slurm job (``ledger.KEPT_REPORTS``, its latest). The same
+   content again is a duplicate: it is archived and changes nothing.
 
 Owners come from one batched lookup a drain (``slurm_jobs``: the Slurm backend's poll; the
 module ``inbox_apply`` applies what is accepted), for the folders of the files the drain

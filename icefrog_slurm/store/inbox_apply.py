@@ -43,6 +43,12 @@ def apply_report(
         return "duplicate", None
     if seen is not None:
         raise Rejected(f"seq {env.seq} of Slurm job {env.slurm_job_id} was used for other content")
+    oldest_kept = tx.oldest_kept_seq(slurm_job_id=env.slurm_job_id)
+    if oldest_kept is not None and env.seq < oldest_kept:
+        raise Rejected(
+            f"seq {env.seq} of Slurm job {env.slurm_job_id} is older than the reports of it "
+            f"the ledger keeps (seq {oldest_kept} on): a replay, or one applied already"
+        )
     if claim.uid > protocol.INT32_MAX:
         raise Rejected(f"uid {claim.uid} does not fit the store's 32-bit uid column")
     payload = protocol.parse_payload(env.kind, env.payload)
@@ -67,6 +73,7 @@ def apply_report(
         sent_time=env.time,
         now=now,
         munge_status=claim.munge_status,
+        oldest_kept=oldest_kept,
     )
     return "accepted", job_id
 

@@ -39,6 +39,10 @@ from icefrog_slurm.store.models import (
 
 _T = TypeVar("_T")
 MAX_DETAIL = 4000
+KEPT_REPORTS = 1024
+"""Accepted reports of one Slurm job the ledger keeps, its latest by seq (a job's reports
+come in seq order; more than a drain's per-owner share, so the reports a drain applied
+before a kill are still known when the next drain meets them again)."""
 
 
 @dataclass(frozen=True)
@@ -260,6 +264,17 @@ class LedgerTx:
             )
         )
 
+    def oldest_kept_seq(self, *, slurm_job_id: str) -> int | None:
+        """The oldest of the :data:`KEPT_REPORTS` latest accepted seqs of a Slurm job, None
+        while it has fewer: a report older than it can no longer be told from a replay."""
+        return self._s.scalar(
+            select(AcceptedReportRow.seq)
+            .where(AcceptedReportRow.slurm_job_id == slurm_job_id)
+            .order_by(AcceptedReportRow.seq.desc())
+            .offset(KEPT_REPORTS - 1)
+            .limit(1)
+        )
+
     def record_accepted(
         self,
         *,
@@ -272,7 +287,18 @@ class LedgerTx:
         sent_time: float,
         now: float,
         munge_status: int,
+        oldest_kept: int | None,
     ) -> None:
+        """Record an accepted report; with ``oldest_kept`` (:meth:`oldest_kept_seq` before
+        it, which ``seq`` passes) the job's rows up to that seq go, so that it keeps
+        :data:`KEPT_REPORTS` of them however long it reports."""
+        if oldest_kept is not None:
+            self._s.execute(
+                delete(AcceptedReportRow).where(
+                    AcceptedReportRow.slurm_job_id == slurm_job_id,
+                    AcceptedReportRow.seq <= oldest_kept,
+                )
+            )
         self._s.add(
             AcceptedReportRow(
                 slurm_job_id=slurm_job_id,

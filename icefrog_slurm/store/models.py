@@ -10,8 +10,9 @@
 - What it did: ``intents`` (written before acting, status updated after, so a restarted
   reconcile knows what was in flight) and ``slurm_actions`` (the audit log: every Slurm
   command with its outcome).
-- The inbox's ledger: ``accepted_reports`` (one row per (Slurm job, seq): a replay changes
-  nothing) and ``rejected_reports`` (with the reason).
+- The inbox's ledger: ``accepted_reports`` (one row per (Slurm job, seq), a Slurm job's
+  latest ``ledger.KEPT_REPORTS``: a replay changes nothing) and ``rejected_reports``
+  (with the reason).
 - ``leader_lease``: the one active controller's fencing token (store/leader.py).
 
 Times are seconds since the epoch, passed in by the caller (the store reads no clock).

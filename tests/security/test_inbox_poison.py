@@ -185,6 +185,39 @@ def test_one_jobs_flood_of_rows_is_bounded_and_others_still_land(
     assert site.metrics(ALICE_JOB) == [0.5]
 
 
+def test_a_job_reporting_for_ever_keeps_a_bounded_ledger(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bob's job sends progress reports without end (by hand, held pending for months: each
+    drain takes up to his per-owner share). The ledger keeps his Slurm job's latest
+    KEPT_REPORTS (3 here) alone; a report older than those, replayed or made anew, is
+    rejected with the reason and rolls nothing back; Alice's job keeps its own rows."""
+    from icefrog_slurm.store import ledger
+
+    monkeypatch.setattr(ledger, "KEPT_REPORTS", 3)
+    site.register(ALICE, ALICE_JOB)
+    site.register(BOB, BOB_JOB, name="bobs")
+    site.drop(ALICE, "metric", METRIC, seq=1, job=ALICE_JOB)
+    assert site.drain() == DrainResult(accepted=3)
+
+    def progress(epoch: int) -> dict[str, Any]:
+        return {"epoch": epoch, "samples_done": 10 * epoch, "effective_samples_done": 9.0}
+
+    for seq in range(1, 9):
+        site.drop(BOB, "progress", progress(seq), seq=seq, job=BOB_JOB, name="bobs")
+        assert site.drain() == DrainResult(accepted=1)
+    bob, alice = site.job(BOB_JOB), site.job(ALICE_JOB)
+    assert bob is not None and alice is not None
+    with site.inbox.store.transaction() as tx:
+        assert tx.accepted_count(job_id=bob.id) == 3  # seq 6, 7 and 8 of 9 accepted
+        assert tx.accepted_count(job_id=alice.id) == 2
+    site.drop(BOB, "progress", progress(2), seq=2, job=BOB_JOB, name="bobs")  # anew
+    site.drop(BOB, "progress", progress(7), seq=7, job=BOB_JOB, name="bobs")  # kept: a duplicate
+    assert site.drain() == DrainResult(rejected=1, duplicates=1)
+    assert "older than the reports of it the ledger keeps (seq 6 on)" in site.reasons()[-1]
+    assert site.job(BOB_JOB).progress.epoch == 8  # type: ignore[union-attr]
+
+
 def test_a_read_fault_of_the_reader_defers_a_report_instead_of_rejecting_it(
     site: Site, monkeypatch: pytest.MonkeyPatch
 ) -> None:
