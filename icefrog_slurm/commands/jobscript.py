@@ -92,7 +92,7 @@ def job_environment(export: str | None, environ: Mapping[str, str]) -> dict[str,
     env = {k: v for k, v in environ.items() if _recorded(k)} if everything else {}
     for item in items:
         name, eq, value = item.partition("=")
-        if not _VARIABLE.match(name):
+        if not _VARIABLE.fullmatch(name):
             raise InputError(f"--export: {name[:40]!r} is not a variable name")
         if eq and not (everything and name in env):
             env[name] = value
@@ -103,7 +103,7 @@ def job_environment(export: str | None, environ: Mapping[str, str]) -> dict[str,
 
 def _recorded(name: str) -> bool:
     return (
-        bool(_VARIABLE.match(name))
+        bool(_VARIABLE.fullmatch(name))
         and name not in NOT_RECORDED
         and not name.startswith(("SLURM_", "SBATCH_"))
     )

@@ -262,7 +262,7 @@ def _load(path: str, *, why: str) -> Settings:
 
 def _job_name(given: str | None, script: list[str]) -> str:
     name = given or Path(script[0]).stem
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise InputError(
             f"--job-name: {name!r}: use 1-64 letters, digits, '_', '.', '-' (start alphanumeric)"
         )

@@ -94,6 +94,7 @@ def test_declaration_round_trips_through_launch_options() -> None:
         (["--gpus", "4-2", "--", "t.py"], "--gpus"),
         (["--target", "acc>0.9", "--", "t.py"], "--target"),
         (["--job-name", "a b", "--", "t.py"], "--job-name"),
+        (["--job-name", "abc\n", "--", "t.py"], "--job-name"),  # (a regex "$" matches before it)
         (["--inbox", "/nonexistent/inbox", "--", "t.py"], "no such folder"),
     ],
 )
