@@ -75,7 +75,7 @@ def show_lines(detail: ShownJob, *, now: float, actions: int) -> list[str]:
     job, row = facts.job, acct_row(facts, now=now)
     spec = job.spec
     summary = [
-        f"JobId={job.id} JobName={job.name} UserId={job.owner_user}({job.owner_uid})",
+        f"JobId={job.id} JobName={shlex.quote(job.name)} UserId={job.owner_user}({job.owner_uid})",
         f"   JobState={jobs.state_name(job.state)} FinishReason={job.finish_reason or '(null)'}"
         f" Epoch={job.progress.epoch}",
         f"   Reason={_wait_text(facts.history, jobs.wait_reason(job, _last(facts.history)))}",
@@ -85,7 +85,7 @@ def show_lines(detail: ShownJob, *, now: float, actions: int) -> list[str]:
         f" EndTime={format_time(job.end_time)}",
         f"   JCT={format_duration(row.jct_s)} TTA={format_duration(row.tta_s) or '(null)'}"
         f" GPUHours={row.gpu_hours:.2f}",
-        f"   Target={spec.target_metric}{spec.target_op}{spec.target_value:g}"
+        f"   Target={shlex.quote(spec.target_metric)}{spec.target_op}{spec.target_value:g}"
         f" FinalMetric={number(row.final_metric) or '(null)'}"
         f" Reached={'yes' if row.reached else 'no'}",
         f"   Spec=gpus:{spec.min_gpus}-{spec.max_gpus},batch:{spec.min_batch}-{spec.max_batch}"

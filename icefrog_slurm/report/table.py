@@ -11,7 +11,7 @@ left-justifies. A value wider than its column is cut and ends in ``+``, as in sa
   row; columns are separated by one space (trailing spaces are dropped).
 - :func:`render_parsable`: ``|``-separated (``-P/--parsable2``: no trailing ``|``;
   ``-p/--parsable``: a trailing ``|``; ``--delimiter`` another separator), header first
-  unless told not to.
+  unless told not to; a cell holding the separator is quoted as a shell word.
 - :func:`parse_long_format`: squeue's ``-O/--Format`` (``name[:[.][size][suffix]]``: left
   justified unless ``.``, 20 columns without a size, a suffix printed after the value, no
   other separator), as squeue prints it.
@@ -25,6 +25,7 @@ left-justifies. A value wider than its column is cut and ends in ``+``, as in sa
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
@@ -251,8 +252,16 @@ def render_parsable(
     lines: list[str] = []
     if header:
         lines.append(delimiter.join(c.field.name for c in columns) + end)
-    lines.extend(delimiter.join(c.field.text(row) for c in columns) + end for row in rows)
+    lines.extend(
+        delimiter.join(_cell(c.field.text(row), delimiter) for c in columns) + end for row in rows
+    )
     return lines
+
+
+def _cell(text: str, delimiter: str) -> str:
+    """A parsable cell: one holding the delimiter (a job name is its owner's text) quoted as
+    a POSIX shell word, so that it cannot pass for more cells."""
+    return shlex.quote(text) if delimiter in text else text
 
 
 def _join(cells: Iterable[str]) -> str:
