@@ -247,6 +247,7 @@ class Reconciler:
                     target.gres is not None
                     and matches(state, target)
                     and self._signalled_at(intent) is None
+                    and not intent.params.get("overreach")
                 ):
                     return f"running as {target.gres} on {state.num_nodes} node(s)"
                 # (a signalled job is checkpointing to exit: see it through the requeue)
@@ -313,6 +314,11 @@ class Reconciler:
     def _checkpoint_then_requeue(
         self, intent: Intent, job_id: int, sid: str, r: ReconcileResult
     ) -> None:
+        if intent.params.get("overreach"):  # its owner took more than the plan gave
+            msg = "job=%d slurm_job=%s: holds more than it was released with; requeued at once"
+            log.warning(msg, job_id, sid)
+            self._do(intent, job_id, sid, "requeue_hold", r, partial(self._requeue_hold, sid))
+            return
         since = self._signalled_at(intent)
         if since is None:
             self._do(

@@ -4,12 +4,14 @@ happens on Slurm (the :class:`~icefrog_slurm.controller.reconcile.Reconciler` en
 ``record(plan, tx)`` writes the round's decision, the jobs' new store states, and one
 *intent* per job action (its target resources). An open intent whose target equals the new
 plan's is kept (its progress, e.g. "already asked to checkpoint", lives in the audit log); a
-different one is superseded. A move whose job was already asked to checkpoint is never
-superseded as "converged": the job is exiting (or has exited, status 75) to be requeued, so
-a new round turns it into a move to the new target that inherits the signal time (no second
-signal), and the job is requeued and restarted, never recorded as failed. A job the tick
-says ``failed`` gets a ``requeue`` intent instead (``requeue.py``: it may have checkpointed
-before its time limit).
+different one is superseded; one whose job a round finds converged ends ``done`` when that
+was its own target (the controller stopped between enacting it and recording so), so that
+the last done intent says what the job was released with (``tick.overreaches``). A move
+whose job was already asked to checkpoint is never superseded as "converged": the job is
+exiting (or has exited, status 75) to be requeued, so a new round turns it into a move to
+the new target that inherits the signal time (no second signal), and the job is requeued
+and restarted, never recorded as failed. A job the tick says ``failed`` gets a ``requeue``
+intent instead (``requeue.py``: it may have checkpointed before its time limit).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from icefrog_slurm.controller.ports import StoreTx
 from icefrog_slurm.controller.requeue import REQUEUE
 from icefrog_slurm.domain.plan import Plan
-from icefrog_slurm.domain.records import Intent, NewIntent
+from icefrog_slurm.domain.records import GRANTING_ACTIONS, Intent, NewIntent
 
 
 def record(plan: Plan, tx: StoreTx) -> int:
@@ -59,6 +61,7 @@ def record(plan: Plan, tx: StoreTx) -> int:
     for job in plan.jobs:
         current = open_by_job.get(job.job_id)
         target = job.target.params()
+        current_target = None if current is None else current.params.get("target")
         signalled = None if current is None else signalled_at(tx, current)
         action: str = job.action
         if action == "none" and signalled is not None:
@@ -68,11 +71,15 @@ def record(plan: Plan, tx: StoreTx) -> int:
             action = "stop" if job.target.gres is None else "change"
         if action == "none":
             if current is not None and plan.round_no is not None:
+                # done when the job is where this intent was to bring it (the controller
+                # stopped before it recorded so): what the job was released with
+                reached = current.action in GRANTING_ACTIONS and current_target == target
+                status = "done" if reached else "superseded"
                 tx.finish_intent(
-                    intent_id=current.id, status="superseded", now=plan.time, detail="converged"
+                    intent_id=current.id, status=status, now=plan.time, detail="converged"
                 )
             continue
-        if current is not None and current.params.get("target") == target:
+        if current is not None and current_target == target:
             continue  # the same goal is already in flight: keep its progress
         if current is not None:
             tx.finish_intent(
@@ -85,6 +92,8 @@ def record(plan: Plan, tx: StoreTx) -> int:
         }
         if signalled is not None:
             params["signalled_at"] = signalled  # not signalled twice: wait for that one
+        if job.overreach:
+            params["overreach"] = True  # requeued at once (reconcile)
         new.append((job.job_id, action, params))  # superseding done above, job by job
     tx.add_intents(intents=new, now=plan.time, round_no=plan.round_no)
     return added + len(new)

@@ -58,4 +58,5 @@ def build_snapshot(
         last_round=store.last_round,
         open_intents=store.open_intents,
         measured=store.measured,
+        granted=store.granted,
     )

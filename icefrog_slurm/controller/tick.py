@@ -26,6 +26,7 @@ import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from icefrog_slurm.domain.cluster import Gres, SlurmJobState
 from icefrog_slurm.domain.plan import Action, JobPlan, Plan, Policy, PolicyResult, SlurmRequest
@@ -77,6 +78,7 @@ def tick(snapshot: Snapshot, policy: Policy, settings: Settings) -> Plan:
         allocations[job_id] = Allocation(job_id=job_id, gpus=0, batch=0, frozen=0)
         reasons[job_id] = UNSHARED
     held = held_mps(live, allocations)
+    busy = {i.job_id for i in snapshot.open_intents}
     jobs = tuple(
         _job_plan(
             j,
@@ -85,6 +87,7 @@ def tick(snapshot: Snapshot, policy: Policy, settings: Settings) -> Plan:
             settings,
             moved=before is not None and before.get(j.id, ()) != allocations[j.id].nodes,
             held=held,
+            overreach=j.id not in busy and overreaches(j, snapshot.granted.get(j.id)),
         )
         for j in live
         if j.id in allocations
@@ -238,6 +241,34 @@ def matches(state: SlurmJobState, target: SlurmRequest) -> bool:
     return held == wanted
 
 
+def overreaches(job: JobSnapshot, granted: Mapping[str, Any] | None) -> bool:
+    """Whether a running job holds more than the controller last released it with
+    (``granted``, :attr:`Snapshot.granted`): GPUs while the controller held it, on a node
+    it was not given, on more nodes, more whole GPUs on a node, a whole GPU for a share or
+    a larger share. Only its owner can have done that (``scontrol release`` and ``update``
+    of their own job, or a dependency that keeps a released job pending until they change
+    it). No intent done yet (a job released before an upgrade): no."""
+    state = job.slurm
+    if granted is None or state is None or not state.holds_resources:
+        return False
+    given = SlurmRequest.from_params(granted)
+    held = state.gres
+    if given.gres is None:
+        return True  # held by the controller: released by its owner
+    if given.nodes and not set(job.current.nodes) <= set(given.nodes):
+        return True
+    if state.num_nodes > given.num_nodes:
+        return True
+    if given.gres.shared:  # (a share's GPUs are not compared: Slurm may split its shards)
+        return held is not None and (
+            held.kind == "gpu" or (held.kind == given.gres.kind and held.count > given.gres.count)
+        )
+    by_node = state.gpus_by_node or ()
+    return any(n > given.gres.count for _, n in by_node) or (
+        held is not None and held.kind == "gpu" and held.count > given.gres.count
+    )
+
+
 def action_for(job: JobSnapshot, target: SlurmRequest, moved: bool = False) -> Action:
     """What reconcile must do to bring the job to ``target``. ``moved``: this round placed
     the job on other nodes than the last round did. A job released but not started yet
@@ -292,6 +323,7 @@ def _job_plan(
     *,
     moved: bool,
     held: Mapping[str, Mapping[int, int]] | None = None,
+    overreach: bool = False,
 ) -> JobPlan:
     target = target_of(alloc, settings)
     node = target.nodes[0] if target.nodes else ""
@@ -303,13 +335,17 @@ def _job_plan(
         room = max(settings.slurm.mps_per_gpu - max(others.values()), 1)
         if target.gres.count > room:
             target = replace(target, gres=Gres("mps", room))
+    action = action_for(job, target, moved)
+    if overreach and action == "none":  # (the target matches but for its nodes or share)
+        action = "change"
     return JobPlan(
         job_id=job.id,
         slurm_job_id=job.job.slurm_job_id,
         owner_uid=job.job.owner_uid,
         allocation=alloc,
         target=target,
-        action=action_for(job, target, moved),
+        action=action,
         reason=reason,
         run_dir=run_dir_of(job.job.progress.checkpoint_path),
+        overreach=overreach,
     )

@@ -108,6 +108,9 @@ class SlurmJobState:
     gpus_otherwise: bool = False
     """It asked for GPUs per job, task or socket (``--gpus``, ``--gpus-per-task``,
     ``--gpus-per-socket``), so ``gres`` (per node) is None."""
+    compound: bool = False
+    """An array job (or one of its tasks) or a part of a heterogeneous job: Slurm acts on
+    every part of it by this id, so it is never managed."""
 
     def gpus_on(self, node: str) -> int | None:
         """GPUs held on ``node`` by Slurm's allocation (None: not known)."""

@@ -84,6 +84,7 @@ class JobPlan:
     action: Action
     reason: str = ""
     run_dir: str = ""  # from the job's checkpoint path; "" = ask Slurm for its WorkDir
+    overreach: bool = False  # it holds more than it was released with: no checkpoint wait
 
 
 @dataclass(frozen=True)

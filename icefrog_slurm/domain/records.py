@@ -23,6 +23,9 @@ ACTIVE_STATES: tuple[str, ...] = ("pending", "running")
 
 OPEN_INTENT_STATES: tuple[str, ...] = ("pending", "acting")
 INTENT_END_STATES: tuple[str, ...] = ("done", "failed", "superseded")
+GRANTING_ACTIONS: tuple[str, ...] = ("start", "change", "stop")
+"""The intents whose end (``done``) leaves a job as the controller decided: released with
+their target, or held (``stop``)."""
 
 
 @dataclass(frozen=True)
@@ -136,3 +139,5 @@ class StoreSnapshot:
     last_round: RoundRecord | None
     open_intents: tuple[Intent, ...] = field(default=())
     measured: bool = True  # False: the views hold no samples, metrics or gradient statistics
+    granted: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    """Job id -> the target its last done start/change/stop intent left it with."""

@@ -7,7 +7,9 @@ policies read it; the simulator hands in its own store and cluster to build one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from icefrog_slurm.domain.cluster import PartitionCapacity, SlurmJobState
 from icefrog_slurm.domain.records import Intent, JobRecord, JobView, RoundRecord
@@ -49,6 +51,9 @@ class Snapshot:
     last_round: RoundRecord | None
     open_intents: tuple[Intent, ...] = ()
     measured: bool = True  # False: no samples, metrics or gradient statistics (between rounds)
+    granted: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    """Job id -> ``SlurmRequest.params`` of what the controller last released it with, or
+    held it at (the store's ``granted``)."""
 
     def job(self, job_id: int) -> JobSnapshot:
         for j in self.jobs:

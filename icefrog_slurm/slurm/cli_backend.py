@@ -100,6 +100,9 @@ def show_partition(partition: str) -> Argv:
     return ("scontrol", "-o", "show", "partition", partition)
 
 
+REQUEUE_DISABLED = "presently disabled"
+"""What ``scontrol requeuehold`` says of a job whose requeue flag is off ("Requested
+operation is presently disabled")."""
 STARTED_ON_RELEASE = "no longer pending execution"
 """What ``scontrol update StartTime=now`` says of a job that started, or ended, before it:
 26.05 may start a job as it is released, so there is nothing left to bring forward."""
@@ -312,7 +315,16 @@ class SlurmCliBackend:
         self._run(commands.signal_batch(job_id, signal))
 
     def requeue_hold(self, *, job_id: str) -> None:
-        self._run(commands.requeue_hold(job_id))
+        try:
+            self._run(commands.requeue_hold(job_id))
+        except SlurmRejected as exc:
+            if REQUEUE_DISABLED not in str(exc).lower():
+                raise
+            # its owner made it non-requeueable (``scontrol update Requeue=0`` is allowed
+            # on a running job): every managed job is submitted requeueable; made so again
+            log.warning("Slurm job %s: not requeueable; set requeueable again", job_id)
+            self._run(commands.update_job(job_id, requeue=True))
+            self._run(commands.requeue_hold(job_id))
 
     def hold(self, *, job_id: str) -> None:
         self._run(commands.hold(job_id))
@@ -347,7 +359,8 @@ class SlurmCliBackend:
         return detail
 
     def gres_allocation(self, *, job_id: str) -> tuple[GresAllocation, ...]:
-        return parse.parse_gres_detail(self._run(commands.show_job_detail(job_id)))
+        detail = self.job_detail(job_id=job_id)
+        return parse.gres_allocations(detail.gres_detail, detail.nodelist or "")
 
     def partition_capacity(
         self, *, partition: str, managed: Mapping[str, int] | None = None

@@ -90,8 +90,10 @@ def update_job(
     num_nodes: int | None = None,
     nodes: Sequence[str] | None = None,
     start_now: bool = False,
+    requeue: bool = False,
 ) -> Argv:
-    """``scontrol update jobid=X`` with only the fields given (nodes=() clears the pin)."""
+    """``scontrol update jobid=X`` with only the fields given (nodes=() clears the pin;
+    ``requeue``: the job may be requeued again)."""
     argv: list[str] = ["scontrol", "update", f"jobid={job_id}"]
     if num_nodes is not None:
         argv.append(f"NumNodes={num_nodes}-{num_nodes}")
@@ -101,6 +103,8 @@ def update_job(
         argv.append(f"ReqNodeList={','.join(nodes)}" if nodes else "ReqNodeList=")
     if start_now:
         argv.append("StartTime=now")
+    if requeue:
+        argv.append("Requeue=1")
     if len(argv) == 3:
         raise ValueError("update_job needs at least one field to change")
     return tuple(argv)
@@ -128,10 +132,6 @@ def squeue_json() -> Argv:
     """Every job Slurm knows (every state, until MinJobAge) as JSON: one call serves polls,
     capacity and look-ups (22.05 ignores filters with --json; later versions honour them)."""
     return ("squeue", "--json", "--states=all")
-
-
-def show_job_detail(job_id: str) -> Argv:
-    return ("scontrol", "show", "job", "-d", job_id)
 
 
 def batch_script(job_id: str) -> Argv:

@@ -9,13 +9,11 @@ and a state word; data_parser v0.0.40+ (23.11 and newer) prints ``{"set", "infin
 "number"}`` objects and a list of state flags.
 
 Text outputs still parsed: ``sinfo`` (node names and GRES: admin-defined), ``scontrol show
-hostnames``, ``sbatch --parsable``, and the per-node ``Nodes=... GRES=...`` lines of
-``scontrol show job -d`` (GPU indices), which the backend reads only for a job whose user
-fields hold no line break (:attr:`SlurmJobDetail.multiline_text`). Pinned by the golden files in
-tests/golden/slurm-22.05. TresPerNode is ``gres:gpu:2`` on 22.05 and ``gres/gpu:2`` on
-24.11 (a type may sit in between: ``gres/gpu:a800:2``); a shard allocation prints
-``shard:1(IDX:0)`` on 22.05 and ``shard:1(1/2,0/2,0/2,0/2)`` (per GPU: used/available) on
-24.11.
+hostnames``, ``scontrol show partition`` and ``node``, and ``sbatch --parsable``. Pinned by
+the golden files in tests/golden/slurm-22.05. TresPerNode is ``gres:gpu:2`` on 22.05 and
+``gres/gpu:2`` on 24.11 (a type may sit in between: ``gres/gpu:a800:2``); a job's per-node
+allocation (``gres_detail``) prints a shard as ``shard:1(IDX:0)`` on 22.05 and
+``shard:1(1/2,0/2,0/2,0/2)`` (per GPU: used/available) on 24.11.
 """
 
 from __future__ import annotations
@@ -153,6 +151,7 @@ def _job_from_json(r: Mapping[str, Any]) -> SlurmJobDetail:
         raise ValueError("job_id, user_id or group_id unset")
     comment = _text(r.get("comment"))
     gres = parse_gres_request(_text(r.get("tres_per_node")))
+    detail = _detail_of(r.get("gres_detail"))
     return SlurmJobDetail(
         job_id=str(job_id),
         name=_text(r.get("name")),
@@ -173,8 +172,13 @@ def _job_from_json(r: Mapping[str, Any]) -> SlurmJobDetail:
         comment=comment,
         tag=parse_tag(comment),
         priority=_number(r.get("priority", 0)) or 0,
-        multiline_text=has_line_break(r),
-        gpus_by_node=_gpus_by_node(_detail_of(r.get("gres_detail")), _text(r.get("nodes"))),
+        gpus_by_node=_gpus_by_node(detail, _text(r.get("nodes"))),
+        gres_detail=detail,
+        compound=bool(
+            _number(r.get("array_job_id"))
+            or _number(r.get("het_job_id"))
+            or _text(r.get("array_task_string"))
+        ),
         gpus_otherwise=gres is None
         and any(_GPU_ASKED.search(_text(r.get(k))) for k in _OTHER_GPU_REQUESTS),
         **_host_share(r),
@@ -289,30 +293,15 @@ def _text(value: Any) -> str:
     return value
 
 
-LINE_BREAK = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
-"""Every character ``str.splitlines`` ends a line at (not only ``\\n`` and ``\\r``): a user
-field holding any of them could pass for a line of Slurm's own in a line-based reading."""
-
 MAX_GPU_INDEX = 4096
 """GPU indices on one node past this (``IDX:0-999999999999``) are no Slurm output: refused
 before a range of them is made."""
 
 
-def has_line_break(value: Any) -> bool:
-    """Whether a text, or any text inside a record's dicts and lists, holds a line break
-    (:data:`LINE_BREAK`)."""
-    if isinstance(value, str):
-        return LINE_BREAK.search(value) is not None
-    if isinstance(value, dict):
-        return any(has_line_break(v) for v in value.values())
-    if isinstance(value, list):
-        return any(has_line_break(v) for v in value)
-    return False
-
-
 def parse_scontrol_fields(line: str) -> dict[str, str]:
     """``Key=value Key2=value with spaces`` -> dict. Only for lines made of Slurm's own
-    fields (the ``Nodes=`` lines of ``scontrol show job -d``): a user field would spoof it."""
+    fields (``scontrol show partition`` and ``node``: admin-defined): a user field would
+    spoof it."""
     starts = list(_FIELD_START.finditer(line))
     fields: dict[str, str] = {}
     for i, m in enumerate(starts):
@@ -368,24 +357,19 @@ def _gres_item(item: str, nodes: tuple[str, ...]) -> GresAllocation:
     return GresAllocation(nodes=nodes, kind=kind, count=count, indices=idx)
 
 
-def parse_gres_detail(
-    text: str, *, hostnames: Mapping[str, tuple[str, ...]] | None = None
-) -> tuple[GresAllocation, ...]:
-    """``scontrol show job -d X``: every ``Nodes=... GRES=...`` line -> GresAllocation.
-
-    ``hostnames`` maps a node-list string to its expansion (default: expand_hostlist).
-    """
-    out: list[GresAllocation] = []
-    for line in text.split("\n"):  # Slurm's lines; not splitlines(): see LINE_BREAK
-        stripped = line.strip()
-        if not stripped.startswith("Nodes=") or " GRES=" not in stripped:
-            continue
-        f = parse_scontrol_fields(stripped)
-        gres = f.get("GRES", "")
-        nodelist = f["Nodes"]
-        nodes = (hostnames or {}).get(nodelist) or expand_hostlist(nodelist)
-        out.extend(_gres_item(item, nodes) for item in _split_top(gres) if item.strip())
-    return tuple(out)
+def gres_allocations(detail: tuple[str, ...], nodelist: str) -> tuple[GresAllocation, ...]:
+    """squeue's ``gres_detail`` (one string a node of the job's node list, in order) -> a
+    GresAllocation a node and kind: which device indices. A detail that does not read as
+    one entry a node is a ParseError."""
+    names = expand_hostlist(nodelist) if detail else ()
+    if len(names) != len(detail):
+        raise ParseError(f"gres_detail of {len(detail)} nodes for {nodelist[:80]!r}")
+    return tuple(
+        _gres_item(item, (name,))
+        for name, text in zip(names, detail, strict=True)
+        for item in _split_top(text)
+        if item.strip()
+    )
 
 
 def parse_sinfo_nodes(text: str) -> tuple[NodeGpus, ...]:

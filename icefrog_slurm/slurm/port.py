@@ -76,11 +76,12 @@ class SlurmJobDetail:
     comment: str
     tag: IcefrogTag | None
     priority: int = 0
-    multiline_text: bool = False  # a user field holds a line break (text outputs unsafe)
     mem_per_gpu_mb: int | None = None  # asked for (per GPU, or a shard job's per node)
     cpus_per_gpu: int | None = None  # asked for (per GPU, or a shard job's per task)
     gpus_by_node: tuple[tuple[str, int], ...] | None = None  # SlurmJobState's
     gpus_otherwise: bool = False  # SlurmJobState's
+    gres_detail: tuple[str, ...] = ()  # squeue's per-node allocation text (parse.py)
+    compound: bool = False  # SlurmJobState's
 
     def state_view(self) -> SlurmJobState:
         """The same job as a poll sees it."""
@@ -99,6 +100,7 @@ class SlurmJobDetail:
             name=self.name,
             gpus_by_node=self.gpus_by_node,
             gpus_otherwise=self.gpus_otherwise,
+            compound=self.compound,
         )
 
 
@@ -180,7 +182,8 @@ class ClusterPort(Protocol):
         ...
 
     def requeue_hold(self, *, job_id: str) -> None:
-        """Requeue a running job and hold it (it is killed at once: checkpoint first)."""
+        """Requeue a running job and hold it (it is killed at once: checkpoint first); a
+        job its owner made non-requeueable is made requeueable again first."""
         ...
 
     def hold(self, *, job_id: str) -> None:
@@ -206,7 +209,8 @@ class ClusterPort(Protocol):
         ...
 
     def gres_allocation(self, *, job_id: str) -> tuple[GresAllocation, ...]:
-        """Which GPU indices a running job holds on which nodes."""
+        """Which GPU indices a running job holds on which nodes (one entry a node and
+        kind), from Slurm's machine-readable job record."""
         ...
 
     def partition_capacity(

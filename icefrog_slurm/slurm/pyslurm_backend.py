@@ -14,9 +14,9 @@ Reused from ``SlurmCliBackend`` by composition, and why:
 - ``resubmit``: it must submit *as the job's owner* with the owner's credential; pyslurm
   submits as the calling process only, so the CLI's ``setpriv ... sbatch`` is kept;
 - ``gres_allocation`` and ``partition_capacity``: the GPU *indices* a job holds per node
-  (``GRES=gpu:2(IDX:0-1)``) come from ``scontrol -d show job`` and ``squeue --json``'s
-  ``gres_detail``; pyslurm 25.11's ``Job.get_resource_layout_per_node`` is marked "subject
-  to change", so the tested parsers of the CLI output are reused;
+  (``gpu:2(IDX:0-1)``) come from ``squeue --json``'s ``gres_detail``; pyslurm 25.11's
+  ``Job.get_resource_layout_per_node`` is marked "subject to change", so the tested
+  parsers of the CLI output are reused;
 - ``hostnames``: ``scontrol show hostnames``; pyslurm offers no stable public expander;
 - ``update_pending`` with a new node count: pyslurm's ``JobSubmitDescription`` ignores
   ``nodes`` in an update (its ``_set_nodes`` returns at once when ``is_update``), so a
@@ -163,7 +163,6 @@ class SlurmPyslurmBackend:
     @staticmethod
     def _detail(job: Any) -> SlurmJobDetail:
         comment = job.comment or ""
-        fields = (job.name, comment, job.working_directory, job.standard_output)
         return SlurmJobDetail(
             job_id=str(job.id),
             name=job.name or "",
@@ -184,7 +183,7 @@ class SlurmPyslurmBackend:
             comment=comment,
             tag=parse.parse_tag(comment),
             priority=int(job.priority or 0),
-            multiline_text=any(parse.has_line_break(f or "") for f in fields),
+            compound=bool(getattr(job, "array_id", None) or getattr(job, "het_job_id", None)),
         )
 
     def _live(self) -> list[Any]:

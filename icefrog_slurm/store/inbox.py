@@ -41,9 +41,10 @@ Guarantees:
 - **A drain cannot be stopped by a report.** Each file is handled under one catch-all:
   anything but a transient fault (below) quarantines it, archived as rejected with a reason
   made printable (``jsonio.printable``) before it is logged or stored, and the drain goes
-  on. A job folder's name is a Slurm job id by regex (ASCII digits, no leading zero, below
-  2^31: squeue refuses more, failing the whole lookup); anything else, a name that is not
-  UTF-8 included, is junk and quarantined whole.
+  on. An owner's first :data:`LOGGED_REJECTIONS` rejections a drain are logged one by one,
+  the rest in one line. A job folder's name is a Slurm job id by regex (ASCII digits, no
+  leading zero, below 2^31: squeue refuses more, failing the whole lookup); anything else,
+  a name that is not UTF-8 included, is junk and quarantined whole.
 - **A transient fault loses nothing.** Slurm's lookup failing, the database unreachable
   (``OperationalError``, ``InterfaceError``, a dropped connection) or munged unreachable
   leaves the files in the inbox for a later drain. munged is judged unreachable only when a
@@ -92,16 +93,21 @@ _MAX_TRANSIENT_IN_A_ROW = 3
 _PRUNE_EVERY_S = 3600.0
 _LOOKUP_CHUNK = 1000  # job ids a Slurm lookup call
 _IDLE_FOLDERS_A_DRAIN = 1000  # folders with nothing to read looked up a drain
+LOGGED_REJECTIONS = 20
+"""Rejected entries of one owner a drain logged one by one; the rest are counted in one
+line (each is still recorded and archived): a user's junk cannot flood the journal."""
 
 
 @dataclass(frozen=True)
 class SlurmJobFacts:
-    """What Slurm says of a job: its owner's uid, whether it carries the icefrog tag and
-    whether it is pending held (True where a stand-in lookup does not say)."""
+    """What Slurm says of a job: its owner's uid, whether it carries the icefrog tag,
+    whether it is pending held and whether it is a single job, no array or heterogeneous
+    job (True where a stand-in lookup does not say)."""
 
     uid: int
     icefrog: bool
     held: bool = True
+    single: bool = True
 
 
 SlurmJobsLookup = Callable[[Collection[str]], Mapping[str, SlurmJobFacts]]
@@ -115,6 +121,8 @@ class _PolledJob(Protocol):
     def is_icefrog(self) -> bool: ...
     @property
     def held(self) -> bool: ...
+    @property
+    def compound(self) -> bool: ...
 
 
 class _Polls(Protocol):
@@ -127,7 +135,9 @@ def slurm_jobs_of(cluster: _Polls) -> SlurmJobsLookup:
     def lookup(job_ids: Collection[str]) -> dict[str, SlurmJobFacts]:
         polled = cluster.poll(job_ids=job_ids)
         return {
-            k: SlurmJobFacts(uid=j.user_id, icefrog=j.is_icefrog, held=j.held)
+            k: SlurmJobFacts(
+                uid=j.user_id, icefrog=j.is_icefrog, held=j.held, single=not j.compound
+            )
             for k, j in polled.items()
         }
 
@@ -154,6 +164,7 @@ class _Owner:
     icefrog: bool  # Slurm shows the icefrog tag
     held: bool  # Slurm shows it pending held
     ended: bool  # the store says it ended, or nobody knows it
+    single: bool = True  # no array or heterogeneous job
 
 
 class ReportInbox:
@@ -192,6 +203,7 @@ class ReportInbox:
         self._pruned_at: float | None = None
         self._db_fault = False  # the last file waits because the store failed
         self._idle_cursor = 0
+        self._rejected_by = Counter[int]()  # this drain's rejected entries, by owner uid
 
     @classmethod
     def from_settings(
@@ -229,6 +241,7 @@ class ReportInbox:
         """Process what is in the inbox now (a fair share of it, see the module docstring)."""
         counts: Counter[str] = Counter()
         now = self.clock()
+        self._rejected_by = Counter[int]()
         with files.dir_fd(self.inbox_dir, follow=True) as inbox_fd:
             found = files.scan(inbox_fd, stale_before=now - self.folder_grace_s)
             plan = files.fair_order(
@@ -250,6 +263,12 @@ class ReportInbox:
                     log.warning("inbox: the store keeps failing; the drain stops here")
                     break
             self._remove_folders(inbox_fd, folders, owners)
+        for uid, n in sorted(self._rejected_by.items()):
+            if n > LOGGED_REJECTIONS:
+                log.warning(
+                    "inbox: %d more reports of uid %d rejected this drain (not logged one by "
+                    "one; each is recorded)", n - LOGGED_REJECTIONS, uid,
+                )  # fmt: skip
         self._prune(now)
         return DrainResult(
             counts["accepted"], counts["rejected"], counts["duplicate"], counts["deferred"]
@@ -283,7 +302,8 @@ class ReportInbox:
             uid = fact.uid if fact is not None else (None if rec is None else rec[0])
             ended = rec[1] not in ACTIVE_STATES if rec is not None else fact is None
             icefrog, held = (False, False) if fact is None else (fact.icefrog, fact.held)
-            owners[job_id] = _Owner(uid, icefrog, held, ended)
+            single = fact is None or fact.single
+            owners[job_id] = _Owner(uid, icefrog, held, ended, single)
         return owners
 
     def _warn_squatters(self, folders: list[Folder], owners: dict[str, _Owner]) -> None:
@@ -331,7 +351,12 @@ class ReportInbox:
                     claim = self._check(raw, item, owner, now)
                     with self.store.transaction() as tx:
                         outcome, job_id = apply_report(
-                            tx, claim, icefrog=owner.icefrog, held=owner.held, now=now
+                            tx,
+                            claim,
+                            icefrog=owner.icefrog,
+                            held=owner.held,
+                            single=owner.single,
+                            now=now,
                         )
                 except Rejected as exc:
                     self._quarantine(job_fd, item, str(exc), size, claim)
@@ -464,7 +489,9 @@ class ReportInbox:
                 )  # fmt: skip
                 raise _Deferred from None
             log.error("inbox: rejection of %s not recorded: %s", item.where, _why(exc))
-        log.warning("%sreport %s rejected: %s", _fields(job_id, item), item.where, reason)
+        self._rejected_by[item.uid] += 1
+        if self._rejected_by[item.uid] <= LOGGED_REJECTIONS:
+            log.warning("%sreport %s rejected: %s", _fields(job_id, item), item.where, reason)
         self._move(src_fd, item, "rejected")
 
     def _move(self, src_fd: int, item: Item, outcome: str) -> None:

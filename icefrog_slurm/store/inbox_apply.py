@@ -32,7 +32,7 @@ class Claim:
 
 
 def apply_report(
-    tx: SqlStoreTx, claim: Claim, *, icefrog: bool, held: bool, now: float
+    tx: SqlStoreTx, claim: Claim, *, icefrog: bool, held: bool, now: float, single: bool = True
 ) -> tuple[str, int | None]:
     """Apply a checked report in ``tx``: ("accepted", the icefrog job's id), or
     ("duplicate", None) for a duplicate of an accepted one; raises Rejected when the store
@@ -54,7 +54,7 @@ def apply_report(
     payload = protocol.parse_payload(env.kind, env.payload)
     job = tx.job_by_slurm_id(env.slurm_job_id)
     if job is None:
-        job_id = _register(tx, claim, icefrog, held, payload, now)
+        job_id = _register(tx, claim, icefrog, held, payload, now, single=single)
     else:
         if job.owner_uid != claim.uid or job.name != env.job_name:
             raise Rejected(
@@ -79,7 +79,14 @@ def apply_report(
 
 
 def _register(
-    tx: SqlStoreTx, claim: Claim, icefrog: bool, held: bool, payload: Any, now: float
+    tx: SqlStoreTx,
+    claim: Claim,
+    icefrog: bool,
+    held: bool,
+    payload: Any,
+    now: float,
+    *,
+    single: bool = True,
 ) -> int:
     """A new icefrog job for a ``register`` report of an icefrog-tagged, pending-held Slurm
     job (``icefrog submit``'s); a job already running (or released) was started outside
@@ -91,6 +98,11 @@ def _register(
         raise Rejected(
             f"Slurm job {env.slurm_job_id} does not carry the icefrog tag (comment "
             "icefrog:...): only jobs submitted by icefrog are adopted"
+        )
+    if not single:
+        raise Rejected(
+            f"Slurm job {env.slurm_job_id} is an array or heterogeneous job: Slurm would "
+            "release all its parts at once; only single jobs are adopted"
         )
     if not held:
         raise Rejected(

@@ -94,7 +94,7 @@ class Item:
     def where(self) -> str:
         """``folder/name`` fit for a log line and a database column."""
         inside = self.name if self.folder is None else f"{self.folder.name}/{self.name}"
-        return printable(inside, 1000)
+        return printable(inside, 160)
 
     @property
     def order(self) -> tuple[int, int, str]:

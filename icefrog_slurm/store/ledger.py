@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from icefrog_slurm.domain.records import (
     ACTIVE_STATES,
+    GRANTING_ACTIONS,
     INTENT_END_STATES,
     OPEN_INTENT_STATES,
     Allocation,
@@ -211,6 +212,13 @@ class LedgerTx:
     def open_intents(self) -> list[Intent]:
         """Intents written but not finished: what a restarted reconcile must check."""
         return [_intent(r) for r in self._s.execute(_OPEN_INTENTS)]
+
+    def granted(self) -> dict[int, dict[str, Any]]:
+        """Each active job's target (``SlurmRequest.params``) as its last done ``start``,
+        ``change`` or ``stop`` intent left it: what the controller released it with, or
+        held it at. A job no such intent has ended yet is absent."""
+        rows = self._s.execute(_LAST_GRANTS)
+        return {r.job_id: dict(r.params.get("target") or {}) for r in rows if r.params}
 
     def intent(self, intent_id: int) -> Intent:
         row = self._s.execute(_INTENT, dict(p_id=intent_id)).first()
@@ -413,6 +421,21 @@ def _intent_row(
 _I, _A = table(IntentRow).c, table(SlurmActionRow).c
 _INTENT_COLUMNS = select(*(_I[n] for n in field_names(Intent)))
 _OPEN_INTENTS = _INTENT_COLUMNS.where(_I.status.in_(OPEN_INTENT_STATES)).order_by(_I.id)
+_LAST_GRANT = (
+    select(_I.params)
+    .where(
+        _I.job_id == JobRow.id,
+        _I.status == "done",
+        _I.action.in_(GRANTING_ACTIONS),
+    )
+    .order_by(_I.id.desc())
+    .limit(1)
+    .correlate(JobRow)
+    .scalar_subquery()
+)
+_LAST_GRANTS = select(JobRow.id.label("job_id"), _LAST_GRANT.label("params")).where(
+    JobRow.state.in_(ACTIVE_STATES)
+)
 _INTENT = _INTENT_COLUMNS.where(_I.id == bindparam("p_id"))
 _ADD_INTENTS = insert(table(IntentRow))
 _ADD_INTENT = _ADD_INTENTS.returning(_I.id)

@@ -205,7 +205,10 @@ class AllocationRow(Base):
 
 class IntentRow(Base):
     __tablename__ = "intents"
-    __table_args__ = (Index("ix_intents_status_job", "status", "job_id"),)
+    __table_args__ = (
+        Index("ix_intents_status_job", "status", "job_id"),
+        Index("ix_intents_job_id", "job_id", "id"),  # a job's last done intent (0007)
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     round_no: Mapped[int | None] = mapped_column(ForeignKey("rounds.round_no"))

@@ -224,12 +224,12 @@ class SqlStoreTx(LedgerTx):
         of queries whatever the number of jobs."""
         states = None if include_finished else ACTIVE_STATES
         jobs = self.jobs(states=states)
-        last_round, intents = self.round(), tuple(self.open_intents())
+        last_round, intents, granted = self.round(), tuple(self.open_intents()), self.granted()
         if callable(measurements):
             measurements = measurements(last_round)
         if not measurements:
             views = tuple(JobView(job=j, samples=(), grad_stats=None, metrics=()) for j in jobs)
-            return StoreSnapshot(views, last_round, intents, measured=False)
+            return StoreSnapshot(views, last_round, intents, measured=False, granted=granted)
         ids = select(JobRow.id)  # a subquery, not a list: no bound-parameter limit
         if states is not None:
             ids = ids.where(JobRow.state.in_(states))
@@ -243,7 +243,9 @@ class SqlStoreTx(LedgerTx):
             )
             for j in jobs
         )
-        return StoreSnapshot(jobs=views, last_round=last_round, open_intents=intents)
+        return StoreSnapshot(
+            jobs=views, last_round=last_round, open_intents=intents, granted=granted
+        )
 
     # ----- helpers -----------------------------------------------------------------------
     def _job_row(self, job_id: int) -> JobRow:

@@ -34,7 +34,6 @@ for _ in $(seq 100); do
     sleep 0.2
 done
 squeue --json --states=all >"$out/squeue.json"
-scontrol show job -d "$a" >"$out/scontrol-d-mps.txt"
 scontrol show node -d node1 >"$out/scontrol-node-d.txt"
 sinfo -h -N -p gpu -o '%N|%t|%G' >"$out/sinfo.txt"
 cp "$work/a.out" "$out/job-env-a.txt"; cp "$work/b.out" "$out/job-env-b.txt"

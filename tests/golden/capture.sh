@@ -31,8 +31,6 @@ for _ in $(seq 50); do
     [[ $(squeue -h -t R -j "$run,$shard,$foreign" | wc -l) == 3 ]] && break; sleep 0.2
 done
 squeue --json --states=all >"$out/squeue.json"
-scontrol show job -d "$run" >"$out/scontrol-d-running.txt"
-scontrol show job -d "$shard" >"$out/scontrol-d-shard.txt"
 sinfo -h -N -p gpu -o '%N|%t|%G' >"$out/sinfo.txt"
 scontrol show hostnames 'node[1-3],node4' >"$out/hostnames.txt"
 (squeue -h -t all -j 999999 -o '%i' 2>&1 || true) >"$out/squeue-unknown-job.txt"

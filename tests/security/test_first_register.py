@@ -79,6 +79,29 @@ def test_a_running_job_with_a_hand_written_tag_is_not_adopted(
             cluster.cancel(job_id=job)
 
 
+def test_an_array_job_with_the_tag_is_not_adopted(site: Site, munge_users: dict[str, int]) -> None:
+    """Alice submits a held array job of four tasks with the icefrog tag and registers it as
+    ``icefrog submit`` would: Slurm would release and start every task of it by the one id
+    the controller updates, so it is refused (the reason logged and recorded) and stays
+    unmanaged; her single held job is adopted."""
+    cluster = backend()
+    site.inbox.slurm_jobs = slurm_jobs_of(cluster)
+    key = uuid.uuid4().hex[:8]
+    array = held_job_as(ALICE, "--array=0-3", f"--comment=icefrog:{key}")
+    single = held_job_as(ALICE, f"--comment=icefrog:{key}-single")
+    try:
+        assert cluster.poll(job_ids=[array])[array].compound
+        site.drop(ALICE, "register", spec_payload(), job=array)
+        site.drop(ALICE, "register", spec_payload(), job=single)
+        assert site.drain() == DrainResult(accepted=1, rejected=1)
+        assert site.job(array) is None and site.job(single) is not None
+        why = f"Slurm job {array} is an array or heterogeneous job"
+        assert any(why in r for r in site.reasons())
+    finally:
+        for job in (array, single):
+            cluster.cancel(job_id=job)
+
+
 def test_a_resubmitted_job_registers_once_it_runs(site: Site, munge_users: dict[str, int]) -> None:
     """The controller's resubmission (gpu -> shard: a new Slurm job as Alice, signed tag,
     held), linked and released as reconcile does; its register is then accepted."""

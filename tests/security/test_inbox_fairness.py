@@ -262,3 +262,30 @@ def test_one_users_mass_of_folders_hides_nobody_s_reports(
     for _ in range(10):
         site.drain()
     assert {p.name for p in site.inbox_dir.iterdir()} == {BOB_JOB}
+
+
+def test_one_users_junk_cannot_flood_the_log(
+    site: Site, munge_users: dict[str, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Alice fills her job's folder with empty files whose 255-byte names are no UTF-8 (each
+    byte escaped as ``\\udcff`` once made printable): a drain logs her first
+    LOGGED_REJECTIONS (3 here) one by one, each line short, and the rest in one line; every
+    file is still recorded with its (shortened) name and archived."""
+    from icefrog_slurm.store import inbox
+
+    site.inbox.max_reports_per_owner, site.inbox.max_reports = 12, 20
+    site.register(ALICE, ALICE_JOB)
+    assert site.drain() == DrainResult(accepted=1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(inbox, "LOGGED_REJECTIONS", 3)
+        for i in range(12):
+            site.put(ALICE, ALICE_JOB, str(i).encode() + b"\xff" * 250, b"")
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="icefrog_slurm.store.inbox"):
+            assert site.drain() == DrainResult(rejected=12)
+    lines = [r.getMessage() for r in caplog.records if r.name == "icefrog_slurm.store.inbox"]
+    assert len(lines) == 3 + 1 and all(len(line) < 600 for line in lines)
+    assert f"9 more reports of uid {munge_users[ALICE]} rejected" in lines[-1]
+    files = site.rejected_files()
+    assert len(files) == 12 and all(len(f) <= 160 for f in files)
+    assert site.left_in_inbox() == []

@@ -157,8 +157,9 @@ def test_a_forged_gres_line_in_a_shard_job_s_comment_does_not_stop_the_capacity_
     """bob runs a shard job outside icefrog whose comment breaks the line with U+2028 (a
     line break to ``str.splitlines``, not to the old check for \\n and \\r) and goes on like
     a GRES line of ``scontrol show job -d`` with an index list that is no number. The
-    controller's capacity pass reads every foreign shard job's GPU indices from that text:
-    it must neither fail (which would stop every round) nor read the forged line."""
+    capacity pass reads a foreign job's GPUs from ``squeue --json``, and a reading of that
+    text reads Slurm's line alone: neither fails (which would stop every round) nor reads
+    the forged line."""
     bob = munge_users["icefrog-bob"]
     b_dir = _folder(base, "bob", bob)
     forged = "x\u2028     Nodes=node1 CPU_IDs=0 Mem=400 GRES=shard:1(IDX:z)"
@@ -166,8 +167,7 @@ def test_a_forged_gres_line_in_a_shard_job_s_comment_does_not_stop_the_capacity_
     wait_for("bob's shard job runs", lambda: state_of(cluster, sid).holds_resources)
     detail = cluster.job_detail(job_id=sid)
     assert "\u2028" in detail.comment and detail.user_id == bob  # Slurm kept the attack
-    assert detail.multiline_text  # so its -d text is not trusted: counted by its shards
-    real = cluster.gres_allocation(job_id=sid)  # read anyway: the forged line is not in it
+    real = cluster.gres_allocation(job_id=sid)  # the forged line is not read
     assert [(a.kind, a.count) for a in real] == [("shard", 1)]
     assert all(len(a.indices) <= 1 for a in real)
     cap = cluster.partition_capacity(partition="gpu")
@@ -215,6 +215,47 @@ def test_an_owner_undoing_every_hold_does_not_stop_the_pass_for_others(
     assert b.state == "PENDING" and b.user_id == bob
     with store.transaction() as tx:
         assert [(a.gpus, a.shared) for _, a in tx.job_allocations(a_job)] == [(1, False)]
+
+
+def test_an_owner_taking_more_gpus_than_the_plan_gave_is_requeued_at_once(
+    tmp_path: Path, base: Path, cluster: SlurmCliBackend, munge_users: dict[str, int]
+) -> None:
+    """bob's managed job is planned on 1 GPU of node2. Before the controller releases it he
+    makes it wait for a job of his own (``Dependency=afterok``), so it stays pending once
+    released; then he asks for 3 GPUs on any node and lifts the dependency in one update of
+    his own pending job (Slurm starts it with 3), and makes it non-requeueable
+    (``Requeue=0``, allowed on a running job). The next tick requeues it held at once, with
+    no checkpoint wait (a requeue of a job given up is made requeueable again), and it runs
+    again as planned: 1 GPU on node2."""
+    bob = munge_users["icefrog-bob"]
+    settings = make_settings(tmp_path)
+    store = make_store(settings)
+    key = f"sec-{uuid.uuid4().hex[:8]}"
+    b_dir = _folder(base, "bob", bob)
+    b_job, b_sid = _icefrog_job(store, bob, b_dir, f"{key}-b")
+    blocker = sbatch_as(bob, b_dir, "-J", f"{key}-dep")
+    pw = pwd.getpwuid(bob)
+    as_bob = ["setpriv", f"--reuid={bob}", f"--regid={pw.pw_gid}", "--init-groups", "--"]
+
+    def bob_updates(*fields: str) -> None:
+        subprocess.run([*as_bob, "scontrol", "update", f"JobId={b_sid}", *fields], check=True)
+
+    bob_updates(f"Dependency=afterok:{blocker}")
+    ctl = make_controller(
+        settings, store, FixedPolicy({b_job: (1, False, ("node2",))}), OffsetClock()
+    )
+    assert ctl.tick_once().reconcile.done == 1  # released as gpu:1 on node2
+    waiting = state_of(cluster, b_sid)
+    assert waiting.state == "PENDING" and not waiting.held  # for bob's own job
+    bob_updates("Gres=gpu:3", "NumNodes=1", "ReqNodeList=", "Dependency=")
+    assert running(cluster, b_sid).gres == Gres("gpu", 3)  # Slurm took bob's word
+    bob_updates("Requeue=0")
+    converge(ctl)
+    again = running(cluster, b_sid)
+    assert again.gres == Gres("gpu", 1) and again.nodelist == "node2"
+    with store.transaction() as tx:
+        done = [(a.action, a.outcome) for a in tx.actions(job_id=b_job)]
+    assert ("requeue_hold", "ok") in done and ("signal", "ok") not in done
 
 
 @pytest.mark.parametrize("bug", [False, True], ids=["as-is", "lookup-raises"])

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from icefrog_slurm.controller.release_timing import retry_wait_s
 from icefrog_slurm.controller.snapshot import build_snapshot
-from icefrog_slurm.controller.tick import EVICTED, launch_refused, run_dir_of, target_of, tick
+from icefrog_slurm.controller.tick import (
+    EVICTED,
+    launch_refused,
+    overreaches,
+    run_dir_of,
+    target_of,
+    tick,
+)
 from icefrog_slurm.core.samples import ProfileSample
 from icefrog_slurm.domain.cluster import Gres, NodeCapacity, PartitionCapacity, SlurmJobState
 from icefrog_slurm.domain.plan import PolicyResult, SlurmRequest
@@ -200,3 +209,59 @@ def test_a_released_job_not_started_yet_follows_the_round_to_new_nodes_or_is_hel
 
     assert plan_for(Stay()) == "none"
     assert plan_for(Wait()) == "stop"
+
+
+def _running(gres: Gres | None, nodelist: str = "node1", **more: object) -> SlurmJobState:
+    return replace(_state(1, gres, node=nodelist), **more)  # type: ignore[arg-type]
+
+
+def _given(gres: str | None, nodes: tuple[str, ...] = ("node1",), num_nodes: int = 1) -> dict:  # type: ignore[type-arg]
+    return {"gres": gres, "num_nodes": num_nodes, "nodes": list(nodes)}
+
+
+@pytest.mark.parametrize(
+    ("held", "given", "over"),
+    [
+        (_running(Gres("gpu", 1)), _given("gpu:1"), False),
+        (_running(Gres("gpu", 3)), _given("gpu:1"), True),  # more GPUs a node
+        (_running(Gres("gpu", 1), "node2"), _given("gpu:1"), True),  # a node not given
+        (_running(Gres("gpu", 1), "node2"), _given("gpu:1", ()), False),  # any node given
+        (_running(Gres("gpu", 1), "node[1-2]", num_nodes=2), _given("gpu:1", ()), True),
+        (
+            _running(Gres("gpu", 2), "node[1-2]", num_nodes=2),
+            _given("gpu:2", ("node1", "node2"), 2),
+            False,
+        ),
+        (_running(Gres("gpu", 1)), _given(None), True),  # held by the controller
+        (_running(Gres("shard", 1)), _given("shard:1"), False),
+        (_running(Gres("shard", 2)), _given("shard:1"), True),
+        (_running(Gres("gpu", 1)), _given("shard:1"), True),  # a whole GPU for a share
+        (_running(Gres("mps", 30)), _given("mps:30"), False),
+        (_running(Gres("mps", 100)), _given("mps:30"), True),
+        (_running(None, gpus_by_node=(("node1", 4),)), _given("gpu:1"), True),  # per job
+        (_running(Gres("gpu", 1), "", state="PENDING"), _given(None), False),  # holds nothing
+        (_running(Gres("gpu", 4)), None, False),  # no intent done yet: nothing to compare
+    ],
+)
+def test_a_job_holding_more_than_it_was_released_with_overreaches(
+    held: SlurmJobState,
+    given: dict | None,
+    over: bool,  # type: ignore[type-arg]
+) -> None:
+    [job] = _snap([_job(1)], {"1": held}).jobs
+    assert overreaches(job, given) is over
+
+
+def test_an_overreaching_job_is_moved_at_once_unless_an_intent_moves_it_already() -> None:
+    """It holds gpu:1 on node2 (the plan's count, another node: ``matches`` alone would let
+    it be) where it was released with gpu:1 on node1: a change flagged ``overreach``; while
+    an intent of its own is open (a move under way), it is not judged."""
+    from icefrog_slurm.domain.records import Intent
+
+    views, states = [_job(1)], {"1": _state(1, Gres("gpu", 1), node="node2")}
+    snap = replace(_snap(views, states), granted={1: _given("gpu:1")})
+    [job] = tick(snap, Everyone(), settings_from_mapping({})).jobs
+    assert (job.action, job.overreach) == ("change", True)
+    intent = Intent(1, 1, 1, "change", {}, "running", 1, 0.0, 0.0)
+    [job] = tick(replace(snap, open_intents=(intent,)), Everyone(), settings_from_mapping({})).jobs
+    assert not job.overreach

@@ -13,7 +13,13 @@ import pytest
 
 from icefrog_slurm.domain.cluster import Gres, IcefrogTag, SlurmJobState
 from icefrog_slurm.slurm import capacity, commands, parse
-from icefrog_slurm.slurm.port import NodeGpus, SlurmJobDetail, SlurmUnavailable, SubmitRequest
+from icefrog_slurm.slurm.port import (
+    GresAllocation,
+    NodeGpus,
+    SlurmJobDetail,
+    SlurmUnavailable,
+    SubmitRequest,
+)
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 VERSIONS = ["slurm-22.05", "slurm-24.11", "slurm-26.05"]
@@ -45,7 +51,7 @@ def test_squeue_json_golden(version: str) -> None:
     )
     assert held.gres == Gres("gpu", 2) and held.num_nodes == 1 and held.priority == 0
     assert (held.user_id, held.group_id, held.partition, held.time_limit_min) == (0, 0, "gpu", None)
-    assert held.nodelist is None and held.req_nodes is None and not held.multiline_text
+    assert held.nodelist is None and held.req_nodes is None
     run = live_by_key(jobs, "golden-run")
     assert run.state_view().holds_resources and run.nodelist == "node[1-2]"
     assert run.num_nodes == 2 and run.restarts == 0 and run.name == "icefrog-run"
@@ -74,7 +80,7 @@ def test_hostile_fields_cannot_pass_for_slurm_fields(version: str) -> None:
     jobs = golden_jobs(version)
     [hostile] = [j for j in jobs.values() if j.name.startswith("hostile")]
     assert (hostile.user_id, hostile.group_id) == (65534, 65534)
-    assert "UserId=root(0)" in hostile.work_dir and hostile.multiline_text
+    assert "UserId=root(0)" in hostile.work_dir
     assert hostile.name == "hostile\n1|RUNNING|gres:gpu:4"
     assert hostile.tag == IcefrogTag(
         "decoy", previous_id="1", signature="00\nJobId=1 UserId=root(0)"
@@ -135,41 +141,62 @@ def test_squeue_json_newer_layout() -> None:
     assert job.tag == IcefrogTag("k", previous_id="5", signature="abc")
 
 
+def _allocations(version: str, key: str) -> tuple[GresAllocation, ...]:
+    job = live_by_key(golden_jobs(version), key)
+    return parse.gres_allocations(job.gres_detail, job.nodelist or "")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_array_and_heterogeneous_jobs_are_compound(version: str) -> None:
+    """Slurm acts on every task of an array, or part of a heterogeneous job, by one id: such
+    a job is marked, whatever its comment says (22.05 numbers, 24.11 number objects)."""
+    doc = json.loads(golden(version, "squeue.json"))
+    [record] = [r for r in doc["jobs"] if r["name"] == "icefrog-held"]
+
+    def compound(**fields: Any) -> bool:
+        one = {**record, **fields}
+        [job] = parse.parse_squeue_json(json.dumps({**doc, "jobs": [one]})).values()
+        return job.compound and job.state_view().compound
+
+    number = record["array_job_id"]
+    set_to = (lambda n: n) if isinstance(number, int) else (lambda n: {**number, "number": n})
+    assert not compound()
+    assert compound(array_job_id=set_to(7), array_task_string="0-63")  # pending: not split
+    assert compound(array_job_id=set_to(7))  # a task started out of it
+    assert compound(het_job_id=set_to(7))
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_gres_detail_golden(version: str) -> None:
-    [gpu] = parse.parse_gres_detail(golden(version, "scontrol-d-running.txt"))
-    assert gpu.nodes == ("node1", "node2") and gpu.kind == "gpu"
-    assert gpu.count == 2 and gpu.indices == (0, 1)
-    [shard] = parse.parse_gres_detail(golden(version, "scontrol-d-shard.txt"))
+    """The golden squeue's running jobs: gpu:2 on node[1-2] (one entry a node), a shard on
+    node3 (22.05 ``IDX:0``, 24.11 ``1/2,0/2,...``)."""
+    gpu = _allocations(version, "golden-run")
+    assert [(a.nodes, a.kind, a.count, a.indices) for a in gpu] == [
+        (("node1",), "gpu", 2, (0, 1)),
+        (("node2",), "gpu", 2, (0, 1)),
+    ]
+    [shard] = _allocations(version, "golden-shard")
     assert (shard.nodes, shard.kind, shard.count, shard.indices) == (("node3",), "shard", 1, (0,))
 
 
-# every character str.splitlines ends a line at, beyond \n and \r
-SPLITLINES_BREAKS = ["\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+# every character str.splitlines ends a line at, besides \n and \r
+SPLITLINES_BREAKS = ["\n", "\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("brk", SPLITLINES_BREAKS)
 def test_a_comment_with_any_line_break_cannot_forge_a_gres_line(version: str, brk: str) -> None:
-    """A user's shard job whose comment (or name) breaks the line with a character other
-    than \\n, followed by a forged ``Nodes=... GRES=...`` line: the real line alone is read,
-    and the job's record says its text could be spoofed (so it is counted by shards)."""
-    real = golden(version, "scontrol-d-shard.txt")
-    [want] = parse.parse_gres_detail(real)
-    for forged in ("shard:1(IDX:z)", "shard:1(IDX:0-999999999999)", "gpu:4(IDX:0-3)"):
-        text = real.replace(
-            "Comment=icefrog:golden-shard;prev=2",
-            f"Comment=x{brk}     Nodes=node3 CPU_IDs=0 Mem=400 GRES={forged}",
-        )
-        assert parse.parse_gres_detail(text) == (want,)
+    """A user's shard job whose comment (or name) breaks the line, followed by a forged
+    ``Nodes=... GRES=...`` line (what ``scontrol show job -d`` prints): the job's
+    allocation is Slurm's own, from its JSON record."""
     doc = json.loads(golden(version, "squeue.json"))
-    record = doc["jobs"][0]
-    record["comment"] = f"x{brk}Nodes=node3 GRES=shard:1(IDX:z)"
-    [job] = parse.parse_squeue_json(json.dumps({**doc, "jobs": [record]})).values()
-    assert job.multiline_text
-    record["comment"], record["name"] = "plain", f"n{brk}x"
-    [job] = parse.parse_squeue_json(json.dumps({**doc, "jobs": [record]})).values()
-    assert job.multiline_text
+    [record] = [r for r in doc["jobs"] if r["name"] == "icefrog-shard"]
+    want = _allocations(version, "golden-shard")
+    for forged in ("shard:1(IDX:z)", "shard:1(IDX:0-999999999999)", "gpu:4(IDX:0-3)"):
+        record["comment"] = f"x{brk}     Nodes=node3 CPU_IDs=0 Mem=400 GRES={forged}"
+        record["name"] = f"n{brk}Nodes=node3 GRES={forged}"
+        [job] = parse.parse_squeue_json(json.dumps({**doc, "jobs": [record]})).values()
+        assert parse.gres_allocations(job.gres_detail, job.nodelist or "") == want
 
 
 @pytest.mark.parametrize(
@@ -186,11 +213,12 @@ def test_a_comment_with_any_line_break_cannot_forge_a_gres_line(version: str, br
     ],
 )
 def test_gres_allocations_slurm_never_prints_are_parse_errors(gres: str) -> None:
-    """What the controller's capacity pass catches (``cli_backend.partition_capacity``):
-    a ParseError, never a ValueError that would end the round, and never a huge range."""
-    text = f"JobId=9 JobName=x\n     Nodes=node3 CPU_IDs=0 Mem=400 GRES={gres}\n"
+    """A ParseError, never a ValueError, and never a huge range; so is a detail that is not
+    one entry a node."""
     with pytest.raises(parse.ParseError, match="not understood"):
-        parse.parse_gres_detail(text)
+        parse.gres_allocations((gres,), "node3")
+    with pytest.raises(parse.ParseError, match="gres_detail of 1 nodes"):
+        parse.gres_allocations(("gpu:1(IDX:0)",), "node[1-2]")
 
 
 def test_gres_index_lists_slurm_prints() -> None:

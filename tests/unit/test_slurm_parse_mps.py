@@ -46,7 +46,9 @@ def test_squeue_json_reads_mps_requests(version: str) -> None:
 
 
 def test_gres_detail_names_the_gpu_an_mps_job_sits_on(version: str) -> None:
-    [mps] = parse.parse_gres_detail(golden(version, "scontrol-d-mps.txt"))  # (IDX:0) / (30/100,..)
+    jobs = parse.parse_squeue_json(golden(version, "squeue.json"))
+    [job] = [j for j in jobs.values() if j.tag and j.tag.key == "golden-mps-a"]
+    [mps] = parse.gres_allocations(job.gres_detail, job.nodelist or "")  # (IDX:0) / (30/100,..)
     assert (mps.nodes, mps.kind, mps.count, mps.indices) == (("node1",), "mps", 30, (0,))
 
 

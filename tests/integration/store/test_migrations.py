@@ -126,7 +126,7 @@ def test_cli_history_lists_every_revision_newest_first(
     code, out, _ = _db(capsys, "history")
     lines = out.strip().splitlines()
     assert code == 0
-    assert lines[0].startswith(f"0005 -> {migrate.head_revision()} (head), ")
+    assert lines[0].startswith(f"0006 -> {migrate.head_revision()} (head), ")
     assert lines[-1] == "<base> -> 0001, initial schema"
     assert len(lines) == len(migrate.history()) >= 5
 

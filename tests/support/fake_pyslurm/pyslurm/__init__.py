@@ -217,6 +217,8 @@ class Job:
     comment = property(lambda self: _null(self._f.get("Comment")))
     time_limit = property(lambda self: _minutes(self._f.get("TimeLimit", "")))
     gres_per_node = property(lambda self: _gres_dict(self._f.get("TresPerNode")))
+    array_id = property(lambda self: int(self._f.get("ArrayJobId", "0")) or None)
+    het_job_id = property(lambda self: int(self._f.get("HetJobId", "0")) or None)
 
     def to_dict(self) -> dict[str, Any]:
         keys = [k for k, v in vars(Job).items() if isinstance(v, property)]
