@@ -1,9 +1,10 @@
 """How long the state store's part of a controller tick takes with many jobs.
 
 Fills a fresh database with JOBS active jobs (each with profile samples, per-layer gradient
-statistics of several epochs and metrics), then times: ``store.snapshot()`` (a fresh read:
-every row read and decoded), the snapshot a tick reads in its own transaction once nothing
-changed since the last (the store's cache, store/snapcache.py, re-reads only changed rows),
+statistics of several epochs, metrics and a history of INTENTS done intents), then times:
+``store.snapshot()`` (a fresh read: every row read and decoded, each job's last done intent
+included), the snapshot a tick reads in its own transaction once nothing changed since the
+last (the store's cache, store/snapcache.py, re-reads only changed rows),
 and one tick transaction (that snapshot, a round with an allocation for every job and an
 intent for a tenth of them). Prints the figures; asserts nothing.
 
@@ -22,9 +23,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from sqlalchemy import update
+
 from icefrog_slurm.domain.records import Allocation
 from icefrog_slurm.protocol import GradStats, MetricReport
 from icefrog_slurm.store.migrate import upgrade
+from icefrog_slurm.store.models import IntentRow
 from icefrog_slurm.store.sql import SqlStore
 from tests.integration.store.helpers import sample, spec
 
@@ -77,6 +81,11 @@ def fill(
                 tx.put_grad_stats(job_id=job_id, stats=stats, now=2.0)
                 tx.put_metric(job_id=job_id, metric=MetricReport(e, "val_acc", 0.1 * e), now=2.0)
             ids.append(job_id)
+        target = {"gres": "gpu:1", "num_nodes": 1, "nodes": ["node1"]}
+        for k in range(args.intents):  # each job's history of moves, all done
+            action = ("start", "change", "stop", "requeue")[k % 4]
+            tx.add_intents(intents=[(j, action, {"target": target}) for j in ids], now=3.0 + k)
+        tx._s.execute(update(IntentRow).values(status="done"))
     return ids
 
 
@@ -102,6 +111,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=50)
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--samples", type=int, default=10)
+    p.add_argument("--intents", type=int, default=20, help="done intents a job (its history)")
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
     with database(args) as url:

@@ -140,4 +140,4 @@ class StoreSnapshot:
     open_intents: tuple[Intent, ...] = field(default=())
     measured: bool = True  # False: the views hold no samples, metrics or gradient statistics
     granted: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
-    """Job id -> the target its last done start/change/stop intent left it with."""
+    """Active job id -> the target its last done start/change/stop intent left it with."""

@@ -216,9 +216,10 @@ class LedgerTx:
     def granted(self) -> dict[int, dict[str, Any]]:
         """Each active job's target (``SlurmRequest.params``) as its last done ``start``,
         ``change`` or ``stop`` intent left it: what the controller released it with, or
-        held it at. A job no such intent has ended yet is absent."""
+        held it at (a job the store still records pending may have started since). A job
+        no such intent has ended yet is absent."""
         rows = self._s.execute(_LAST_GRANTS)
-        return {r.job_id: dict(r.params.get("target") or {}) for r in rows if r.params}
+        return {r.job_id: dict(r.params) for r in rows if r.params is not None}
 
     def intent(self, intent_id: int) -> Intent:
         row = self._s.execute(_INTENT, dict(p_id=intent_id)).first()
@@ -422,7 +423,7 @@ _I, _A = table(IntentRow).c, table(SlurmActionRow).c
 _INTENT_COLUMNS = select(*(_I[n] for n in field_names(Intent)))
 _OPEN_INTENTS = _INTENT_COLUMNS.where(_I.status.in_(OPEN_INTENT_STATES)).order_by(_I.id)
 _LAST_GRANT = (
-    select(_I.params)
+    select(_I.params["target"])
     .where(
         _I.job_id == JobRow.id,
         _I.status == "done",

@@ -211,6 +211,34 @@ def test_reconcile_intents_and_the_audit_log(store: SqlStore) -> None:
             tx.mark_finished(job_id=999, report=FinishedReport("failed", 1, 0.0), now=9.0)
 
 
+def test_granted_is_each_active_jobs_last_done_start_change_or_stop(store: SqlStore) -> None:
+    """What the tick compares a running job with: the target of its last *done* ``start``,
+    ``change`` or ``stop`` intent; a later open, failed or superseded one, or an intent of
+    another kind, does not count; a job with none, or ended, is absent."""
+    moved, fresh, ended = _job(store, "100"), _job(store, "101"), _job(store, "102")
+
+    def target(gres: str | None, *nodes: str) -> dict[str, object]:
+        return {"gres": gres, "num_nodes": 1, "nodes": list(nodes)}
+
+    with store.transaction() as tx:
+        steps = [
+            (moved, "start", target("gpu:1", "node1"), "done"),
+            (moved, "change", target("gpu:2", "node2"), "done"),
+            (moved, "requeue", target(None), "done"),
+            (moved, "stop", target(None), "failed"),
+            (fresh, "start", target("gpu:1", "node3"), "failed"),
+            (ended, "stop", target(None), "done"),
+        ]
+        for n, (job, action, goal, status) in enumerate(steps):
+            intent = tx.add_intent(action=action, params={"target": goal}, now=n, job_id=job)
+            tx.finish_intent(intent_id=intent, status=status, now=n + 0.5)
+        tx.add_intent(action="change", params={"target": target("gpu:4")}, now=9, job_id=moved)
+        tx.set_state(job_id=ended, state="cancelled", now=10.0)
+    with store.transaction() as tx:
+        assert tx.granted() == {moved: target("gpu:2", "node2")}
+    assert store.snapshot().granted == {moved: target("gpu:2", "node2")}
+
+
 def test_a_rounds_intents_written_at_once(store: SqlStore) -> None:
     """add_intents writes several pending intents in one statement, in the order given,
     each as add_intent would; none closes another."""
