@@ -28,6 +28,7 @@ from icefrog_slurm.domain.records import (
     SlurmAction,
 )
 from icefrog_slurm.errors import IcefrogError
+from icefrog_slurm.jsonio import printable
 from icefrog_slurm.store.models import (
     AcceptedReportRow,
     AllocationRow,
@@ -40,6 +41,8 @@ from icefrog_slurm.store.models import (
 
 _T = TypeVar("_T")
 MAX_DETAIL = 4000
+"""The most of an intent's or a Slurm command's detail kept, made printable first
+(``jsonio.printable``): Slurm's words may quote a job's name, its owner's text."""
 KEPT_REPORTS = 1024
 """Accepted reports of one Slurm job the ledger keeps, its latest by seq (a job's reports
 come in seq order; more than a drain's per-owner share, so the reports a drain applied
@@ -202,9 +205,9 @@ class LedgerTx:
             raise StoreError(
                 f"intent status {status!r}: must be one of {', '.join(INTENT_END_STATES)}"
             )
+        kept = printable(detail, MAX_DETAIL - 3)  # (3: the '...' of a cut)
         done = self._s.execute(
-            _FINISH_INTENT,
-            dict(p_id=intent_id, p_status=status, p_now=now, p_detail=detail[:MAX_DETAIL]),
+            _FINISH_INTENT, dict(p_id=intent_id, p_status=status, p_now=now, p_detail=kept)
         )
         if not done.rowcount:  # type: ignore[attr-defined]
             raise StoreError(f"no intent {intent_id}")
@@ -251,7 +254,7 @@ class LedgerTx:
             command=list(command),
             outcome=outcome,
             rc=rc,
-            detail=detail[:MAX_DETAIL],
+            detail=printable(detail, MAX_DETAIL - 3),
             duration_s=duration_s,
         )
         return int(self._s.execute(_LOG_ACTION, values).scalar_one())

@@ -239,6 +239,22 @@ def test_granted_is_each_active_jobs_last_done_start_change_or_stop(store: SqlSt
     assert store.snapshot().granted == {moved: target("gpu:2", "node2")}
 
 
+def test_details_are_stored_printable(store: SqlStore) -> None:
+    """Slurm's words in an intent's or a command's detail may quote a job's name (its
+    owner's text: an escape sequence, a line break): stored escaped, never as they came."""
+    job_id = _job(store)
+    said = "scontrol update jobid=100: Invalid job name 'x\x1b]0;pwned\x07\ny'"
+    with store.transaction() as tx:
+        intent = tx.add_intent(action="start", params={}, now=1.0, job_id=job_id)
+        tx.log_action(action="update", command=("scontrol",), outcome="error", now=2.0,
+                      duration_s=0.1, detail=said, job_id=job_id, intent_id=intent)  # fmt: skip
+        tx.finish_intent(intent_id=intent, status="failed", now=3.0, detail=said)
+    with store.transaction() as tx:
+        (act,) = tx.actions(job_id=job_id)
+        for text in (act.detail, tx.intent(intent).detail):
+            assert text.isprintable() and "\\x1b]0;pwned\\x07\\x0ay'" in text
+
+
 def test_a_rounds_intents_written_at_once(store: SqlStore) -> None:
     """add_intents writes several pending intents in one statement, in the order given,
     each as add_intent would; none closes another."""
