@@ -198,30 +198,21 @@ def _detail_of(value: Any) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=8192)
 def _gpus_by_node(detail: tuple[str, ...], nodelist: str) -> tuple[tuple[str, int], ...] | None:
-    """``gres_detail`` (one string a node of the job's node list, in order:
-    ``gpu:a800:2(IDX:0-1)``, ``shard:1(IDX:0)``, 24.11's ``shard:1(1/2,0/2,0/2,0/2)``) ->
-    the GPUs the job holds on each node: its whole GPUs and the GPUs its shards or MPS sit
-    on. None where Slurm gave none (a pending job) or it does not read as one entry a node
-    with device indices (the caller then counts by the request). Remembered: a job shows
-    the same allocation at every poll (a hostlist's expansion is the costly part)."""
+    """``gres_detail`` (:func:`gres_allocations`) -> the GPUs the job holds on each node:
+    its whole GPUs and the GPUs its shards or MPS sit on. None where Slurm gave none (a
+    pending job) or it does not read as one entry a node with device indices (the caller
+    then counts by the request). Remembered: a job shows the same allocation at every poll
+    (a hostlist's expansion is the costly part)."""
     if not detail:
         return None
     try:
-        names = (nodelist,) if _NODE_NAME.fullmatch(nodelist) else expand_hostlist(nodelist)
+        by_node = _allocations_by_node(detail, nodelist)
     except ParseError:
         return None
-    if len(names) != len(detail):
-        return None
     out = []
-    for name, text in zip(names, detail, strict=True):
+    for name, allocs in by_node:
         whole, shared = 0, set[int]()
-        for item in _split_top(text):
-            if not item.strip():
-                continue
-            try:
-                alloc = _gres_item(item, (name,))
-            except ParseError:
-                return None
+        for alloc in allocs:
             if alloc.kind == "gpu":
                 whole += len(alloc.indices) or alloc.count
             elif alloc.kind in SHARED_KINDS:
@@ -230,6 +221,22 @@ def _gpus_by_node(detail: tuple[str, ...], nodelist: str) -> tuple[tuple[str, in
                 shared.update(alloc.indices)
         out.append((name, whole + len(shared)))
     return tuple(out)
+
+
+def _allocations_by_node(
+    detail: tuple[str, ...], nodelist: str
+) -> tuple[tuple[str, tuple[GresAllocation, ...]], ...]:
+    """``gres_detail``, one string a node of the job's node list, in order
+    (``gpu:a800:2(IDX:0-1)``, ``shard:1(IDX:0)``, 24.11's ``shard:1(1/2,0/2,0/2,0/2)``) ->
+    (node, its allocations) a node; a ParseError where it does not read so. One node name
+    is taken as it is, not expanded as a hostlist."""
+    names = (nodelist,) if _NODE_NAME.fullmatch(nodelist) else expand_hostlist(nodelist)
+    if len(names) != len(detail):
+        raise ParseError(f"gres_detail of {len(detail)} nodes for {nodelist[:80]!r}")
+    return tuple(
+        (name, tuple(_gres_item(item, (name,)) for item in _split_top(text) if item.strip()))
+        for name, text in zip(names, detail, strict=True)
+    )
 
 
 def _host_share(r: Mapping[str, Any]) -> dict[str, int | None]:
@@ -358,18 +365,11 @@ def _gres_item(item: str, nodes: tuple[str, ...]) -> GresAllocation:
 
 
 def gres_allocations(detail: tuple[str, ...], nodelist: str) -> tuple[GresAllocation, ...]:
-    """squeue's ``gres_detail`` (one string a node of the job's node list, in order) -> a
-    GresAllocation a node and kind: which device indices. A detail that does not read as
-    one entry a node is a ParseError."""
-    names = expand_hostlist(nodelist) if detail else ()
-    if len(names) != len(detail):
-        raise ParseError(f"gres_detail of {len(detail)} nodes for {nodelist[:80]!r}")
-    return tuple(
-        _gres_item(item, (name,))
-        for name, text in zip(names, detail, strict=True)
-        for item in _split_top(text)
-        if item.strip()
-    )
+    """squeue's ``gres_detail`` -> a GresAllocation a node and kind: which device indices
+    (:func:`_allocations_by_node`; a ParseError where it does not read so)."""
+    if not detail:
+        return ()
+    return tuple(a for _, allocs in _allocations_by_node(detail, nodelist) for a in allocs)
 
 
 def parse_sinfo_nodes(text: str) -> tuple[NodeGpus, ...]:
