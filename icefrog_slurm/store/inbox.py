@@ -100,14 +100,14 @@ line (each is still recorded and archived): a user's junk cannot flood the journ
 
 @dataclass(frozen=True)
 class SlurmJobFacts:
-    """What Slurm says of a job: its owner's uid, whether it carries the icefrog tag,
-    whether it is pending held and whether it is a single job, no array or heterogeneous
-    job (True where a stand-in lookup does not say)."""
+    """What Slurm says of a job: its owner's uid, whether it carries the icefrog tag, whether
+    it is pending held (True where a stand-in lookup does not say) and whether it is an
+    array or heterogeneous job (``SlurmJobState.compound``)."""
 
     uid: int
     icefrog: bool
     held: bool = True
-    single: bool = True
+    compound: bool = False
 
 
 SlurmJobsLookup = Callable[[Collection[str]], Mapping[str, SlurmJobFacts]]
@@ -135,9 +135,7 @@ def slurm_jobs_of(cluster: _Polls) -> SlurmJobsLookup:
     def lookup(job_ids: Collection[str]) -> dict[str, SlurmJobFacts]:
         polled = cluster.poll(job_ids=job_ids)
         return {
-            k: SlurmJobFacts(
-                uid=j.user_id, icefrog=j.is_icefrog, held=j.held, single=not j.compound
-            )
+            k: SlurmJobFacts(uid=j.user_id, icefrog=j.is_icefrog, held=j.held, compound=j.compound)
             for k, j in polled.items()
         }
 
@@ -164,7 +162,7 @@ class _Owner:
     icefrog: bool  # Slurm shows the icefrog tag
     held: bool  # Slurm shows it pending held
     ended: bool  # the store says it ended, or nobody knows it
-    single: bool = True  # no array or heterogeneous job
+    compound: bool = False  # an array or heterogeneous job
 
 
 class ReportInbox:
@@ -302,8 +300,8 @@ class ReportInbox:
             uid = fact.uid if fact is not None else (None if rec is None else rec[0])
             ended = rec[1] not in ACTIVE_STATES if rec is not None else fact is None
             icefrog, held = (False, False) if fact is None else (fact.icefrog, fact.held)
-            single = fact is None or fact.single
-            owners[job_id] = _Owner(uid, icefrog, held, ended, single)
+            compound = fact is not None and fact.compound
+            owners[job_id] = _Owner(uid, icefrog, held, ended, compound)
         return owners
 
     def _warn_squatters(self, folders: list[Folder], owners: dict[str, _Owner]) -> None:
@@ -355,7 +353,7 @@ class ReportInbox:
                             claim,
                             icefrog=owner.icefrog,
                             held=owner.held,
-                            single=owner.single,
+                            compound=owner.compound,
                             now=now,
                         )
                 except Rejected as exc:

@@ -32,7 +32,7 @@ class Claim:
 
 
 def apply_report(
-    tx: SqlStoreTx, claim: Claim, *, icefrog: bool, held: bool, now: float, single: bool = True
+    tx: SqlStoreTx, claim: Claim, *, icefrog: bool, held: bool, compound: bool, now: float
 ) -> tuple[str, int | None]:
     """Apply a checked report in ``tx``: ("accepted", the icefrog job's id), or
     ("duplicate", None) for a duplicate of an accepted one; raises Rejected when the store
@@ -54,7 +54,7 @@ def apply_report(
     payload = protocol.parse_payload(env.kind, env.payload)
     job = tx.job_by_slurm_id(env.slurm_job_id)
     if job is None:
-        job_id = _register(tx, claim, icefrog, held, payload, now, single=single)
+        job_id = _register(tx, claim, icefrog, held, payload, now, compound=compound)
     else:
         if job.owner_uid != claim.uid or job.name != env.job_name:
             raise Rejected(
@@ -86,7 +86,7 @@ def _register(
     payload: Any,
     now: float,
     *,
-    single: bool = True,
+    compound: bool,
 ) -> int:
     """A new icefrog job for a ``register`` report of an icefrog-tagged, pending-held Slurm
     job (``icefrog submit``'s); a job already running (or released) was started outside
@@ -99,7 +99,7 @@ def _register(
             f"Slurm job {env.slurm_job_id} does not carry the icefrog tag (comment "
             "icefrog:...): only jobs submitted by icefrog are adopted"
         )
-    if not single:
+    if compound:
         raise Rejected(
             f"Slurm job {env.slurm_job_id} is an array or heterogeneous job: Slurm would "
             "release all its parts at once; only single jobs are adopted"
