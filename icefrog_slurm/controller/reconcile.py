@@ -51,13 +51,13 @@ from typing import Any
 
 from icefrog_slurm.controller.decisions import DecisionWriter
 from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort, StoreTx
-from icefrog_slurm.controller.record import signalled_at
+from icefrog_slurm.controller.record import RESUBMITTED_FROM, STARTED, carried, signalled_at
 from icefrog_slurm.controller.release_timing import ReleaseTiming
 from icefrog_slurm.controller.requeue import REQUEUE, EndedJobs, requeue_ended, requeue_hold
 from icefrog_slurm.controller.tick import launch_refused, matches, run_dir_of
 from icefrog_slurm.domain.cluster import SlurmJobState
 from icefrog_slurm.domain.plan import Plan, SlurmRequest
-from icefrog_slurm.domain.records import ACTIVE_STATES, Intent
+from icefrog_slurm.domain.records import ACTIVE_STATES, Intent, JobRecord
 from icefrog_slurm.errors import LostLead
 from icefrog_slurm.jsonio import printable
 from icefrog_slurm.settings import Settings
@@ -188,7 +188,10 @@ class Reconciler:
                 self._finish(tx, intent, "done", "the job has ended")
                 return "done"
             tx.start_intent(intent_id=intent.id, now=self.clock.now())
+            begun = carried(tx, intent).get(RESUBMITTED_FROM)
         try:
+            if begun == job.slurm_job_id:
+                job = self._link_successor(intent, job)
             if intent.action == REQUEUE:
                 detail = self._requeue_ended(intent, job.id, job.slurm_job_id, result)
             else:
@@ -210,6 +213,18 @@ class Reconciler:
             sid = tx.job(job.id).slurm_job_id  # a resubmission made it another Slurm job
         log.info("job=%d slurm_job=%s: %s done (%s)", job.id, sid, intent.action, detail)
         return "done"
+
+    def _link_successor(self, intent: Intent, job: JobRecord) -> JobRecord:
+        """A resubmission of the job's Slurm job was begun and not linked (the controller
+        stopped between its sbatch and the link, and a new round may since have changed the
+        target): link the job made then, found by its signed tag, so that it is planned and
+        its predecessor cancelled, never left held for ever."""
+        new = self.cluster.find_successor(job_id=job.slurm_job_id, owner_uid=job.owner_uid)
+        if new is None:  # the sbatch never took effect
+            return job
+        self._link(intent, job.id, new, "resubmitted (recovered)")
+        with self.store.transaction() as tx:
+            return tx.job(job.id)
 
     def _converge(
         self,
@@ -352,6 +367,12 @@ class Reconciler:
         assert target.gres is not None
         gres, nodes, owner = target.gres, target.nodes or None, self._owner(job_id)
         box: list[str] = []
+        with self.store.transaction() as tx:  # a kill from here to the link: _link_successor
+            tx.log_action(
+                action="resubmit", command=("resubmit", sid), outcome=STARTED,
+                now=self.clock.now(), duration_s=0.0, slurm_job_id=sid, job_id=job_id,
+                intent_id=intent.id,
+            )  # fmt: skip
 
         def go() -> None:
             box.append(

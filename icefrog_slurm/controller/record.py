@@ -10,8 +10,11 @@ the last done intent says what the job was released with (``tick.overreaches``).
 whose job was already asked to checkpoint is never superseded as "converged": the job is
 exiting (or has exited, status 75) to be requeued, so a new round turns it into a move to
 the new target that inherits the signal time (no second signal), and the job is requeued
-and restarted, never recorded as failed. A job the tick says ``failed`` gets a ``requeue``
-intent instead (``requeue.py``: it may have checkpointed before its time limit).
+and restarted, never recorded as failed. A move whose gpu<->shard resubmission was begun
+and not linked (the controller stopped between the sbatch and the link) is never superseded
+as "converged" either: the intent that replaces it looks for the job made then
+(``resubmitted_from``). A job the tick says ``failed`` gets a ``requeue`` intent instead
+(``requeue.py``: it may have checkpointed before its time limit).
 """
 
 from __future__ import annotations
@@ -62,12 +65,15 @@ def record(plan: Plan, tx: StoreTx) -> int:
         current = open_by_job.get(job.job_id)
         target = job.target.params()
         current_target = None if current is None else current.params.get("target")
-        signalled = None if current is None else signalled_at(tx, current)
+        carry = {} if current is None else carried(tx, current)
+        if carry.get(RESUBMITTED_FROM) != job.slurm_job_id:
+            carry.pop(RESUBMITTED_FROM, None)  # linked: its successor is the job's now
         action: str = job.action
-        if action == "none" and signalled is not None:
-            # Asked to checkpoint, it is exiting (or has exited) to be requeued: the move
-            # must go on to the new target, never end as "converged" (the job would then
-            # be recorded as failed once it exits).
+        if action == "none" and carry:
+            # Asked to checkpoint, it is exiting (or has exited) to be requeued; or a job
+            # made in its place is not linked yet: the move must go on to the new target,
+            # never end as "converged" (the job would then be recorded as failed once it
+            # exits, or the job made in its place be left held for ever).
             action = "stop" if job.target.gres is None else "change"
         if action == "none":
             if current is not None and plan.round_no is not None:
@@ -90,8 +96,7 @@ def record(plan: Plan, tx: StoreTx) -> int:
             "slurm_job_id": job.slurm_job_id,
             "round": plan.round_no,
         }
-        if signalled is not None:
-            params["signalled_at"] = signalled  # not signalled twice: wait for that one
+        params.update(carry)  # not signalled twice; the job made in its place is found
         if job.overreach:
             params["overreach"] = True  # requeued at once (reconcile)
         new.append((job.job_id, action, params))  # superseding done above, job by job
@@ -99,17 +104,33 @@ def record(plan: Plan, tx: StoreTx) -> int:
     return added + len(new)
 
 
+SIGNALLED_AT = "signalled_at"
+RESUBMITTED_FROM = "resubmitted_from"
+STARTED = "started"  # the outcome of a resubmission logged before its sbatch runs
+
+
+def carried(tx: StoreTx, intent: Intent) -> dict[str, Any]:
+    """What an intent hands on to the one that supersedes it, from its own audit log or
+    what it was handed itself: ``signalled_at``, when the job was asked to checkpoint for
+    this move (``change`` or ``stop``), and ``resubmitted_from``, the Slurm job a
+    resubmission was begun from (logged ``resubmit`` / ``started`` before its sbatch)."""
+    actions = tx.actions(intent_id=intent.id)
+    out: dict[str, Any] = {}
+    times = [a.time for a in actions if a.action == "signal" and a.outcome == "ok"]
+    inherited = intent.params.get(SIGNALLED_AT)
+    if isinstance(inherited, (int, float)):
+        times.append(float(inherited))
+    if times and intent.action in ("change", "stop"):
+        out[SIGNALLED_AT] = max(times)
+    begun = [a.slurm_job_id for a in actions if a.action == "resubmit" and a.outcome == STARTED]
+    source = begun[-1] if begun else intent.params.get(RESUBMITTED_FROM)
+    if isinstance(source, str):
+        out[RESUBMITTED_FROM] = source
+    return out
+
+
 def signalled_at(tx: StoreTx, intent: Intent) -> float | None:
     """When the job was asked to checkpoint for this move (its own ``signal`` action, or
     the one inherited from the intent it superseded); None when it was not."""
-    if intent.action not in ("change", "stop"):
-        return None
-    times = [
-        a.time
-        for a in tx.actions(intent_id=intent.id)
-        if a.action == "signal" and a.outcome == "ok"
-    ]
-    inherited = intent.params.get("signalled_at")
-    if isinstance(inherited, (int, float)):
-        times.append(float(inherited))
-    return max(times) if times else None
+    value = carried(tx, intent).get(SIGNALLED_AT)
+    return None if value is None else float(value)

@@ -232,7 +232,7 @@ class SlurmActionRow(Base):
     slurm_job_id: Mapped[str | None] = mapped_column(String(32))
     action: Mapped[str] = mapped_column(String(32))
     command: Mapped[list[str]]
-    outcome: Mapped[str] = mapped_column(String(16))  # ok, error, timeout
+    outcome: Mapped[str] = mapped_column(String(16))  # ok, error, timeout; started (resubmit)
     rc: Mapped[int | None]
     detail: Mapped[str] = mapped_column(Text, default="")
     duration_s: Mapped[float]

@@ -297,3 +297,42 @@ def test_killed_while_moving_to_a_shared_gpu_converges_after_restart(
     shared = Gres("shard", 1) if sharing == "shard" else Gres("mps", 50)  # not predicted: half
     assert running(cluster, live[0].job_id).gres == shared
     store.close()
+
+
+@pytest.mark.parametrize("then", ["whole", "stop"])
+def test_killed_after_a_resubmission_s_sbatch_then_a_new_plan_leaves_no_stray_job(
+    then: str, tmp_path: Path, job_dir: Path, cluster: SlurmCliBackend, tag: str
+) -> None:
+    """Killed between a move's sbatch (a shard job made as the owner) and its link; the
+    restarted controller's first round plans the job back on a whole GPU, or stops it:
+    the job made before the kill is found by its signed tag, not left held for ever."""
+    from tests.integration.controller.support import FixedPolicy
+
+    settings = make_settings(tmp_path, "shard", checkpoint_timeout_s=15.0)
+    store = make_store(settings)
+    job, sid, _ = submit_job(store, cluster, job_dir, tag, held=False)
+    running(cluster, sid)
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(
+        target=_move_child,
+        args=(settings.store.url, settings.state.dir, job, "run:sbatch", 1, "shard"),
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == -9
+    assert len(live_tagged(cluster, tag)) == 2  # the old job, held, and the new one
+
+    clock = OffsetClock()
+    clock.next_round(settings)  # the restart comes after the round period: a new plan
+    policy = FixedPolicy({job: (1, False, ("node4",))} if then == "whole" else {})
+    converge(make_controller(settings, SqlStore(settings.store.url), policy, clock))
+    live = live_tagged(cluster, tag)
+    assert len(live) == 1, live  # neither job left behind
+    with store.transaction() as tx:
+        assert tx.open_intents() == []
+        assert tx.job(job).slurm_job_ids[-1] == live[0].job_id
+    if then == "whole":
+        assert running(cluster, live[0].job_id).gres == Gres("gpu", 1)
+    else:
+        assert live[0].held  # it waits, as the plan says
+    store.close()
