@@ -32,6 +32,17 @@ def record(plan: Plan, tx: StoreTx) -> int:
     the number of new intents. A job the tick says ``failed`` gets a ``requeue`` intent
     instead: reconcile requeues it if it checkpointed first, else records it failed."""
     added = 0
+    if plan.round_no is not None:  # first: the intents below name it
+        tx.record_round(
+            round_no=plan.round_no,
+            now=plan.time,
+            policy=plan.policy,
+            capacity_gpus=plan.capacity_gpus,
+            allocations=[j.allocation for j in plan.jobs],
+            solve_s=plan.solve_s,
+            min_share=plan.min_share,
+            reasons={j.job_id: j.reason for j in plan.jobs if j.reason},
+        )
     for job_id, state in plan.state_changes:
         if state == "failed":
             # it may have checkpointed and exited to be requeued (a time limit's signal):
@@ -48,17 +59,6 @@ def record(plan: Plan, tx: StoreTx) -> int:
             added += 1
             continue
         tx.set_state(job_id=job_id, state=state, now=plan.time)
-    if plan.round_no is not None:
-        tx.record_round(
-            round_no=plan.round_no,
-            now=plan.time,
-            policy=plan.policy,
-            capacity_gpus=plan.capacity_gpus,
-            allocations=[j.allocation for j in plan.jobs],
-            solve_s=plan.solve_s,
-            min_share=plan.min_share,
-            reasons={j.job_id: j.reason for j in plan.jobs if j.reason},
-        )
     open_by_job = {i.job_id: i for i in tx.open_intents() if i.job_id is not None}
     new: list[NewIntent] = []
     for job in plan.jobs:

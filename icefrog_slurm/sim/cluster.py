@@ -123,11 +123,12 @@ class SimCluster:
         """Slurm job ids holding shards (or MPS shares) of one GPU."""
         return tuple(self._nodes[node][index].shards)
 
-    def complete(self, *, job_id: str) -> None:
-        """The job's batch script exited 0 (training reached its end)."""
+    def complete(self, *, job_id: str, state: str = "COMPLETED", reason: str = "None") -> None:
+        """The job's batch script ended: exit 0 (training reached its end) by default, or
+        as ``state`` says (``TIMEOUT`` with reason ``TimeLimit``: its time limit)."""
         job = self._get(job_id)
         self._free(job)
-        job.state, job.reason = "COMPLETED", "None"
+        job.state, job.reason = state, reason
 
     def schedule(self) -> list[str]:
         """Slurm's main scheduler pass: start every released pending job that fits, in
@@ -203,7 +204,7 @@ class SimCluster:
 
     def requeue_hold(self, *, job_id: str) -> None:
         job = self._get(job_id)
-        if job.state not in ("RUNNING", "COMPLETED", "PENDING"):
+        if job.state not in ("RUNNING", "COMPLETED", "FAILED", "TIMEOUT", "PENDING"):
             raise SlurmRejected(f"job {job_id} is {job.state}, cannot requeue")
         self._free(job)
         job.state, job.reason = "PENDING", HELD_REASON
@@ -435,7 +436,7 @@ class SimCluster:
         return [(node, index)]
 
 
-_ENDED = frozenset({"COMPLETED", "CANCELLED", "FAILED"})
+_ENDED = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT"})
 
 
 def _comment(job: _Job) -> str:

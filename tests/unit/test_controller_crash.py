@@ -1,0 +1,188 @@
+"""A controller killed or faulted between steps, then meeting what comes next (a new round
+with another plan, the job's end, its time limit): the real controller over the simulated
+Slurm, a SQLite store and a simulated clock, so each sequence is played exactly.
+
+A kill is an exception no handler catches (``Killed``, a BaseException) raised from the
+reconcile's step hook: the open transaction rolls back, as on SIGKILL; a restart is a new
+``Controller`` on the same store file and the same (simulated) Slurm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from icefrog_slurm.controller.daemon import Controller
+from icefrog_slurm.domain.cluster import Gres, IcefrogTag
+from icefrog_slurm.domain.plan import PolicyResult, Snapshot
+from icefrog_slurm.domain.records import Allocation
+from icefrog_slurm.settings import Settings, settings_from_mapping
+from icefrog_slurm.sim.cluster import SimCluster
+from icefrog_slurm.sim.engine import SimClock
+from icefrog_slurm.slurm.port import SubmitRequest
+from icefrog_slurm.store import migrate
+from icefrog_slurm.store.sql import SqlStore
+from tests.integration.store.helpers import spec
+
+UID = 1000
+
+
+class Killed(BaseException):
+    """The controller dies at a step point."""
+
+
+@dataclass
+class Fixed:
+    """Decides what the test says: job id -> (GPUs, node); other jobs wait."""
+
+    decisions: dict[int, tuple[int, str]] = field(default_factory=dict)
+    name: str = "fixed"
+
+    def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
+        out = {}
+        for j in snapshot.jobs:
+            gpus, node = self.decisions.get(j.id, (0, ""))
+            nodes = (node,) if gpus else ()
+            out[j.id] = Allocation(
+                job_id=j.id, gpus=gpus, batch=32 if gpus else 0, frozen=0, nodes=nodes
+            )
+        return PolicyResult(allocations=out)
+
+
+class Files:
+    """The job folders: decisions written, checkpoint markers by folder."""
+
+    def __init__(self) -> None:
+        self.marks: dict[str, float] = {}
+
+    def write_decision(self, *, run_dir: str, decision: Any, owner_uid: int) -> None:
+        pass
+
+    def checkpoint_marked(self, *, run_dir: str, since: float, owner_uid: int) -> bool:
+        return self.marks.get(run_dir, -1.0) >= since
+
+
+class World:
+    """One simulated site: Slurm, the store, the clock, and a controller to kill."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.settings = settings_from_mapping(
+            {
+                "state": {"dir": str(tmp)},
+                "controller": {
+                    "round_period_s": 300.0,
+                    "reconcile_poll_s": 2.0,
+                    "checkpoint_timeout_s": 120.0,
+                    "release_gap_s": 2.0,
+                },
+            }
+        )
+        migrate.upgrade(self.settings.store.url)
+        self.signals: list[str] = []
+        self.cluster = SimCluster(
+            nodes=3, gpus_per_node=4, shards_per_gpu=2, user_id=UID, on_signal=self.signals.append
+        )
+        self.clock = SimClock(1_000_000.0)
+        self.files, self.policy = Files(), Fixed()
+        self.kill_at: Callable[[str], bool] | None = None
+        self.stores: list[SqlStore] = []
+        self.restart()
+
+    def restart(self) -> None:
+        self.store = SqlStore(self.settings.store.url)
+        self.stores.append(self.store)
+        self.ctl = Controller(
+            settings=self.settings, policy=self.policy, cluster=self.cluster, store=self.store,
+            clock=self.clock, files=self.files, after_step=self._step,
+        )  # fmt: skip
+
+    def _step(self, point: str) -> None:
+        if self.kill_at is not None and self.kill_at(point):
+            self.kill_at = None
+            raise Killed(point)
+
+    def submit(self, key: str) -> tuple[int, str]:
+        request = SubmitRequest(
+            script="", tag=IcefrogTag(key), name=key, gres=Gres("gpu", 1), workdir=f"/sim/{key}"
+        )
+        sid = self.cluster.submit_held(request=request)
+        with self.store.transaction() as tx:
+            job = tx.create_job(name=key, owner_uid=UID, owner_user="u", slurm_job_id=sid,
+                                spec=spec(), now=self.clock.now())  # fmt: skip
+        return job, sid
+
+    def tick(self, advance: float = 2.0) -> bool:
+        """One tick, then Slurm's scheduler and the clock move on; False when killed."""
+        try:
+            self.ctl.tick_once()
+            alive = True
+        except Killed:
+            alive = False
+        self.cluster.schedule()
+        self.clock.sleep(advance)
+        return alive
+
+    def ticks(self, n: int, advance: float = 2.0) -> None:
+        for _ in range(n):
+            assert self.tick(advance), "killed"
+
+    def next_round(self, decisions: dict[int, tuple[int, str]]) -> None:
+        self.clock.sleep(self.settings.controller.round_period_s + 1)
+        self.policy.decisions = decisions
+
+    def slurm(self, sid: str) -> tuple[str, str, str, bool]:
+        s = self.cluster.poll(job_ids=[sid])[sid]
+        return s.state, str(s.gres), s.nodelist, s.held
+
+    def job(self, job_id: int) -> Any:
+        with self.store.transaction() as tx:
+            return tx.job(job_id)
+
+    def intents(self, job_id: int) -> list[tuple[str, str, str]]:
+        """(action, status, detail) of the job's intents, oldest first."""
+        from sqlalchemy import text
+
+        with self.store.engine.connect() as c:
+            rows = c.execute(
+                text("select action, status, detail from intents where job_id=:j order by id"),
+                {"j": job_id},
+            )
+            return [tuple(r) for r in rows]  # type: ignore[misc]
+
+    def close(self) -> None:
+        for s in self.stores:
+            s.close()
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Any:
+    w = World(tmp_path)
+    yield w
+    w.close()
+
+
+def test_a_job_that_ended_on_its_own_seen_first_by_a_round_does_not_stop_every_round(
+    world: World,
+) -> None:
+    """The first tick to see a job end at its time limit is a round (the controller was down
+    longer than a round period): its requeue intent names the round, which must be recorded
+    first, or every tick's transaction fails for every job from then on."""
+    a, sid_a = world.submit("a")
+    b, sid_b = world.submit("b")
+    world.policy.decisions = {a: (1, "sim0000")}
+    world.ticks(3)
+    assert world.slurm(sid_a)[0] == "RUNNING"
+    world.files.marks["/sim/a"] = world.clock.now() + 10  # checkpointed before its limit
+    world.cluster.complete(job_id=sid_a, state="TIMEOUT", reason="TimeLimit")
+    world.next_round({a: (1, "sim0000"), b: (1, "sim0001")})
+    world.restart()
+    world.ticks(4)
+    assert world.slurm(sid_b)[:2] == ("RUNNING", "gpu:1")  # the round went on for others
+    assert world.slurm(sid_a)[::3] == ("PENDING", True)  # requeued held: it checkpointed
+    world.next_round({a: (1, "sim0000"), b: (1, "sim0001")})
+    world.ticks(3)
+    assert world.slurm(sid_a)[0] == "RUNNING"  # and the next round started it again
