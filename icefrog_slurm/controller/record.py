@@ -5,7 +5,8 @@ happens on Slurm (the :class:`~icefrog_slurm.controller.reconcile.Reconciler` en
 *intent* per job action (its target resources). An open intent whose target equals the new
 plan's is kept (its progress, e.g. "already asked to checkpoint", lives in the audit log); a
 different one is superseded; one whose job a round finds converged ends ``done`` when that
-was its own target (the controller stopped between enacting it and recording so), so that
+was its own target, or the job runs as that target asks (the controller stopped between
+enacting it and recording so), so that
 the last done intent says what the job was released with (``tick.overreaches``). A move
 whose job was already asked to checkpoint is never superseded as "converged": the job is
 exiting (or has exited, status 75) to be requeued, so a new round turns it into a move to
@@ -19,9 +20,11 @@ as "converged" either: the intent that replaces it looks for the job made then
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from icefrog_slurm.controller.ports import StoreTx
+from icefrog_slurm.controller.release_timing import REQUEUES
 from icefrog_slurm.controller.requeue import REQUEUE
 from icefrog_slurm.domain.plan import Plan
 from icefrog_slurm.domain.records import GRANTING_ACTIONS, Intent, NewIntent
@@ -79,7 +82,9 @@ def record(plan: Plan, tx: StoreTx) -> int:
             if current is not None and plan.round_no is not None:
                 # done when the job is where this intent was to bring it (the controller
                 # stopped before it recorded so): what the job was released with
-                reached = current.action in GRANTING_ACTIONS and current_target == target
+                reached = current.action in GRANTING_ACTIONS and (
+                    current_target == target or job.at_open_target
+                )
                 status = "done" if reached else "superseded"
                 tx.finish_intent(
                     intent_id=current.id, status=status, now=plan.time, detail="converged"
@@ -112,14 +117,18 @@ STARTED = "started"  # the outcome of a resubmission logged before its sbatch ru
 def carried(tx: StoreTx, intent: Intent) -> dict[str, Any]:
     """What an intent hands on to the one that supersedes it, from its own audit log or
     what it was handed itself: ``signalled_at``, when the job was asked to checkpoint for
-    this move (``change`` or ``stop``), and ``resubmitted_from``, the Slurm job a
-    resubmission was begun from (logged ``resubmit`` / ``started`` before its sbatch)."""
+    this move (``change`` or ``stop``) and has not been requeued since, and
+    ``resubmitted_from``, the Slurm job a resubmission was begun from (logged ``resubmit``
+    / ``started`` before its sbatch)."""
     actions = tx.actions(intent_id=intent.id)
     out: dict[str, Any] = {}
     times = [a.time for a in actions if a.action == "signal" and a.outcome == "ok"]
     inherited = intent.params.get(SIGNALLED_AT)
     if isinstance(inherited, (int, float)):
         times.append(float(inherited))
+    requeued = [a.time for a in actions if a.action in REQUEUES and a.outcome == "ok"]
+    if times and max(requeued, default=-math.inf) >= max(times):
+        times = []  # answered: the job was requeued since, and what runs now is a restart
     if times and intent.action in ("change", "stop"):
         out[SIGNALLED_AT] = max(times)
     begun = [a.slurm_job_id for a in actions if a.action == "resubmit" and a.outcome == STARTED]

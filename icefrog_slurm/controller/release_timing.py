@@ -86,7 +86,7 @@ class ReleaseTiming:
 SEEN_REQUEUE = "requeued"
 """The audit log's action for a requeue the controller saw but did not make (module
 docstring)."""
-_REQUEUES = ("requeue_hold", SEEN_REQUEUE)
+REQUEUES = ("requeue_hold", SEEN_REQUEUE)
 
 
 def last_move(actions: Sequence[SlurmAction], sid: str) -> str | None:
@@ -97,7 +97,7 @@ def last_move(actions: Sequence[SlurmAction], sid: str) -> str | None:
         for a in actions
         if a.slurm_job_id == sid
         and a.outcome == "ok"
-        and a.action in ("release", "hold", *_REQUEUES)
+        and a.action in ("release", "hold", *REQUEUES)
     ]
     return max(done, key=lambda a: a.time).action if done else None
 
@@ -106,7 +106,7 @@ def release_unfinished(actions: Sequence[SlurmAction], sid: str) -> bool:
     """Whether the Slurm job was requeued and not released since, by the job's audit log
     ``actions``: a controller stopped inside ``release_now`` released it without
     ``StartTime=now``, and Slurm would start it only ~2 minutes after the requeue."""
-    return last_move(actions, sid) in _REQUEUES
+    return last_move(actions, sid) in REQUEUES
 
 
 def after_requeue_gap(
@@ -118,7 +118,7 @@ def after_requeue_gap(
     requeues = [
         a.time
         for a in actions
-        if a.action in _REQUEUES and a.outcome == "ok" and a.slurm_job_id == sid
+        if a.action in REQUEUES and a.outcome == "ok" and a.slurm_job_id == sid
     ]
     return retry_wait_s(last_release=max(requeues, default=None), now=now, retry_s=gap_s) <= 0
 

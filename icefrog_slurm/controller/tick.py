@@ -78,7 +78,8 @@ def tick(snapshot: Snapshot, policy: Policy, settings: Settings) -> Plan:
         allocations[job_id] = Allocation(job_id=job_id, gpus=0, batch=0, frozen=0)
         reasons[job_id] = UNSHARED
     held = held_mps(live, allocations)
-    busy = {i.job_id for i in snapshot.open_intents}
+    open_targets = {i.job_id: i.params.get("target") for i in snapshot.open_intents}
+    busy = set(open_targets)
     jobs = tuple(
         _job_plan(
             j,
@@ -88,6 +89,7 @@ def tick(snapshot: Snapshot, policy: Policy, settings: Settings) -> Plan:
             moved=before is not None and before.get(j.id, ()) != allocations[j.id].nodes,
             held=held,
             overreach=j.id not in busy and overreaches(j, snapshot.granted.get(j.id)),
+            at_open_target=j.id in busy and runs_as(j, open_targets[j.id]),
         )
         for j in live
         if j.id in allocations
@@ -241,6 +243,15 @@ def matches(state: SlurmJobState, target: SlurmRequest) -> bool:
     return held == wanted
 
 
+def runs_as(job: JobSnapshot, target: Any) -> bool:
+    """Whether a job runs as an intent's ``target`` (its params) asks: its resources match
+    and it holds no more, nodes included (:func:`overreaches`)."""
+    state = job.slurm
+    if state is None or not state.holds_resources or not isinstance(target, Mapping):
+        return False
+    return matches(state, SlurmRequest.from_params(target)) and not overreaches(job, target)
+
+
 def overreaches(job: JobSnapshot, granted: Mapping[str, Any] | None) -> bool:
     """Whether a running job holds more than the controller last released it with
     (``granted``, :attr:`Snapshot.granted`): GPUs while the controller held it, on a node
@@ -324,6 +335,7 @@ def _job_plan(
     moved: bool,
     held: Mapping[str, Mapping[int, int]] | None = None,
     overreach: bool = False,
+    at_open_target: bool = False,
 ) -> JobPlan:
     target = target_of(alloc, settings)
     node = target.nodes[0] if target.nodes else ""
@@ -348,4 +360,5 @@ def _job_plan(
         reason=reason,
         run_dir=run_dir_of(job.job.progress.checkpoint_path),
         overreach=overreach,
+        at_open_target=at_open_target,
     )

@@ -85,6 +85,7 @@ class JobPlan:
     reason: str = ""
     run_dir: str = ""  # from the job's checkpoint path; "" = ask Slurm for its WorkDir
     overreach: bool = False  # it holds more than it was released with: no checkpoint wait
+    at_open_target: bool = False  # it runs as its open intent asks (not recorded done yet)
 
 
 @dataclass(frozen=True)

@@ -186,3 +186,60 @@ def test_a_job_that_ended_on_its_own_seen_first_by_a_round_does_not_stop_every_r
     world.next_round({a: (1, "sim0000"), b: (1, "sim0001")})
     world.ticks(3)
     assert world.slurm(sid_a)[0] == "RUNNING"  # and the next round started it again
+
+
+def _moved_and_killed_after_release(world: World) -> tuple[int, str]:
+    """A job on 1 GPU moved to 2: asked to checkpoint, checkpointed, requeued, updated and
+    released; the controller killed before the move's intent was recorded done."""
+    job, sid = world.submit("j")
+    world.policy.decisions = {job: (1, "sim0000")}
+    world.ticks(3)
+    world.next_round({job: (2, "sim0000")})
+    world.ticks(1)
+    assert world.signals == [sid]
+    world.files.marks["/sim/j"] = world.clock.now()  # it checkpointed and exits
+    world.kill_at = lambda point: point == "release:logged"
+    assert not all(world.tick() for _ in range(4))  # killed within four ticks
+    assert world.slurm(sid)[:2] == ("RUNNING", "gpu:2")
+    del world.files.marks["/sim/j"]  # the restarted launcher removes its marker
+    return job, sid
+
+
+def test_a_move_killed_after_its_release_is_not_requeued_again(world: World) -> None:
+    """After the restart, the still-open move finds the job running as it was to be: its
+    checkpoint signal was answered by the requeue, so the job is not taken for one still
+    checkpointing and requeued again without a signal (its progress since the restart
+    lost)."""
+    job, sid = _moved_and_killed_after_release(world)
+    world.restart()
+    world.ticks(80)  # 160 s: past checkpoint_timeout_s since the signal
+    assert world.slurm(sid)[:2] == ("RUNNING", "gpu:2")
+    assert world.cluster._jobs[sid].restarts == 1  # the move's own requeue only
+    assert world.signals == [sid]
+    assert world.intents(job)[-1][:2] == ("change", "done")
+
+
+def test_a_new_round_after_a_move_killed_after_its_release_signals_again(world: World) -> None:
+    """A new round moves the restarted job again (3 GPUs): it is asked to checkpoint anew,
+    never requeued on the old signal's time."""
+    job, sid = _moved_and_killed_after_release(world)
+    world.next_round({job: (3, "sim0000")})
+    world.restart()
+    world.ticks(3)
+    assert world.signals == [sid, sid]  # a second signal, for this move
+    assert world.cluster._jobs[sid].restarts == 1  # and no requeue before its checkpoint
+
+
+def test_a_round_finding_a_killed_move_converged_records_what_the_job_holds(
+    world: World,
+) -> None:
+    """A new round wants the restarted job on other nodes only (not worth a restart): the
+    move's intent ends done, as what the job was released with, so the job is not taken
+    for one holding more than it was given and requeued at once."""
+    job, sid = _moved_and_killed_after_release(world)
+    world.next_round({job: (2, "sim0001")})
+    world.restart()
+    world.ticks(3)
+    assert world.slurm(sid)[:3] == ("RUNNING", "gpu:2", "sim0000")
+    assert world.cluster._jobs[sid].restarts == 1
+    assert world.intents(job)[-1] == ("change", "done", "converged")
