@@ -16,3 +16,9 @@ class InputError(IcefrogError):
 class LostLead(IcefrogError):
     """This controller no longer leads: its lock is gone or another controller took the
     lease. Nothing more may be enacted until it leads again."""
+
+
+class StoreUnavailable(IcefrogError):
+    """The database did not answer or was busy (a dropped connection, a lock or statement
+    timeout, a serialization failure): a transient fault, tried again later; the
+    transaction it ended was rolled back."""

@@ -33,7 +33,9 @@ never does harm:
   held again first).
 
 Every Slurm command is logged with its outcome in the audit log (``slurm_actions``). A
-``SlurmUnavailable`` stops the pass and leaves the intents open for the next tick; any
+``SlurmUnavailable`` or a ``StoreUnavailable`` (the database did not answer, also when it
+was to log a command that took effect) stops the pass and leaves the intents open for the
+next tick, which reads the job's state again; any
 other error in one intent's work (a bug, a user's text no check foresaw) fails that intent,
 logged with its traceback, and the pass goes on (a lost lead still ends it). An
 intent whose job is no nearer its target after ``_MAX_PASSES`` steps (its owner undid each
@@ -58,7 +60,7 @@ from icefrog_slurm.controller.tick import launch_refused, matches, run_dir_of
 from icefrog_slurm.domain.cluster import SlurmJobState
 from icefrog_slurm.domain.plan import Plan, SlurmRequest
 from icefrog_slurm.domain.records import ACTIVE_STATES, Intent, JobRecord
-from icefrog_slurm.errors import LostLead
+from icefrog_slurm.errors import LostLead, StoreUnavailable
 from icefrog_slurm.jsonio import printable
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.slurm.port import ClusterPort, SlurmRejected, SlurmUnavailable
@@ -145,8 +147,9 @@ class Reconciler:
         for intent in intents:
             try:
                 outcome = self._advance(intent, result)
-            except SlurmUnavailable as exc:
-                log.warning("slurm unavailable, reconcile resumes next tick: %s", exc)
+            except (SlurmUnavailable, StoreUnavailable) as exc:  # the intents stay open
+                what = "slurm" if isinstance(exc, SlurmUnavailable) else "the store"
+                log.warning("%s unavailable, reconcile resumes next tick: %s", what, exc)
                 result.errors.append(str(exc))
                 result.waiting += 1
                 break

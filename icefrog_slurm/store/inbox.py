@@ -72,23 +72,19 @@ from functools import partial
 from pathlib import Path
 from typing import Protocol
 
-from sqlalchemy import exc as sa_exc
-
 from icefrog_slurm import protocol, security
 from icefrog_slurm.domain.records import ACTIVE_STATES
-from icefrog_slurm.errors import IcefrogError, LostLead
+from icefrog_slurm.errors import IcefrogError
 from icefrog_slurm.jsonio import printable
 from icefrog_slurm.settings import InboxSettings
 from icefrog_slurm.store import inbox_files as files
 from icefrog_slurm.store.inbox_apply import Claim, apply_report, user_name
 from icefrog_slurm.store.inbox_files import Folder, Item, Rejected
 from icefrog_slurm.store.ledger import MAX_DETAIL
-from icefrog_slurm.store.sql import SqlStore
+from icefrog_slurm.store.sql import SqlStore, transient_db_fault
 
 log = logging.getLogger(__name__)
 
-_TRANSIENT_DB = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError,
-                 sa_exc.TimeoutError, LostLead)  # fmt: skip
 _MAX_TRANSIENT_IN_A_ROW = 3
 _PRUNE_EVERY_S = 3600.0
 _LOOKUP_CHUNK = 1000  # job ids a Slurm lookup call
@@ -371,7 +367,7 @@ class ReportInbox:
                     )  # fmt: skip
                     return "deferred"
                 except Exception as exc:
-                    if _transient_db(exc):
+                    if transient_db_fault(exc):
                         self._db_fault = True
                         log.warning(
                             "%sinbox: %s waits, the store failed: %s",
@@ -479,7 +475,7 @@ class ReportInbox:
                     uid=uid,
                 )
         except Exception as exc:
-            if _transient_db(exc):
+            if transient_db_fault(exc):
                 self._db_fault = True
                 log.warning(
                     "%sinbox: %s waits, the store failed: %s (to be rejected: %s)",
@@ -511,13 +507,6 @@ class ReportInbox:
             return
         if rows or count:
             log.info("inbox: pruned %d ledger rows and %d archived files", rows, count)
-
-
-def _transient_db(exc: BaseException) -> bool:
-    """A database fault that says nothing of the report (connection, lock, timeout)."""
-    if isinstance(exc, _TRANSIENT_DB):
-        return True
-    return isinstance(exc, sa_exc.DBAPIError) and bool(exc.connection_invalidated)
 
 
 def _fields(job_id: int | None, item: Item) -> str:

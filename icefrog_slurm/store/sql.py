@@ -35,12 +35,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
 from icefrog_slurm.domain.records import StoreSnapshot
-from icefrog_slurm.errors import InputError
+from icefrog_slurm.errors import InputError, LostLead, StoreUnavailable
 from icefrog_slurm.extras import require
 from icefrog_slurm.settings import Settings
 from icefrog_slurm.store.leader import SqlLease, lock_path, try_lead
@@ -176,11 +177,16 @@ class SqlStore:
         Postgres it runs at REPEATABLE READ, and a concurrent update of a row it also
         updates makes it fail (serialization error) rather than overwrite.
         """
-        with self._sessions() as session, session.begin():
-            conn = self._first_connection(session, write=True, consistent=consistent)
-            if self._lease is not None:
-                self._lease.check(conn)
-            yield SqlStoreTx(session, self._cache)
+        try:
+            with self._sessions() as session, session.begin():
+                conn = self._first_connection(session, write=True, consistent=consistent)
+                if self._lease is not None:
+                    self._lease.check(conn)
+                yield SqlStoreTx(session, self._cache)
+        except sa_exc.SQLAlchemyError as exc:
+            if transient_db_fault(exc):
+                raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+            raise
 
     def snapshot(self, *, include_finished: bool = False) -> StoreSnapshot:
         """One consistent read of everything a tick needs."""
@@ -204,3 +210,15 @@ class SqlStore:
         if consistent:
             return session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
         return session.connection()
+
+
+_TRANSIENT = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError,
+              sa_exc.TimeoutError, LostLead, StoreUnavailable)  # fmt: skip
+
+
+def transient_db_fault(exc: BaseException) -> bool:
+    """A database fault that says nothing of what was asked (connection, lock, timeout, a
+    lost lead): what was being done is tried again later."""
+    if isinstance(exc, _TRANSIENT):
+        return True
+    return isinstance(exc, sa_exc.DBAPIError) and bool(exc.connection_invalidated)

@@ -243,3 +243,38 @@ def test_a_round_finding_a_killed_move_converged_records_what_the_job_holds(
     assert world.slurm(sid)[:3] == ("RUNNING", "gpu:2", "sim0000")
     assert world.cluster._jobs[sid].restarts == 1
     assert world.intents(job)[-1] == ("change", "done", "converged")
+
+
+def test_a_database_fault_as_a_release_is_logged_leaves_the_move_open(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database drops its connection as a move's release (which took effect) is being
+    logged: the pass pauses with the move open, never failing it, so that the next tick
+    finds the job as the move asked and records it done (a failed move left the job taken
+    for one holding more than it was given, and requeued at once)."""
+    from sqlalchemy.exc import OperationalError
+
+    from icefrog_slurm.store.tx import SqlStoreTx
+
+    job, sid = world.submit("j")
+    world.policy.decisions = {job: (1, "sim0000")}
+    world.ticks(3)
+    world.next_round({job: (2, "sim0000")})
+    world.ticks(1)
+    world.files.marks["/sim/j"] = world.clock.now()
+    log_action, faults = SqlStoreTx.log_action, []
+
+    def dropped(self: SqlStoreTx, **kw: Any) -> int:
+        if kw["action"] == "release" and not faults:
+            faults.append(kw)
+            raise OperationalError("INSERT INTO slurm_actions", {}, Exception("server closed"))
+        return log_action(self, **kw)
+
+    monkeypatch.setattr(SqlStoreTx, "log_action", dropped)
+    world.ticks(6)
+    assert faults  # the fault happened
+    del world.files.marks["/sim/j"]  # the restarted job's launcher removes its marker
+    world.ticks(80)
+    assert world.slurm(sid)[:2] == ("RUNNING", "gpu:2")
+    assert world.cluster._jobs[sid].restarts == 1
+    assert [i[:2] for i in world.intents(job)][-1] == ("change", "done")
