@@ -187,9 +187,13 @@ class Reconciler:
         target = SlurmRequest.from_params(intent.params.get("target", {}))
         with self.store.transaction() as tx:
             job = tx.job(intent.job_id) if intent.job_id is not None else None
-            if job is None or job.state not in ACTIVE_STATES:
+        if job is None or job.state not in ACTIVE_STATES:
+            if job is not None:
+                self._cancel_left_held(intent, job, result)
+            with self.store.transaction() as tx:
                 self._finish(tx, intent, "done", "the job has ended")
-                return "done"
+            return "done"
+        with self.store.transaction() as tx:
             tx.start_intent(intent_id=intent.id, now=self.clock.now())
             begun = carried(tx, intent).get(RESUBMITTED_FROM)
         try:
@@ -216,6 +220,22 @@ class Reconciler:
             sid = tx.job(job.id).slurm_job_id  # a resubmission made it another Slurm job
         log.info("job=%d slurm_job=%s: %s done (%s)", job.id, sid, intent.action, detail)
         return "done"
+
+    def _cancel_left_held(self, intent: Intent, job: JobRecord, r: ReconcileResult) -> None:
+        """The job ended in the store (its ``finished`` report, say) while this intent was
+        moving it: a Slurm job of its owner that this move left pending with a user hold
+        (it requeued the job, which had in fact finished) would never be released; cancel
+        it. A running one is left alone, and so is one an administrator holds."""
+        sid = job.slurm_job_id
+        state = self.cluster.poll(job_ids=[sid]).get(sid)
+        if (
+            state is not None
+            and state.user_id == job.owner_uid
+            and state.state == "PENDING"
+            and state.held
+            and not state.admin_held
+        ):
+            self._do(intent, job.id, sid, "cancel", r, partial(self.cluster.cancel, job_id=sid))
 
     def _link_successor(self, intent: Intent, job: JobRecord) -> JobRecord:
         """A resubmission of the job's Slurm job was begun and not linked (the controller

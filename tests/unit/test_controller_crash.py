@@ -278,3 +278,25 @@ def test_a_database_fault_as_a_release_is_logged_leaves_the_move_open(
     assert world.slurm(sid)[:2] == ("RUNNING", "gpu:2")
     assert world.cluster._jobs[sid].restarts == 1
     assert [i[:2] for i in world.intents(job)][-1] == ("change", "done")
+
+
+def test_a_job_that_finished_while_a_move_requeued_it_is_not_left_held(world: World) -> None:
+    """A round moves a job just as its training ends (exit 0): the move requeues the ended
+    job held, as it would one that checkpointed; then the job's ``finished`` report ends it
+    in the store. Nothing would ever release that Slurm job: it is cancelled."""
+    from icefrog_slurm.protocol import FinishedReport
+
+    job, sid = world.submit("j")
+    world.policy.decisions = {job: (1, "sim0000")}
+    world.ticks(3)
+    world.next_round({job: (2, "sim0000")})
+    world.ticks(1)
+    world.cluster.complete(job_id=sid)  # its training reached the end: exit 0
+    world.ticks(1)
+    assert world.slurm(sid)[::3] == ("PENDING", True)  # requeued held by the move
+    with world.store.transaction() as tx:  # its last report, drained now
+        report = FinishedReport(reason="target", epoch=7, final_metric=0.95)
+        tx.mark_finished(job_id=job, report=report, now=world.clock.now())
+    world.ticks(3)
+    assert world.slurm(sid)[0] == "CANCELLED"
+    assert world.intents(job)[-1][:2] == ("change", "done")
