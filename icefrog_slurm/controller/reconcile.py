@@ -54,7 +54,7 @@ from typing import Any
 from icefrog_slurm.controller.decisions import DecisionWriter
 from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort, StoreTx
 from icefrog_slurm.controller.record import RESUBMITTED_FROM, STARTED, carried, signalled_at
-from icefrog_slurm.controller.release_timing import ReleaseTiming
+from icefrog_slurm.controller.release_timing import ReleaseTiming, last_move
 from icefrog_slurm.controller.requeue import REQUEUE, EndedJobs, requeue_ended, requeue_hold
 from icefrog_slurm.controller.tick import launch_refused, matches, run_dir_of
 from icefrog_slurm.domain.cluster import SlurmJobState
@@ -237,6 +237,20 @@ class Reconciler:
         ):
             self._do(intent, job.id, sid, "cancel", r, partial(self.cluster.cancel, job_id=sid))
 
+    def _released_unlogged(self, intent: Intent, job_id: int, sid: str) -> None:
+        """A job found running as its intent asks with no release of it in the audit log
+        since its last requeue or hold (the controller stopped between ``scontrol release``
+        and its entry): the release is logged as found, so that a time limit's requeue
+        (``requeue.not_requeueable``) and the release rules know it was started."""
+        with self.store.transaction() as tx:
+            if last_move(tx.actions(job_id=job_id), sid) == "release":
+                return
+            tx.log_action(
+                action="release", command=("release", sid), outcome="ok", now=self.clock.now(),
+                duration_s=0.0, detail="found running: its release was not logged",
+                slurm_job_id=sid, job_id=job_id, intent_id=intent.id,
+            )  # fmt: skip
+
     def _link_successor(self, intent: Intent, job: JobRecord) -> JobRecord:
         """A resubmission of the job's Slurm job was begun and not linked (the controller
         stopped between its sbatch and the link, and a new round may since have changed the
@@ -287,6 +301,7 @@ class Reconciler:
                     and self._signalled_at(intent) is None
                     and not intent.params.get("overreach")
                 ):
+                    self._released_unlogged(intent, job_id, sid)
                     return f"running as {target.gres} on {state.num_nodes} node(s)"
                 # (a signalled job is checkpointing to exit: see it through the requeue)
                 self._checkpoint_then_requeue(intent, job_id, sid, result)

@@ -300,3 +300,25 @@ def test_a_job_that_finished_while_a_move_requeued_it_is_not_left_held(world: Wo
     world.ticks(3)
     assert world.slurm(sid)[0] == "CANCELLED"
     assert world.intents(job)[-1][:2] == ("change", "done")
+
+
+def test_a_release_killed_before_its_log_still_counts_when_the_time_limit_comes(
+    world: World,
+) -> None:
+    """Killed between a start's release and its audit entry: the restarted controller finds
+    the job running as released. Hours later the job checkpoints before its time limit and
+    ends TIMEOUT: it is requeued, not recorded failed as a job the controller never
+    released."""
+    job, sid = world.submit("j")
+    world.policy.decisions = {job: (1, "sim0000")}
+    world.kill_at = lambda point: point == "release:done"
+    assert not world.tick()
+    world.restart()
+    world.ticks(3)
+    assert world.slurm(sid)[0] == "RUNNING"
+    world.ticks(10, advance=60)
+    world.files.marks["/sim/j"] = world.clock.now()  # USR1 before its limit: checkpointed
+    world.cluster.complete(job_id=sid, state="TIMEOUT", reason="TimeLimit")
+    world.ticks(3)
+    assert world.job(job).state != "failed"
+    assert world.slurm(sid)[::3] == ("PENDING", True)  # requeued held
