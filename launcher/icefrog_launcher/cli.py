@@ -28,6 +28,7 @@ from icefrog_launcher.launch import (
     rendezvous_host,
     resolves,
     run_training,
+    shutdown_env,
     stop_signal,
     unmanaged_notice,
 )
@@ -98,7 +99,7 @@ def _run(args: argparse.Namespace, trap: StopTrap) -> int:
     layout = rendezvous_host(layout, resolves, socket.gethostname())
     relay = [sys.executable, "-m", "icefrog_launcher.relay"]
     command = build_command(layout, script, torchrun=args.torchrun, port=args.port, relay=relay)
-    extra = config.to_env()
+    extra = config.to_env() | shutdown_env(env)
     decision = config.decision_path
     read = partial(read_decision, decision)
     load = mps_load(env, read, stopped=trap.stopped) if config.managed else None

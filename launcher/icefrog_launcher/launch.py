@@ -14,20 +14,22 @@ Exit status of ``icefrog launch``:
   and stopped because the launcher got USR1 or TERM, or because the controller's decision
   asked for a GPU count different from the one running (rank 0 writes the checkpoint
   marker ``<workdir>/checkpointed``, icefrog_slurm.runfiles, which the controller also
-  watches);
+  watches); or the launcher got USR1 or TERM and the trainers ended without the marker
+  (killed before they checkpointed): the job resumes from its last checkpoint;
 - anything else: the training failed (torchrun's status).
 
 Signals: Slurm (``scancel --batch --signal=USR1``, ``--signal=B:USR1@60``) signals the batch
 shell, which passes it on to the launcher (``icefrog submit``'s script). torchrun's agent
 dies on an unhandled USR1, so on one node the launcher sends torchrun TERM in every case;
 torchrun forwards TERM to the trainers, whose handler checkpoints at the next step
-boundary and exits. Across nodes the launcher sends ``srun`` USR1 instead: srun forwards
-USR1 to the step and keeps it, whereas TERM makes srun kill the step ("forcing job
-termination": the tasks are SIGKILLed after KillWait and never checkpoint). slurmstepd
-delivers the forwarded USR1 to every process of the step, torchrun's agent included, so
-each node's task is :mod:`icefrog_launcher.relay`: it starts torchrun with USR1 ignored (the
-trainers install their own handler) and turns the USR1 it gets itself into TERM for
-torchrun, for a Slurm that signals only the task's own process.
+boundary and exits; torchrun kills them :data:`SHUTDOWN_TIMEOUT_S` later. Across nodes
+the launcher sends ``srun`` USR1 instead: srun forwards USR1 to the step and keeps it,
+whereas TERM makes srun kill the step ("forcing job termination": the tasks are SIGKILLed
+after KillWait and never checkpoint). slurmstepd delivers the forwarded USR1 to every
+process of the step, torchrun's agent included, so each node's task is
+:mod:`icefrog_launcher.relay`: it starts torchrun with USR1 ignored (the trainers install
+their own handler) and turns the USR1 it gets itself into TERM for torchrun, for a Slurm
+that signals only the task's own process.
 """
 
 from __future__ import annotations
@@ -223,6 +225,24 @@ def build_command(
     return [*srun, *relay, *base, *rdzv, *script]
 
 
+SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+"""torchrun's time between passing a stop on to the trainers and killing them (its
+``--shutdown-timeout``, read from this variable by the torch versions that have it; 30 s
+when unset, and in the versions before it)."""
+
+SHUTDOWN_TIMEOUT_S = 120
+"""The time a trainer is given to checkpoint after a stop: the controller's default
+``checkpoint_timeout_s``, how long it waits for the checkpoint before requeueing the job
+anyway. A trainer serves the stop at its next step boundary, or after the epoch's
+evaluation when the loader is done (icefrog_launcher.trainer)."""
+
+
+def shutdown_env(env: Mapping[str, str]) -> dict[str, str]:
+    """torchrun's shutdown timeout for the job (:data:`SHUTDOWN_TIMEOUT_ENV`): the job's
+    own when its environment sets one, otherwise :data:`SHUTDOWN_TIMEOUT_S`."""
+    return {SHUTDOWN_TIMEOUT_ENV: env.get(SHUTDOWN_TIMEOUT_ENV) or str(SHUTDOWN_TIMEOUT_S)}
+
+
 def stop_signal(layout: NodeLayout) -> signal.Signals:
     """What the launcher sends its child to stop the trainers: TERM to torchrun on one
     node; USR1 to ``srun`` across nodes (srun passes USR1 on to the relays; see the
@@ -409,7 +429,11 @@ def run_training(
     """Run ``command`` (:func:`supervise`, passing ``forward`` on) and map the outcome to
     the launcher's exit status. Stopped (``trap`` saw USR1/TERM) before the training
     started, it starts nothing: it writes the checkpoint marker (the last checkpoint is
-    current: nothing ran since) and asks to be requeued."""
+    current: nothing ran since) and asks to be requeued. Stopped later, it asks to be
+    requeued in every case, and says "checkpointed" only when the trainer wrote the marker
+    in this run (after its checkpoint, as it exits 75): a trainer killed before it
+    checkpointed (torchrun's shutdown timeout, :data:`SHUTDOWN_TIMEOUT_S`) resumes from
+    its last checkpoint, and the launcher says so."""
     marker = Path(workdir) / CHECKPOINT_MARKER
     if trap is not None and trap.stopped():
         write_atomic(marker, b"stopped before the training started\n")
@@ -421,9 +445,17 @@ def run_training(
         return REQUEUE_EXIT_CODE
     marker.unlink(missing_ok=True)
     code, signalled = supervise(command, env, forward, trap=trap)
-    if signalled is not None or marker.exists():
+    if marker.exists():
         print(
             f"icefrog launch: checkpointed; exiting {REQUEUE_EXIT_CODE} (requeue me)",
+            file=sys.stderr,
+        )
+        return REQUEUE_EXIT_CODE
+    if signalled is not None:
+        print(
+            f"icefrog launch: stopped by signal {signalled}, but the training ended (status "
+            f"{code}) without a checkpoint since: it resumes from its last checkpoint; "
+            f"exiting {REQUEUE_EXIT_CODE} (requeue me)",
             file=sys.stderr,
         )
         return REQUEUE_EXIT_CODE

@@ -414,10 +414,13 @@ class Trainer:
         self._grad_sent = time.monotonic()
 
     def step_boundary(self) -> None:
-        """Between two steps: on a stop signal rank 0 checkpoints; every rank exits 75.
+        """Between two steps, and once more when the epoch's data is exhausted (before the
+        loop's evaluation): on a stop signal rank 0 checkpoints; every rank exits 75.
         Other ranks keep stepping until rank 0 has stopped (their collective then fails),
         so rank 0 never waits on a peer that left. With accumulation only between two
-        optimizer steps: a checkpoint never holds half a step's gradients."""
+        optimizer steps: a checkpoint never holds half a step's gradients. A signal that
+        comes while the loop runs outside the loader (its evaluation) is served at the
+        epoch end's checkpoint (:meth:`epochs`)."""
         if self._stop is not None and self.rank == 0 and self.accumulation.at_boundary:
             self._save()
             self._exit_requeue(f"signal {self._stop}")
@@ -431,7 +434,10 @@ class Trainer:
     # -- epochs ----------------------------------------------------------------------
     def epochs(self) -> Iterator[int]:
         """Yield epoch numbers until the target is reached or the work budget is spent
-        (or the cap on physical epochs reached: icefrog_launcher.budget)."""
+        (or the cap on physical epochs reached: icefrog_launcher.budget). A stop signal
+        that came after the epoch's data was exhausted (during the loop's evaluation) is
+        served as soon as the loop body returns: rank 0 exits 75 after the epoch end's
+        checkpoint, which holds the whole epoch and its metric."""
         if self.finished:
             self._end_barrier()
             return
@@ -445,6 +451,8 @@ class Trainer:
             if self._end_epoch():
                 self._end_barrier()
                 return
+            if self._stop is not None and self.rank == 0:  # the epoch end's checkpoint is it
+                self._exit_requeue(f"signal {self._stop}")
             self.apply_decision(first=False)
         self._finish(limit)
         self._end_barrier()

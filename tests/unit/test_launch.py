@@ -15,12 +15,15 @@ import pytest
 from icefrog_launcher.config import JobConfig, Target, parse_range, parse_target
 from icefrog_launcher.launch import (
     REQUEUE_EXIT_CODE,
+    SHUTDOWN_TIMEOUT_ENV,
+    SHUTDOWN_TIMEOUT_S,
     build_command,
     child_env,
     first_host,
     layout_from_env,
     rendezvous_host,
     run_training,
+    shutdown_env,
     stop_signal,
 )
 from icefrog_launcher.relay import main as relay_main
@@ -168,6 +171,18 @@ def test_cli_dry_run(capsys: pytest.CaptureFixture[str], tmp_path: object) -> No
     )
 
 
+def test_torchrun_gives_the_trainers_the_checkpoint_time(
+    capsys: pytest.CaptureFixture[str], tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchrun kills the trainers this long after passing a stop on (its own default is
+    30 s): the controller's default wait for the checkpoint; a job's own value wins."""
+    assert SHUTDOWN_TIMEOUT_S == 120
+    monkeypatch.delenv(SHUTDOWN_TIMEOUT_ENV, raising=False)
+    main(["launch", "--workdir", str(tmp_path), "--dry-run", "--", "train.py"])
+    assert f"{SHUTDOWN_TIMEOUT_ENV}=120\n" in capsys.readouterr().out
+    assert shutdown_env({SHUTDOWN_TIMEOUT_ENV: "600"}) == {SHUTDOWN_TIMEOUT_ENV: "600"}
+
+
 def test_cli_bad_target_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["launch", "--target", "acc>0.9", "--dry-run", "--", "t.py"]) == 2
     assert "operator must be >= or <=" in capsys.readouterr().err
@@ -209,12 +224,30 @@ def _usr1_when_child_ready(tmp_path: Path) -> tuple[list[str], Path]:
     return _child(code), got
 
 
-def test_run_training_usr1_terminates_child_and_asks_requeue(tmp_path: Path) -> None:
-    """USR1 to the launcher: the child (standing in for torchrun) gets TERM; exit 75."""
+def test_run_training_usr1_terminates_child_and_asks_requeue(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """USR1 to the launcher: the child (standing in for torchrun) gets TERM; exit 75. The
+    child exits without the checkpoint marker (a trainer killed before it checkpointed):
+    the launcher does not claim a checkpoint."""
     child, got = _usr1_when_child_ready(tmp_path)
     assert run_training(child, dict(os.environ), str(tmp_path)) == REQUEUE_EXIT_CODE
     assert got.read_text() == "SIGTERM"
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # handlers restored
+    err = capsys.readouterr().err
+    assert "checkpointed" not in err
+    assert "without a checkpoint since: it resumes from its last checkpoint" in err
+
+
+def test_run_training_says_checkpointed_after_the_trainers_marker(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A child that writes the marker on TERM (as rank 0 does after its checkpoint)."""
+    marker = tmp_path / CHECKPOINT_MARKER
+    child, _ = _usr1_when_child_ready(tmp_path)
+    child[-1] = child[-1].replace("sys.exit(3)", f"open({str(marker)!r}, 'w'); sys.exit(1)")
+    assert run_training(child, dict(os.environ), str(tmp_path)) == REQUEUE_EXIT_CODE
+    assert "icefrog launch: checkpointed; exiting 75" in capsys.readouterr().err
 
 
 def test_run_training_across_nodes_passes_usr1_to_srun(tmp_path: Path) -> None:

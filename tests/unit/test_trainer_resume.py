@@ -1,0 +1,79 @@
+"""A Trainer stopped and resumed in this process (one rank, CPU): where a stop signal is
+served, and that the resumed run goes on as the uninterrupted one would (the optimizer's
+param groups, the RNG streams, the step count and the epoch's gradient statistics)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.nn import functional as F  # noqa: E402
+from torch.utils.data import TensorDataset  # noqa: E402
+
+from icefrog_launcher import checkpoint  # noqa: E402
+from icefrog_launcher.config import JobConfig  # noqa: E402
+from icefrog_launcher.trainer import Trainer  # noqa: E402
+from icefrog_slurm.runfiles import CHECKPOINT_MARKER  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture(autouse=True)
+def _keep_signal_handlers() -> Iterator[None]:
+    """The Trainer installs its TERM/USR1 handlers: give pytest its own back."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+def _data(n: int = 200) -> TensorDataset:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 8, generator=gen)
+    return TensorDataset(x, (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long())
+
+
+def _model() -> Any:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _trainer(workdir: Path, epochs: int, lr: float = 0.1) -> tuple[Trainer, Any]:
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    config = JobConfig(workdir=str(workdir), batch=(8, 16), max_epochs=epochs)
+    return Trainer(model, optimizer, _data(), config=config, env={}), optimizer
+
+
+def _stop() -> None:
+    os.kill(os.getpid(), signal.SIGUSR1)  # the trainer's handler: served at a boundary
+
+
+def test_a_stop_during_the_evaluation_is_served_at_the_epoch_end(tmp_path: Path) -> None:
+    """USR1 while the loop evaluates after its epoch's loader: rank 0 exits 75 right after
+    the epoch end's checkpoint (the whole epoch and its metric), before the next epoch
+    starts. Before, the next epoch started and the stop waited for its first step."""
+    trainer, optimizer = _trainer(tmp_path, 3)
+    started = []
+    with pytest.raises(SystemExit) as stopped:
+        for epoch in trainer.epochs():
+            started.append(epoch)
+            for x, y in trainer.loader:
+                optimizer.zero_grad()
+                F.cross_entropy(trainer.model(x), y).backward()
+                optimizer.step()
+            _stop()  # the evaluation runs
+            trainer.report_metric(0.5)
+    assert stopped.value.code == 75 and started == [0]
+    assert checkpoint.latest_number(tmp_path / "checkpoints") == 0  # one checkpoint
+    found = checkpoint.load_latest(tmp_path / "checkpoints")
+    assert found is not None
+    assert (found[1]["epoch"], found[1]["position"], found[1]["samples_done"]) == (1, 0, 200)
+    assert (tmp_path / CHECKPOINT_MARKER).exists()
