@@ -216,6 +216,8 @@ class Trainer:
         self.max_frozen = self.table.max_frozen_from_fraction(self.config.max_frozen)
         self._ckpt_number = checkpoint.latest_number(self.config.checkpoint_dir) + 1
         self.registry = StateRegistry(verbose=self.rank == 0)
+        # the restored optimizer's param groups without their params, until the first epoch
+        self._groups: list[dict[str, Any]] | None = None
         held = {"scheduler": scheduler, "scaler": scaler}
         for name, obj in held.items():
             if obj is not None:
@@ -443,6 +445,7 @@ class Trainer:
             return
         self._register()
         self.registry.close()
+        self._restore_groups()
         self.apply_decision(first=True)
         while (limit := self._limit()) is None:
             self.probes.plan(self.step)
@@ -653,6 +656,18 @@ class Trainer:
         self._ckpt_number += 1
         return path
 
+    def _restore_groups(self) -> None:
+        """The first epoch starts: the optimizer's param groups get back the checkpoint's
+        hyperparameters (lr, momentum, initial_lr...). An object the script made after the
+        Trainer may have changed them since the restore (a warm-up scheduler's constructor
+        multiplies the lr by its start factor); its own state is the checkpoint's, so the
+        groups must be too."""
+        if self._groups is None:
+            return
+        for group, saved in zip(self.optimizer.param_groups, self._groups, strict=False):
+            group.update(copy.deepcopy(saved))
+        self._groups = None
+
     def _restore(self) -> None:
         found = checkpoint.load_latest(self.config.checkpoint_dir)
         if found is None:
@@ -661,6 +676,9 @@ class Trainer:
         number, state = found
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self._groups = copy.deepcopy(
+            [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        )
         self.registry.restore(state.get("objects", {}))  # a checkpoint from before: none
         for key in ("epoch", "position", "samples_done", "effective_done", "frozen", "batch"):
             setattr(self, key, state[key])

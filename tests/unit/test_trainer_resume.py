@@ -77,3 +77,36 @@ def test_a_stop_during_the_evaluation_is_served_at_the_epoch_end(tmp_path: Path)
     assert found is not None
     assert (found[1]["epoch"], found[1]["position"], found[1]["samples_done"]) == (1, 0, 200)
     assert (tmp_path / CHECKPOINT_MARKER).exists()
+
+
+def _warm_up_run(workdir: Path, lrs: list[float], stop_at: tuple[int, int] | None = None) -> None:
+    """A per-epoch warm-up (LinearLR from 0.1 x lr over 2 epochs) made after the Trainer
+    and registered; ``stop_at`` (epoch, step): a USR1 there. Each epoch's lr into ``lrs``."""
+    trainer, optimizer = _trainer(workdir, 5, lr=1.0)
+    warm_up = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=2)
+    trainer.register_state("warm_up", warm_up)
+    for epoch in trainer.epochs():
+        lrs.append(optimizer.param_groups[0]["lr"])
+        for i, (x, y) in enumerate(trainer.loader):
+            if (epoch, i) == stop_at:
+                _stop()
+            optimizer.zero_grad()
+            F.cross_entropy(trainer.model(x), y).backward()
+            optimizer.step()
+        warm_up.step()
+        trainer.report_metric(0.0)
+
+
+def test_a_scheduler_made_after_the_trainer_keeps_the_learning_rate(tmp_path: Path) -> None:
+    """The warm-up's constructor multiplies the restored lr by 0.1; the first epoch puts
+    the checkpoint's back, so each resume goes on at the uninterrupted run's lr. Before,
+    the lr dropped 10x at every resume, for good."""
+    whole: list[float] = []
+    _warm_up_run(tmp_path / "whole", whole)
+    assert whole == pytest.approx([0.1, 0.55, 1.0, 1.0, 1.0])
+    split: list[float] = []
+    for stop_at in [(1, 3), (3, 3)]:
+        with pytest.raises(SystemExit):
+            _warm_up_run(tmp_path / "split", split, stop_at)
+    _warm_up_run(tmp_path / "split", split)
+    assert split == [0.1, 0.55, 0.55, 1.0, 1.0, 1.0, 1.0]  # epochs 0-1, 1-3, 3-4
