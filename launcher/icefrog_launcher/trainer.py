@@ -40,7 +40,6 @@ import atexit
 import copy
 import gc
 import os
-import random
 import signal
 import socket
 import sys
@@ -56,7 +55,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from icefrog_launcher import checkpoint
+from icefrog_launcher import checkpoint, rng
 from icefrog_launcher.accumulate import Accumulation, group_counts
 from icefrog_launcher.budget import Limit
 from icefrog_launcher.config import JobConfig
@@ -539,7 +538,7 @@ class Trainer:
             self.finished = "target_reached"
         elif (limit := self._limit()) is not None:
             self.finished = limit
-        path = self._save()
+        path = self._save(every_rank=True)
         self.reporter.send(
             "progress",
             ProgressReport(self.epoch, self.samples_done, self.effective_done, str(path or "")),
@@ -632,7 +631,16 @@ class Trainer:
             )
 
     # -- checkpoints -----------------------------------------------------------------
-    def _save(self) -> Path | None:
+    def _save(self, *, every_rank: bool = False) -> Path | None:
+        """Rank 0 writes a checkpoint (its path; None on the other ranks). ``every_rank``:
+        every rank calls it (an epoch end) and the checkpoint holds each rank's generator
+        states (icefrog_launcher.rng); otherwise only rank 0's (a stop: the other ranks are
+        still stepping)."""
+        rngs: list[Any] = [rng.capture(self.device)]
+        if every_rank and self.world > 1:
+            gathered: list[Any] | None = [None] * self.world if self.rank == 0 else None
+            dist.gather_object(rngs[0], gathered, dst=0)
+            rngs = gathered or rngs
         if self.rank != 0:
             return None
         state = {
@@ -650,7 +658,7 @@ class Trainer:
             "stats": self.stats.state_dict(),
             "objects": self.registry.state_dict(),
             "lr_scaling": self.lr_scaling.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "rng": rngs,
         }
         path = checkpoint.save(self.config.checkpoint_dir, self._ckpt_number, state)
         self._ckpt_number += 1
@@ -686,10 +694,10 @@ class Trainer:
         self.stats.load_state_dict(state["stats"])
         self.lr_scaling.load_state_dict(state.get("lr_scaling", {}))  # before: none
         self._lr_stats = (self.lr_scaling.var, self.lr_scaling.sqr)
-        if self.rank == 0:
-            torch.set_rng_state(state["rng"]["torch"])
-            random.setstate(state["rng"]["python"])
-        else:  # other ranks' streams are not saved: derive one from the progress
+        rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]  # before
+        if self.rank < len(rngs):
+            rng.restore(rngs[self.rank], self.device)
+        else:  # a stop saves rank 0's streams alone: derive one from the progress
             torch.manual_seed(self.config.seed + 7919 * self.rank + self.samples_done)
         if self.rank == 0:
             print(

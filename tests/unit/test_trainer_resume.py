@@ -5,14 +5,16 @@ param groups, the RNG streams, the step count and the epoch's gradient statistic
 from __future__ import annotations
 
 import os
+import random
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
 
 from torch.nn import functional as F  # noqa: E402
 from torch.utils.data import TensorDataset  # noqa: E402
@@ -110,3 +112,42 @@ def test_a_scheduler_made_after_the_trainer_keeps_the_learning_rate(tmp_path: Pa
             _warm_up_run(tmp_path / "split", split, stop_at)
     _warm_up_run(tmp_path / "split", split)
     assert split == [0.1, 0.55, 0.55, 1.0, 1.0, 1.0, 1.0]  # epochs 0-1, 1-3, 3-4
+
+
+def _drawing_run(workdir: Path, stop_at: tuple[int, int] | None = None) -> dict[Any, Any]:
+    """2 epochs whose loop draws from numpy's, torch's and Python's global generators at
+    every step (dropout, augmentation); ``stop_at`` (epoch, step): a USR1 there. The draws
+    by (epoch, step), and at the end the step count and the last epoch's statistics."""
+    np.random.seed(123)  # the script's own seeding, at every start
+    random.seed(123)
+    trainer, optimizer = _trainer(workdir, 2)
+    seen: dict[Any, Any] = {}
+    for epoch in trainer.epochs():
+        for i, (x, y) in enumerate(trainer.loader, start=trainer.position // 8 - 1):
+            if (epoch, i) == stop_at:
+                _stop()
+            seen[epoch, i] = (np.random.rand(), torch.rand(()).item(), random.random())
+            optimizer.zero_grad()
+            F.cross_entropy(trainer.model(x), y).backward()
+            optimizer.step()
+        trainer.report_metric(0.0)
+    seen["end"] = (trainer.step, trainer.stats.last_var, trainer.stats.last_sqr)
+    return seen
+
+
+STOPS = [(1, 3), (0, 0)]  # mid-epoch; and after a measured step whose pair comes after
+
+
+@pytest.mark.parametrize("stop_at", STOPS)
+def test_a_resumed_run_draws_as_the_uninterrupted_one(
+    tmp_path: Path, stop_at: tuple[int, int]
+) -> None:
+    """Stopped mid-epoch and resumed: every later draw from numpy's, torch's and Python's
+    global generators is the uninterrupted run's. Before, numpy's restarted from the
+    script's seed."""
+    whole = _drawing_run(tmp_path / "whole")
+    with pytest.raises(SystemExit):
+        _drawing_run(tmp_path / "split", stop_at)
+    resumed = _drawing_run(tmp_path / "split")
+    del whole["end"], resumed["end"]
+    assert resumed == {k: v for k, v in whole.items() if k > stop_at}
