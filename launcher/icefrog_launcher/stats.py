@@ -22,7 +22,8 @@ For a frozen layer the reported values are those from the epoch before it was fr
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -131,6 +132,8 @@ class GradStatsCollector:
         assert self._previous is not None
         previous, self._previous = self._previous, None
         device = grads[0].device
+        if previous[0].device != device:  # restored from a checkpoint
+            previous = [g.to(device) for g in previous]
         idx = self._index(index, device)
         # |g1 - g2|^2 and <g1, g2> = (|g1 + g2|^2 - |g1 - g2|^2) / 4, two fused launches each
         diff = torch.stack(torch._foreach_norm(torch._foreach_sub(grads, previous))).double() ** 2
@@ -198,16 +201,30 @@ class GradStatsCollector:
         suffix = math.fsum(max(v, 0.0) for v in self.last_var[frozen:])
         return frozen_penalty(prefix, suffix)
 
-    def state_dict(self) -> dict[str, list[float]]:
+    def state_dict(self) -> dict[str, Any]:
+        """The latest and at-freeze values, the sums of the epoch so far (``sums``: var,
+        sqr and count per layer; one copy from the device) and, with one replica between a
+        measured step and the next, that step's gradients (``previous``, on the CPU): a run
+        resumed mid-epoch measures what the uninterrupted one would."""
+        sums = self._acc[:3].tolist() if self._acc is not None else []
+        previous = [g.cpu() for g in self._previous] if self._previous is not None else []
         return {
             "last_var": list(self.last_var),
             "last_sqr": list(self.last_sqr),
             "frozen_var": list(self.frozen_var),
             "frozen_sqr": list(self.frozen_sqr),
+            "sums": sums,
+            "previous": previous,
         }
 
-    def load_state_dict(self, state: dict[str, list[float]]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for key in ("last_var", "last_sqr", "frozen_var", "frozen_sqr"):
             values = [float(v) for v in state[key]]
             if len(values) == self.num_layers:
                 setattr(self, key, values)
+        sums = state.get("sums", [])  # a checkpoint from before: none
+        self._acc = None
+        if len(sums) == 3 and all(len(row) == self.num_layers for row in sums):
+            self._acc = torch.zeros(4, self.num_layers, dtype=torch.float64)
+            self._acc[:3] = torch.tensor(sums, dtype=torch.float64)
+        self._previous = list(state.get("previous", [])) or None

@@ -659,6 +659,7 @@ class Trainer:
             "objects": self.registry.state_dict(),
             "lr_scaling": self.lr_scaling.state_dict(),
             "rng": rngs,
+            "step": self.step,
         }
         path = checkpoint.save(self.config.checkpoint_dir, self._ckpt_number, state)
         self._ckpt_number += 1
@@ -694,6 +695,7 @@ class Trainer:
         self.stats.load_state_dict(state["stats"])
         self.lr_scaling.load_state_dict(state.get("lr_scaling", {}))  # before: none
         self._lr_stats = (self.lr_scaling.var, self.lr_scaling.sqr)
+        self.step = state.get("step", 0)  # a checkpoint from before: none
         rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]  # before
         if self.rank < len(rngs):
             rng.restore(rngs[self.rank], self.device)

@@ -151,3 +151,18 @@ def test_a_resumed_run_draws_as_the_uninterrupted_one(
     resumed = _drawing_run(tmp_path / "split")
     del whole["end"], resumed["end"]
     assert resumed == {k: v for k, v in whole.items() if k > stop_at}
+
+
+@pytest.mark.parametrize("stop_at", STOPS)
+def test_a_resumed_run_measures_as_the_uninterrupted_one(
+    tmp_path: Path, stop_at: tuple[int, int]
+) -> None:
+    """Stopped mid-epoch and resumed: the optimizer step count and the epoch's gradient
+    statistics are the uninterrupted run's (the same steps measured, the sums so far kept,
+    and a measured step's gradients kept for its pair after the stop). Before,
+    ``trainer.step`` restarted at 0 and the epoch's partial statistics were lost."""
+    whole = _drawing_run(tmp_path / "whole")
+    with pytest.raises(SystemExit):
+        _drawing_run(tmp_path / "split", stop_at)
+    resumed = _drawing_run(tmp_path / "split")
+    assert resumed["end"] == whole["end"] and whole["end"][0] == 2 * 25
