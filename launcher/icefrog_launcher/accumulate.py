@@ -18,7 +18,13 @@ the trainer makes the micro-steps transparent:
   backward and step (gradient clipping, a GradScaler's unscale) is already that mean;
 - DDP all-reduces on the last micro-step only (the earlier forwards run under ``no_sync``);
 - the ``scheduler`` and ``scaler`` given to the Trainer step with the optimizer: their
-  ``step()`` (and the scaler's ``update()``) do nothing on the other micro-steps.
+  ``step()`` (and the scaler's ``update()`` and ``unscale_()``) do nothing on the other
+  micro-steps, so the AMP loop may call ``scaler.unscale_(optimizer)`` at every
+  micro-step: it unscales the whole step's gradient once, on its last micro-step. Gradient
+  clipping (anything that reads or changes the gradient as a whole) belongs under
+  ``if not trainer.accumulating:``: on the other micro-steps the gradients hold a part of
+  the step's (and, with a scaler, still scaled); an ``unscale_`` on such a micro-step is
+  warned about once, as the sign of a loop that clips there.
 
 An epoch's last step has fewer or smaller micro-batches when fewer samples are left; the
 shares keep its gradient the mean over its own samples. ``step`` and ``zero_grad`` are
@@ -28,6 +34,7 @@ replaced on the optimizer object itself (as torch's LR schedulers wrap
 
 from __future__ import annotations
 
+import sys
 import types
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -43,7 +50,9 @@ Method = Callable[..., Any]
 class Accumulation:
     """Where the current micro-batch stands in its optimizer step."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, verbose: bool = True) -> None:
+        self.verbose = verbose  # print the warning (rank 0 only, so it appears once)
+        self.warned = False  # an unscale_ on a micro-step not ending its step was warned of
         self.steps = 1  # k: micro-steps an optimizer step
         self.group = 1  # micro-steps of the current optimizer step (fewer at an epoch's end)
         self.index = 0  # the next micro-batch's place in its step: 0 = a step starts
@@ -97,6 +106,20 @@ class Accumulation:
         """``original`` (a zero_grad) unless gradients accumulate (the trainer zeroes them)."""
         return None if self.steps > 1 else original(*args, **kwargs)
 
+    def held_unscale(self) -> None:
+        """A held object's ``unscale_`` was called on a micro-step that does not end its
+        optimizer step: it did nothing; say once what that means for clipping."""
+        if self.verbose and not self.warned:
+            print(
+                "icefrog trainer: warning: scaler.unscale_() before the last micro-step of "
+                f"an optimizer step ({self.steps} micro-steps a step: --global-batch) does "
+                "nothing; the last one unscales the whole step's gradient. Clip gradients "
+                "only when not trainer.accumulating: before, they hold a part of the "
+                "step's gradient, still scaled",
+                file=sys.stderr,
+            )
+        self.warned = True
+
     def _scale(self, grad: torch.Tensor) -> torch.Tensor | None:
         return grad * self.factor if self.factor != 1.0 else None
 
@@ -123,15 +146,17 @@ def group_counts(left: int, step: int, world: int, rank: int, steps: int) -> lis
 
 
 def _hold(obj: object, accumulation: Accumulation) -> None:
-    """``obj``'s step() and update() do nothing while the micro-step is not the last. Done
-    by a subclass of its own class, not by attributes of the object: a scheduler's
-    state_dict() is its ``__dict__``, which must stay free of them."""
+    """``obj``'s step(), update() and unscale_() do nothing while the micro-step is not the
+    last. Done by a subclass of its own class, not by attributes of the object: a
+    scheduler's state_dict() is its ``__dict__``, which must stay free of them."""
     cls = type(obj)
-    names = [n for n in ("step", "update") if callable(getattr(cls, n, None))]
+    names = [n for n in ("step", "update", "unscale_") if callable(getattr(cls, n, None))]
 
     def held(name: str) -> Method:
         def method(self: object, *args: Any, **kwargs: Any) -> Any:
             if not accumulation.final:
+                if name == "unscale_":
+                    accumulation.held_unscale()
                 return None
             return getattr(super(subclass, self), name)(*args, **kwargs)
 

@@ -221,7 +221,7 @@ class Trainer:
         for name, obj in held.items():
             if obj is not None:
                 self.registry.register(name, obj)
-        self.accumulation = Accumulation()
+        self.accumulation = Accumulation(verbose=self.rank == 0)
         if self.config.global_batch:
             self.accumulation.install(optimizer, [o for o in held.values() if o is not None])
         self.model = ElasticModel(self.module, lambda: self.ddp, self.accumulation, self.probes)

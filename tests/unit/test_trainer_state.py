@@ -384,11 +384,17 @@ def test_group_counts_are_the_loaders_batches() -> None:
             assert got == planned, (size, batch, world, steps, rank)
 
 
-def test_accumulation_with_a_grad_scaler(tmp_path: Path) -> None:
-    """The AMP loop with ``scaler=``: scale, backward, unscale and clip on a step's last
-    micro-step, scaler.step, scaler.update. The scaler's step and update run once an
-    optimizer step (its growth tracker counts optimizer steps), and the parameters are
-    plain PyTorch's with one big batch (a power-of-two scale unscales exactly)."""
+@pytest.mark.parametrize("unscale_always", [False, True])
+def test_accumulation_with_a_grad_scaler(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], unscale_always: bool
+) -> None:
+    """The AMP loop with ``scaler=``: scale, backward, unscale (on a step's last micro-step,
+    or at every one as PyTorch's AMP recipe without accumulation writes it) and clip on a
+    step's last micro-step, scaler.step, scaler.update. The scaler's unscale_, step and
+    update run once an optimizer step (its growth tracker counts optimizer steps), and the
+    parameters are plain PyTorch's with one big batch (a power-of-two scale unscales
+    exactly). Before, an unscale_ at every micro-step raised "unscale_() has already been
+    called on this optimizer since the last update()"; now it is warned about once."""
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1000)
@@ -398,12 +404,16 @@ def test_accumulation_with_a_grad_scaler(tmp_path: Path) -> None:
         for x, y in trainer.loader:
             optimizer.zero_grad()
             scaler.scale(F.cross_entropy(trainer.model(x), y)).backward()
-            if not trainer.accumulating:
+            if unscale_always:
                 scaler.unscale_(optimizer)
+            if not trainer.accumulating:
+                if not unscale_always:
+                    scaler.unscale_(optimizer)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             scaler.step(optimizer)
             scaler.update()
         trainer.report_metric(0.0)
+    assert capsys.readouterr().err.count("scaler.unscale_() before") == unscale_always
     assert trainer.step == 2 * 4  # ceil(220 / 64) optimizer steps an epoch
     assert scaler.state_dict()["_growth_tracker"] == trainer.step
     assert type(scaler).__name__ == "GradScaler" and isinstance(scaler, torch.amp.GradScaler)
