@@ -221,6 +221,7 @@ class Trainer:
         for name, obj in held.items():
             if obj is not None:
                 self.registry.register(name, obj)
+                self._check_schedule(name, obj)
         self.accumulation = Accumulation(verbose=self.rank == 0)
         if self.config.global_batch:
             self.accumulation.install(optimizer, [o for o in held.values() if o is not None])
@@ -518,6 +519,21 @@ class Trainer:
         a counter, another scheduler) under ``name``, and restore it now from the checkpoint
         being resumed. Before the first epoch only (icefrog_launcher.state)."""
         self.registry.register(name, obj)
+        self._check_schedule(name, obj)
+
+    def _check_schedule(self, name: str, obj: object) -> None:
+        """Warn of a OneCycleLR: it counts a fixed total of optimizer steps and raises past
+        it, while the steps an epoch change with the per-GPU batch a decision sets (a
+        smaller batch makes more). docs/trainer.md gives the schedule by progress instead."""
+        if self.rank == 0 and isinstance(obj, torch.optim.lr_scheduler.OneCycleLR):
+            print(
+                f"icefrog trainer: warning: {name!r} is a OneCycleLR: its total_steps counts "
+                "optimizer steps, and the steps an epoch change with the batch the "
+                "controller decides (a smaller batch makes more; past total_steps it "
+                "raises); schedule by trainer.effective_done instead (LambdaLR: "
+                "docs/trainer.md)",
+                file=sys.stderr,
+            )
 
     @property
     def accumulating(self) -> bool:

@@ -166,3 +166,17 @@ def test_a_resumed_run_measures_as_the_uninterrupted_one(
         _drawing_run(tmp_path / "split", stop_at)
     resumed = _drawing_run(tmp_path / "split")
     assert resumed["end"] == whole["end"] and whole["end"][0] == 2 * 25
+
+
+def test_a_one_cycle_schedule_is_warned_about(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """OneCycleLR counts optimizer steps and raises past its total, and a decision for a
+    smaller batch makes more steps an epoch: registering one says so; another does not."""
+    trainer, optimizer = _trainer(tmp_path, 2)
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10)
+    trainer.register_state("cosine", cosine)
+    assert "warning" not in capsys.readouterr().err
+    one_cycle = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=50)
+    trainer.register_state("one_cycle", one_cycle)
+    assert "'one_cycle' is a OneCycleLR: its total_steps counts" in capsys.readouterr().err
