@@ -230,10 +230,11 @@ def test_run_training_usr1_terminates_child_and_asks_requeue(
     """USR1 to the launcher: the child (standing in for torchrun) gets TERM; exit 75. The
     child exits without the checkpoint marker (a trainer killed before it checkpointed):
     the launcher does not claim a checkpoint."""
+    before = signal.getsignal(signal.SIGUSR1)  # a Trainer of an earlier test may have left its
     child, got = _usr1_when_child_ready(tmp_path)
     assert run_training(child, dict(os.environ), str(tmp_path)) == REQUEUE_EXIT_CODE
     assert got.read_text() == "SIGTERM"
-    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # handlers restored
+    assert signal.getsignal(signal.SIGUSR1) is before  # handlers restored
     err = capsys.readouterr().err
     assert "checkpointed" not in err
     assert "without a checkpoint since: it resumes from its last checkpoint" in err
