@@ -14,6 +14,8 @@ against the first version only; its other versions are deselected.
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Iterator
 
 import pytest
 
@@ -60,3 +62,13 @@ def slurm_version(request: pytest.FixtureRequest) -> str:
     """The Slurm a test marked ``slurm`` runs against (cluster.sh --slurm): its parameter,
     else the first of ``ICEFROG_TEST_SLURM``."""
     return str(getattr(request, "param", slurm_versions()[0]))
+
+
+@pytest.fixture
+def keep_signal_handlers() -> Iterator[None]:
+    """A Trainer installs its TERM and USR1 handlers in the test's process: put pytest's
+    back after the test."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)

@@ -6,8 +6,6 @@ after two, short of its budget. The reports are read back with the controller's 
 from __future__ import annotations
 
 import importlib.util
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ from icefrog_launcher.config import JobConfig  # noqa: E402
 from icefrog_slurm.protocol import Decision, parse_envelope, parse_payload  # noqa: E402
 from icefrog_slurm.security import write_atomic  # noqa: E402
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("keep_signal_handlers")]
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location(
@@ -31,15 +29,6 @@ _spec = importlib.util.spec_from_file_location(
 assert _spec is not None and _spec.loader is not None
 digits_example = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(digits_example)
-
-
-@pytest.fixture(autouse=True)
-def _keep_signal_handlers() -> Iterator[None]:
-    """The trainer installs its TERM and USR1 handlers in this process: put pytest's back."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    yield
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
 
 
 def _run(workdir: Path, **limits: int) -> tuple[Trainer, list[dict[str, Any]]]:

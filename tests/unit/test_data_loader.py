@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -272,15 +271,6 @@ def test_an_iterable_dataset_and_managed_or_unknown_arguments_are_refused() -> N
         ElasticDataLoader(Indexed(4), at, loader_args={"num_workers": 2, "in_order": False})
 
 
-@pytest.fixture
-def _keep_signal_handlers() -> Iterator[None]:
-    """The trainer installs its TERM and USR1 handlers in this process: put pytest's back."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    yield
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
-
-
 def _trained(workdir: Path, stop_after: int | None) -> tuple[Trainer, list[list[int]], int]:
     """One epoch of a linear model through a Trainer whose loader has two workers and a
     collate_fn; USR1 after ``stop_after`` samples (the trainer checkpoints and exits 75)."""
@@ -311,7 +301,7 @@ def with_pid_pair(samples: list[tuple[Any, ...]]) -> tuple[torch.Tensor, torch.T
     return torch.stack(xs), torch.stack(ys), os.getpid()
 
 
-@pytest.mark.usefixtures("_keep_signal_handlers")
+@pytest.mark.usefixtures("keep_signal_handlers")
 def test_the_trainer_with_loader_workers_checkpoints_the_consumed_position(
     tmp_path: Path,
 ) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,41 +16,21 @@ torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 
 from torch.nn import functional as F  # noqa: E402
-from torch.utils.data import TensorDataset  # noqa: E402
 
 from icefrog_launcher import checkpoint  # noqa: E402
 from icefrog_launcher.config import JobConfig  # noqa: E402
 from icefrog_launcher.trainer import Trainer  # noqa: E402
 from icefrog_slurm.runfiles import CHECKPOINT_MARKER  # noqa: E402
+from tests.unit import tiny_task  # noqa: E402
 
-pytestmark = pytest.mark.torch
-
-
-@pytest.fixture(autouse=True)
-def _keep_signal_handlers() -> Iterator[None]:
-    """The Trainer installs its TERM/USR1 handlers: give pytest its own back."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    yield
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
-
-
-def _data(n: int = 200) -> TensorDataset:
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(n, 8, generator=gen)
-    return TensorDataset(x, (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long())
-
-
-def _model() -> Any:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("keep_signal_handlers")]
 
 
 def _trainer(workdir: Path, epochs: int, lr: float = 0.1) -> tuple[Trainer, Any]:
-    model = _model()
+    model = tiny_task.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     config = JobConfig(workdir=str(workdir), batch=(8, 16), max_epochs=epochs)
-    return Trainer(model, optimizer, _data(), config=config, env={}), optimizer
+    return Trainer(model, optimizer, tiny_task.data(), config=config, env={}), optimizer
 
 
 def _stop() -> None:

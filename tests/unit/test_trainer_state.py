@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +24,9 @@ from icefrog_launcher.data import ElasticDataLoader  # noqa: E402
 from icefrog_launcher.position import DataPosition  # noqa: E402
 from icefrog_launcher.trainer import Trainer  # noqa: E402
 from icefrog_slurm.errors import InputError  # noqa: E402
+from tests.unit import tiny_task  # noqa: E402
 
-pytestmark = pytest.mark.torch
-
-
-@pytest.fixture(autouse=True)
-def _keep_signal_handlers() -> Iterator[None]:
-    """The Trainer installs its TERM/USR1 handlers: give pytest its own back."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    yield
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("keep_signal_handlers")]
 
 
 class Counter:
@@ -64,17 +55,6 @@ class Opaque:
         self.inner = state["inner"]
 
 
-def _data(n: int = 200) -> TensorDataset:
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(n, 8, generator=gen)
-    return TensorDataset(x, (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long())
-
-
-def _model() -> Any:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-
-
 def _config(tmp_path: Path, **changes: Any) -> JobConfig:
     args: dict[str, Any] = {"workdir": str(tmp_path), "batch": (8, 16), "max_epochs": 2}
     return JobConfig(**(args | changes))
@@ -96,9 +76,9 @@ def _train(trainer: Trainer, optimizer: Any, on_step: Any = None) -> list[float]
 
 
 def test_registration_errors(tmp_path: Path) -> None:
-    model = _model()
+    model = tiny_task.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    trainer = Trainer(model, optimizer, _data(), config=_config(tmp_path), env={})
+    trainer = Trainer(model, optimizer, tiny_task.data(), config=_config(tmp_path), env={})
     counter = Counter()
     trainer.register_state("counter", counter)
     with pytest.raises(InputError, match=r"register_state\('counter'\): that name is already"):
@@ -154,9 +134,9 @@ def test_the_types_taken_as_loadable_load_with_weights_only() -> None:
 def test_a_state_that_turns_unloadable_is_refused_at_save(tmp_path: Path) -> None:
     """Fine when registered, a user class inside by the epoch's end: the save names it
     and writes nothing that a resume could not load."""
-    model = _model()
+    model = tiny_task.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    trainer = Trainer(model, optimizer, _data(), config=_config(tmp_path), env={})
+    trainer = Trainer(model, optimizer, tiny_task.data(), config=_config(tmp_path), env={})
     opaque = Opaque()
     trainer.register_state("opaque", opaque)
     opaque.inner = Counter()
@@ -168,14 +148,14 @@ def test_a_state_that_turns_unloadable_is_refused_at_save(tmp_path: Path) -> Non
 def _stateful_trainer(
     tmp_path: Path, epochs: int, **config: Any
 ) -> tuple[Trainer, Any, Any, Any, Counter]:
-    model = _model()
+    model = tiny_task.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=5)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
     trainer = Trainer(
         model,
         optimizer,
-        _data(),
+        tiny_task.data(),
         config=_config(tmp_path, max_epochs=epochs, **config),
         env={},
         scheduler=sched,
@@ -253,9 +233,11 @@ def test_registered_objects_resume_exactly(
 def test_unknown_and_missing_names_warn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _interrupted(tmp_path, (0, 3))
     capsys.readouterr()
-    model = _model()
+    model = tiny_task.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    again = Trainer(model, optimizer, _data(), config=_config(tmp_path, max_epochs=2), env={})
+    again = Trainer(
+        model, optimizer, tiny_task.data(), config=_config(tmp_path, max_epochs=2), env={}
+    )
     fresh = Counter()
     fresh.n = 41
     again.register_state("ema", fresh)  # new since the checkpoint
@@ -287,7 +269,7 @@ def _reference(epochs: int, global_batch: int, lr: float) -> list[Any]:
     """Plain PyTorch: the same samples in the same order, one step a global batch, mean loss."""
     from icefrog_launcher.data import epoch_order
 
-    data, model = _data(220), _model()
+    data, model = tiny_task.data(220), tiny_task.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     x_all, y_all = data.tensors
     for epoch in range(epochs):
@@ -308,11 +290,11 @@ def test_accumulation_matches_one_big_batch(tmp_path: Path, global_batch: int) -
     The parameters equal plain PyTorch's with one step of B samples (mean loss,
     clipping between backward and step, momentum), the scheduler stepped per optimizer step
     only. Without accumulation the same job stepped every 8 samples."""
-    model = _model()
+    model = tiny_task.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     config = _config(tmp_path, global_batch=global_batch)
-    trainer = Trainer(model, optimizer, _data(220), config=config, env={}, scheduler=sched)
+    trainer = Trainer(model, optimizer, tiny_task.data(220), config=config, env={}, scheduler=sched)
 
     steps_seen: list[int] = []
     for _epoch in trainer.epochs():
@@ -341,10 +323,10 @@ def test_accumulation_survives_zero_grad_anywhere_and_model_zero_grad(tmp_path: 
     the same parameters as the reference (without clipping: lr small, clip never binds)."""
     results = []
     for variant in ("after", "model"):
-        model = _model()
+        model = tiny_task.model()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         config = _config(tmp_path / variant, global_batch=64, max_epochs=1)
-        trainer = Trainer(model, optimizer, _data(), config=config, env={})
+        trainer = Trainer(model, optimizer, tiny_task.data(), config=config, env={})
         if variant == "after":
             _train(trainer, optimizer)
         else:
@@ -395,11 +377,11 @@ def test_accumulation_with_a_grad_scaler(
     parameters are plain PyTorch's with one big batch (a power-of-two scale unscales
     exactly). Before, an unscale_ at every micro-step raised "unscale_() has already been
     called on this optimizer since the last update()"; now it is warned about once."""
-    model = _model()
+    model = tiny_task.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1000)
     config = _config(tmp_path, global_batch=64)
-    trainer = Trainer(model, optimizer, _data(220), config=config, env={}, scaler=scaler)
+    trainer = Trainer(model, optimizer, tiny_task.data(220), config=config, env={}, scaler=scaler)
     for _epoch in trainer.epochs():
         for x, y in trainer.loader:
             optimizer.zero_grad()
@@ -425,10 +407,10 @@ def test_accumulation_with_a_grad_scaler(
 def _accumulating_run(workdir: Path, stop_at: int | None = None) -> list[Any]:
     """--global-batch 64 (4 micro-steps of 16), 2 epochs; ``stop_at``: a real USR1 at that
     micro-step of epoch 0. The parameters at the end (or at the stop)."""
-    model = _model()
+    model = tiny_task.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     config = _config(workdir, global_batch=64)
-    trainer = Trainer(model, optimizer, _data(220), config=config, env={})
+    trainer = Trainer(model, optimizer, tiny_task.data(220), config=config, env={})
     for epoch in trainer.epochs():
         for i, (x, y) in enumerate(trainer.loader):
             if (epoch, i) == (0, stop_at):

@@ -4,8 +4,6 @@ what Slurm gave it, even with a stale decision left in its workdir."""
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,18 +19,9 @@ from icefrog_slurm.cli import main  # noqa: E402
 from icefrog_slurm.errors import InputError  # noqa: E402
 from icefrog_slurm.protocol import Decision  # noqa: E402
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("keep_signal_handlers")]
 
 STALE = Decision(round=7, gpus=1, batch=24, frozen=1, shared=True)
-
-
-@pytest.fixture(autouse=True)
-def _keep_signal_handlers() -> Iterator[None]:
-    """The Trainer installs its TERM/USR1 handlers: give pytest its own back."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    yield
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
 
 
 def _start(workdir: Path, managed: bool) -> Trainer:
