@@ -74,9 +74,9 @@ def record(plan: Plan, tx: StoreTx) -> int:
         action: str = job.action
         if action == "none" and carry:
             # Asked to checkpoint, it is exiting (or has exited) to be requeued; or a job
-            # made in its place is not linked yet: the move must go on to the new target,
-            # never end as "converged" (the job would then be recorded as failed once it
-            # exits, or the job made in its place be left held for ever).
+            # made in its place is not linked yet, or the one it replaced not cancelled:
+            # the move must go on to the new target, never end as "converged" (the job
+            # would then be recorded as failed once it exits, or a held job be left).
             action = "stop" if job.target.gres is None else "change"
         if action == "none":
             if current is not None and plan.round_no is not None:
@@ -112,14 +112,17 @@ def record(plan: Plan, tx: StoreTx) -> int:
 SIGNALLED_AT = "signalled_at"
 RESUBMITTED_FROM = "resubmitted_from"
 STARTED = "started"  # the outcome of a resubmission logged before its sbatch runs
+REPLACED = "replaced"
 
 
 def carried(tx: StoreTx, intent: Intent) -> dict[str, Any]:
     """What an intent hands on to the one that supersedes it, from its own audit log or
     what it was handed itself: ``signalled_at``, when the job was asked to checkpoint for
-    this move (``change`` or ``stop``) and has not been requeued since, and
+    this move (``change`` or ``stop``) and has not been requeued since;
     ``resubmitted_from``, the Slurm job a resubmission was begun from (logged ``resubmit``
-    / ``started`` before its sbatch)."""
+    / ``started`` before its sbatch); and ``replaced``, the Slurm job this intent's own
+    resubmission replaced and did not cancel (the controller stopped in between), which
+    the intent after it cancels while it lives."""
     actions = tx.actions(intent_id=intent.id)
     out: dict[str, Any] = {}
     times = [a.time for a in actions if a.action == "signal" and a.outcome == "ok"]
@@ -135,6 +138,10 @@ def carried(tx: StoreTx, intent: Intent) -> dict[str, Any]:
     source = begun[-1] if begun else intent.params.get(RESUBMITTED_FROM)
     if isinstance(source, str):
         out[RESUBMITTED_FROM] = source
+    made = [a.slurm_job_id for a in actions if a.action == "resubmit" and a.outcome == "ok"]
+    cancelled = {a.slurm_job_id for a in actions if a.action == "cancel" and a.outcome == "ok"}
+    if made and made[-1] not in cancelled:
+        out[REPLACED] = made[-1]  # the next intent cancels it if it lives (reconcile)
     return out
 
 

@@ -40,6 +40,7 @@ class Fixed:
     """Decides what the test says: job id -> (GPUs, node); other jobs wait."""
 
     decisions: dict[int, tuple[int, str]] = field(default_factory=dict)
+    shared: set[int] = field(default_factory=set)  # jobs given a share of their GPU
     name: str = "fixed"
 
     def decide(self, snapshot: Snapshot, *, settings: Settings) -> PolicyResult:
@@ -48,8 +49,9 @@ class Fixed:
             gpus, node = self.decisions.get(j.id, (0, ""))
             nodes = (node,) if gpus else ()
             out[j.id] = Allocation(
-                job_id=j.id, gpus=gpus, batch=32 if gpus else 0, frozen=0, nodes=nodes
-            )
+                job_id=j.id, gpus=gpus, batch=32 if gpus else 0, frozen=0, nodes=nodes,
+                shared=j.id in self.shared,
+            )  # fmt: skip
         return PolicyResult(allocations=out)
 
 
@@ -322,3 +324,27 @@ def test_a_release_killed_before_its_log_still_counts_when_the_time_limit_comes(
     world.ticks(3)
     assert world.job(job).state != "failed"
     assert world.slurm(sid)[::3] == ("PENDING", True)  # requeued held
+
+
+def test_a_resubmission_killed_before_the_old_job_s_cancel_then_a_wait_leaves_no_stray(
+    world: World,
+) -> None:
+    """Killed after a move to a shared GPU made and linked the new Slurm job, before it
+    cancelled the old one; the restarted controller's round tells the job to wait: the old
+    job is cancelled all the same, not left held beside the new one."""
+    job, sid = world.submit("j")
+    world.policy.decisions = {job: (1, "sim0000")}
+    world.ticks(3)
+    world.next_round({job: (1, "sim0000")})
+    world.policy.shared = {job}
+    world.ticks(1)
+    world.files.marks["/sim/j"] = world.clock.now()
+    world.kill_at = lambda point: point == "link:logged"
+    assert not all(world.tick() for _ in range(4))
+    new = world.job(job).slurm_job_id
+    assert new != sid and world.slurm(sid)[::3] == ("PENDING", True)
+    world.next_round({})  # it waits
+    world.restart()
+    world.ticks(3)
+    assert world.slurm(sid)[0] == "CANCELLED"
+    assert world.slurm(new)[::3] == ("PENDING", True)
