@@ -202,7 +202,13 @@ class Controller:
             and not self.dry_run
             and (self._last_drain is None or now - self._last_drain >= self.settings.inbox.poll_s)
         ):
-            drained = self.drain()
+            try:
+                drained = self.drain()
+            except LostLead:
+                raise
+            except Exception as exc:  # the inbox's filesystem gone or hung: plan without it
+                log.error("inbox drain failed, the tick goes on without it: %s",
+                          printable(f"{type(exc).__name__}: {exc}", 300))  # fmt: skip
             self._last_drain = now
         started, cpu = time.perf_counter(), time.process_time()
         with collector_paused(), self.store.transaction(consistent=True) as tx:

@@ -348,3 +348,22 @@ def test_a_resubmission_killed_before_the_old_job_s_cancel_then_a_wait_leaves_no
     world.ticks(3)
     assert world.slurm(sid)[0] == "CANCELLED"
     assert world.slurm(new)[::3] == ("PENDING", True)
+
+
+def test_an_inbox_that_cannot_be_read_does_not_stop_the_rounds(world: World) -> None:
+    """The filesystem holding the inbox is gone (unmounted, stale): each drain fails, and
+    the ticks go on planning and enacting without new reports."""
+    calls: list[int] = []
+
+    def gone() -> None:
+        calls.append(1)
+        raise FileNotFoundError(2, "No such file or directory", "/var/lib/icefrog/inbox")
+
+    world.ctl.drain = gone
+    job, sid = world.submit("j")
+    world.policy.decisions = {job: (1, "sim0000")}
+    world.ticks(3, advance=40)
+    assert calls and world.slurm(sid)[:2] == ("RUNNING", "gpu:1")
+    world.next_round({job: (2, "sim0000")})
+    world.ticks(2, advance=40)
+    assert world.signals == [sid]  # the round's move went on
