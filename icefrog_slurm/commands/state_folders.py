@@ -60,6 +60,11 @@ def inspect(folder: Folder, *, inbox: Path | None = None) -> tuple[bool, str]:
     try:
         st = os.stat(folder.path)
     except FileNotFoundError:
+        if inbox is not None and _device(folder.path) != _device(inbox):
+            return False, (
+                f"{shown} would be made on another filesystem than the inbox: "
+                f"set {folder.key} beside the inbox"
+            )
         return True, f"absent: the first start makes it, mode {folder.mode:04o}"
     except OSError as exc:
         return False, f"{shown}: {exc.strerror}"
@@ -88,6 +93,17 @@ def inspect(folder: Folder, *, inbox: Path | None = None) -> tuple[bool, str]:
     if mode != folder.mode and folder.set_at_start:
         return True, f"mode {mode:04o}, set to {folder.mode:04o} at start"
     return True, f"mode {mode:04o}, uid {uid}"
+
+
+def _device(path: Path) -> int | None:
+    """The filesystem ``path`` is on, or would be made on: its nearest existing folder's
+    (None when not even ``/`` can be looked at)."""
+    for p in (path, *path.parents):
+        try:
+            return os.stat(p).st_dev
+        except OSError:
+            continue
+    return None
 
 
 def make(settings: Settings) -> None:

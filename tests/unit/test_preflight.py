@@ -166,6 +166,29 @@ def test_the_archive_must_share_the_inbox_filesystem(tmp_path: Path) -> None:
         archive.rmdir()
 
 
+def test_an_absent_archive_whose_parent_is_on_another_filesystem_fails_the_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The inbox on a shared filesystem, the archive left at a path the first start would
+    make elsewhere: the check says so before the start fails, and the start makes nothing."""
+    other = Path("/dev/shm")
+    if not other.is_dir() or other.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no second filesystem to put the inbox on")
+    inbox = Path(os.path.realpath(other)) / f"icefrog-test-{os.getpid()}"
+    inbox.mkdir(mode=0o1733)
+    try:
+        archive = tmp_path / "state" / "archive"
+        config = _config(tmp_path, f'[inbox]\ndir = "{inbox}"\narchive_dir = "{archive}"\n')
+        _upgrade(config)
+        _code, lines = _check(config, capsys)
+        assert "another filesystem than the inbox" in lines["inbox.archive_dir"]
+        with pytest.raises(InputError, match="another filesystem than the inbox"):
+            preflight.first_start(load_settings(config), config=str(config))
+        assert not archive.exists()
+    finally:
+        inbox.rmdir()
+
+
 # --- the first start ------------------------------------------------------------------------
 
 
