@@ -149,10 +149,18 @@ class SqlStore:
         """Become the one active controller: a held lease, or None while another controller
         holds the lock (store/leader.py). From then on every write transaction checks the
         lease (fenced), until it is released; a lost lease refuses them all.
-        InputError for a database no lock can guard (``sqlite://`` in memory)."""
+        InputError for a database no lock can guard (``sqlite://`` in memory), and for one
+        not at the code's revision once the lock is held (an upgrade or downgrade made
+        while this controller waited): the lock is let go."""
         lease = try_lead(self.engine)
-        if lease is not None:
-            self._lease = lease
+        if lease is None:
+            return None
+        try:  # a standby that waited may meet a schema changed since it started
+            self.check_schema()
+        except BaseException:
+            lease.release()
+            raise
+        self._lease = lease
         return lease
 
     @classmethod

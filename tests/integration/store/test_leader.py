@@ -256,3 +256,24 @@ def libpq_parameters(engine: Engine) -> dict[str, str]:
     with engine.connect() as conn:
         dbapi: Any = conn.connection.dbapi_connection
         return dict(dbapi.info.get_parameters())
+
+
+def test_a_standby_taking_the_lead_refuses_a_schema_changed_while_it_waited(
+    stores: tuple[SqlStore, SqlStore],
+) -> None:
+    """B waits while A leads; A stops and the database is downgraded (allowed: nobody
+    leads); B takes the lock, finds the revision is not its code's, lets the lock go and
+    refuses to run, where it led on a schema its code does not know."""
+    from icefrog_slurm.store import migrate
+
+    a, b = stores
+    lease = a.try_lead()
+    assert lease is not None and b.try_lead() is None
+    lease.release()
+    migrate.downgrade(b.url, "0006")
+    with pytest.raises(InputError, match="run `icefrog db upgrade`"):
+        b.try_lead()
+    migrate.upgrade(b.url)
+    again = a.try_lead()  # the lock was let go
+    assert again is not None
+    again.release()
