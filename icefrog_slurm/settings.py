@@ -180,8 +180,9 @@ class SharingSettings:
     speed_factor: float = field(default=0.9, metadata=_bounds(exclusive_minimum=0.0, maximum=1.0))
     """λ of eq 8: the throughput factor of a job on a safely shared GPU (0.9)."""
 
-    max_jobs_per_gpu: int = field(default=2, metadata=_bounds(minimum=1))
-    """At most this many jobs share one GPU (the paper packs pairs); 1 turns sharing off."""
+    max_jobs_per_gpu: int = field(default=2, metadata=_bounds(minimum=1, maximum=2))
+    """At most this many jobs share one GPU: 2 (the paper packs pairs, and the solver's
+    capacity and memory checks are for pairs) or 1, which turns sharing off."""
 
     unstable_util_std: float = field(default=0.15, metadata=_bounds(exclusive_minimum=0.0))
     """A packed job whose sampled GPU utilization (0..1) has a standard deviation above this

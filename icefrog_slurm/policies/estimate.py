@@ -383,7 +383,7 @@ class Estimator:
                         loads=loads, layers=layers, lam=lam,
                         gpu_memory=settings.slurm.gpu_mem_gb * BYTES_PER_GB,
                         memory_safety=sharing.memory_safety,
-                        jobs_per_gpu=min(max(sharing.max_jobs_per_gpu, 1), 2),
+                        jobs_per_gpu=sharing.max_jobs_per_gpu,
                     )  # fmt: skip
                     cached.shared_for = made_of
                 prepared.todo.append(((1, True), batches[1], cached.shared_grid, lam))

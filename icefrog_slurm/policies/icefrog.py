@@ -153,7 +153,7 @@ def _cluster(snapshot: Snapshot, settings: Settings) -> Cluster:
         gpus_per_node=gpn,
         gpu_mem_gb=settings.slurm.gpu_mem_gb,
         nodes=whole,
-        max_jobs_per_gpu=min(settings.sharing.max_jobs_per_gpu, 2),
+        max_jobs_per_gpu=settings.sharing.max_jobs_per_gpu,
         mem_safety=settings.sharing.memory_safety,
     )
 

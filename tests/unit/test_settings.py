@@ -89,6 +89,7 @@ def test_every_field_has_a_docstring() -> None:
         ),
         ({"controller": {"round_period_s": 0}}, "controller.round_period_s: must be > 0"),
         ({"sharing": {"max_jobs_per_gpu": 2.5}}, "sharing.max_jobs_per_gpu: must be an integer"),
+        ({"sharing": {"max_jobs_per_gpu": 4}}, "sharing.max_jobs_per_gpu: must be <= 2"),
         ({"sharing": {"speed_factor": 1.5}}, "sharing.speed_factor: must be <= 1"),
         ({"metrics": {"port": 70000}}, "metrics.port: must be <= 65535"),
         (
