@@ -49,6 +49,7 @@ ACTIONS: tuple[Field[SlurmAction], ...] = (
     Field("RC", 3, lambda a: "" if a.rc is None else str(a.rc)),
     Field("SlurmJobID", 10, lambda a: a.slurm_job_id or ""),
     Field("Command", 40, lambda a: shlex.join(a.command), left=True),
+    Field("Detail", 30, lambda a: a.detail, left=True),
 )
 
 

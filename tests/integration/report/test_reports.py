@@ -192,8 +192,8 @@ Trajectory: 4 of 5 rounds changed the decision
      5 2026-11-20T10:00:00    4     no    64      2 0.700   00:50:00    1.000 n[1-2]
 
 Slurm actions: latest 2 of 3
-               Time Action       Outcome  RC SlurmJobID Command
-------------------- ------------ ------- --- ---------- ----------------------------------------
+               Time Action       Outcome  RC SlurmJobID Command                                  Detail
+------------------- ------------ ------- --- ---------- ---------------------------------------- ------------------------------
 2026-11-20T08:30:10 resubmit     ok        0        107 sbatch --hold job.sh
 2026-11-20T10:00:01 release      ok        0        107 scontrol release 107
 """
