@@ -196,7 +196,7 @@ Slurm actions: latest 2 of 3
 ------------------- ------------ ------- --- ---------- ---------------------------------------- ------------------------------
 2026-11-20T08:30:10 resubmit     ok        0        107 sbatch --hold job.sh
 2026-11-20T10:00:01 release      ok        0        107 scontrol release 107
-"""
+"""  # noqa: E501
 
 
 def test_show_job_trajectory_chain_and_actions(
