@@ -46,6 +46,7 @@ does, and the pass goes on with the others.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -54,7 +55,7 @@ from typing import Any
 from icefrog_slurm.controller.decisions import DecisionWriter
 from icefrog_slurm.controller.ports import Clock, JobFiles, StorePort, StoreTx
 from icefrog_slurm.controller.record import RESUBMITTED_FROM, STARTED, carried, signalled_at
-from icefrog_slurm.controller.release_timing import ReleaseTiming, last_move
+from icefrog_slurm.controller.release_timing import REQUEUES, ReleaseTiming, last_move
 from icefrog_slurm.controller.requeue import REQUEUE, EndedJobs, requeue_ended, requeue_hold
 from icefrog_slurm.controller.tick import launch_refused, matches, run_dir_of
 from icefrog_slurm.domain.cluster import SlurmJobState
@@ -372,6 +373,11 @@ class Reconciler:
             log.warning(msg, job_id, sid)
             self._do(intent, job_id, sid, "requeue_hold", r, partial(self._requeue_hold, sid))
             return
+        if self._restarted_since_requeue(intent, sid):  # its owner released it: ours again
+            msg = "job=%d slurm_job=%s: runs again though this move holds it; requeued at once"
+            log.warning(msg, job_id, sid)
+            self._do(intent, job_id, sid, "requeue_hold", r, partial(self._requeue_hold, sid))
+            return
         since = self._signalled_at(intent)
         if since is None:
             self._do(
@@ -387,6 +393,18 @@ class Reconciler:
             msg = "job=%d slurm_job=%s: no checkpoint after %.0f s; requeued anyway"
             log.warning(msg, job_id, sid, waited)
         self._do(intent, job_id, sid, "requeue_hold", r, partial(self._requeue_hold, sid))
+
+    def _restarted_since_requeue(self, intent: Intent, sid: str) -> bool:
+        """Whether this move requeued the Slurm job and has not released it since, yet the
+        job runs: its owner released it (``scontrol release``) before the move's update,
+        so it runs on what it held. It checkpointed for that requeue: requeued again at
+        once, with no second signal and no checkpoint wait."""
+        with self.store.transaction() as tx:
+            done = [a for a in tx.actions(intent_id=intent.id)
+                    if a.slurm_job_id == sid and a.outcome == "ok"]  # fmt: skip
+        requeued = [a.time for a in done if a.action in REQUEUES]
+        released = [a.time for a in done if a.action == "release"]
+        return bool(requeued) and max(requeued) > max(released, default=-math.inf)
 
     def _requeue_hold(self, sid: str) -> str:
         """:func:`~icefrog_slurm.controller.requeue.requeue_hold` on this cluster."""

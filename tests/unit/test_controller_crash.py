@@ -367,3 +367,26 @@ def test_an_inbox_that_cannot_be_read_does_not_stop_the_rounds(world: World) -> 
     world.next_round({job: (2, "sim0000")})
     world.ticks(2, advance=40)
     assert world.signals == [sid]  # the round's move went on
+
+
+def test_an_owner_releasing_a_job_the_move_requeued_is_requeued_again_at_once(
+    world: World,
+) -> None:
+    """A move shrinks a job from 2 GPUs to 1: it ignores the signal and is requeued held;
+    its owner releases it before the move's update, so it runs on 2 GPUs again. The move
+    requeues it at once (it checkpointed, or had its chance to), never asks again and waits
+    another checkpoint timeout, and then starts it on 1 GPU."""
+    job, sid = world.submit("j")
+    world.policy.decisions = {job: (2, "sim0000")}
+    world.ticks(3)
+    world.next_round({job: (1, "sim0000")})
+    for _ in range(30):
+        world.ticks(1, advance=10)
+        if world.slurm(sid)[0] == "PENDING":
+            break
+    assert world.slurm(sid) == ("PENDING", "gpu:2", "", True)  # requeued, not updated yet
+    world.cluster.release(job_id=sid)  # its owner's scontrol release
+    assert world.slurm(sid)[:2] == ("RUNNING", "gpu:2")
+    world.ticks(5)
+    assert world.slurm(sid)[:2] == ("RUNNING", "gpu:1")
+    assert world.signals == [sid]
