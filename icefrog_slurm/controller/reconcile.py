@@ -188,15 +188,15 @@ class Reconciler:
         target = SlurmRequest.from_params(intent.params.get("target", {}))
         with self.store.transaction() as tx:
             job = tx.job(intent.job_id) if intent.job_id is not None else None
+            begun = carried(tx, intent).get(RESUBMITTED_FROM)
         if job is None or job.state not in ACTIVE_STATES:
             if job is not None:
-                self._cancel_left_held(intent, job, result)
+                self._cancel_left_held(intent, job, result, begun=begun)
             with self.store.transaction() as tx:
                 self._finish(tx, intent, "done", "the job has ended")
             return "done"
         with self.store.transaction() as tx:
             tx.start_intent(intent_id=intent.id, now=self.clock.now())
-            begun = carried(tx, intent).get(RESUBMITTED_FROM)
         try:
             if begun == job.slurm_job_id:
                 job = self._link_successor(intent, job)
@@ -222,21 +222,30 @@ class Reconciler:
         log.info("job=%d slurm_job=%s: %s done (%s)", job.id, sid, intent.action, detail)
         return "done"
 
-    def _cancel_left_held(self, intent: Intent, job: JobRecord, r: ReconcileResult) -> None:
+    def _cancel_left_held(
+        self, intent: Intent, job: JobRecord, r: ReconcileResult, *, begun: str | None
+    ) -> None:
         """The job ended in the store (its ``finished`` report, say) while this intent was
         moving it: a Slurm job of its owner that this move left pending with a user hold
-        (it requeued the job, which had in fact finished) would never be released; cancel
-        it. A running one is left alone, and so is one an administrator holds."""
-        sid = job.slurm_job_id
-        state = self.cluster.poll(job_ids=[sid]).get(sid)
-        if (
-            state is not None
-            and state.user_id == job.owner_uid
-            and state.state == "PENDING"
-            and state.held
-            and not state.admin_held
-        ):
-            self._do(intent, job.id, sid, "cancel", r, partial(self.cluster.cancel, job_id=sid))
+        (it requeued the job, which had in fact finished; or a resubmission ``begun`` from
+        it made one and the controller stopped before linking it) would never be released;
+        cancel it. A running one is left alone, and so is one an administrator holds."""
+        sids = [job.slurm_job_id]
+        if begun == job.slurm_job_id:
+            new = self.cluster.find_successor(job_id=begun, owner_uid=job.owner_uid)
+            sids += [] if new is None else [new]
+        polled = self.cluster.poll(job_ids=sids)
+        for sid in sids:
+            state = polled.get(sid)
+            if (
+                state is not None
+                and state.user_id == job.owner_uid
+                and state.state == "PENDING"
+                and state.held
+                and not state.admin_held
+            ):
+                cancel = partial(self.cluster.cancel, job_id=sid)
+                self._do(intent, job.id, sid, "cancel", r, cancel)
 
     def _released_unlogged(self, intent: Intent, job_id: int, sid: str) -> None:
         """A job found running as its intent asks with no release of it in the audit log

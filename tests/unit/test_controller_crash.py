@@ -390,3 +390,30 @@ def test_an_owner_releasing_a_job_the_move_requeued_is_requeued_again_at_once(
     world.ticks(5)
     assert world.slurm(sid)[:2] == ("RUNNING", "gpu:1")
     assert world.signals == [sid]
+
+
+def test_a_job_that_finished_during_an_unlinked_resubmission_leaves_no_held_job(
+    world: World,
+) -> None:
+    """The training ends (exit 0) just as a move to a shared GPU begins; the move requeues
+    the ended job and makes its shard job, and the controller is killed before the link;
+    then the job's finished report ends it. Neither Slurm job is left held for ever."""
+    from icefrog_slurm.protocol import FinishedReport
+
+    job, sid = world.submit("j")
+    world.policy.decisions = {job: (1, "sim0000")}
+    world.ticks(3)
+    world.next_round({job: (1, "sim0000")})
+    world.policy.shared = {job}
+    world.ticks(1)
+    world.cluster.complete(job_id=sid)  # exit 0: its training reached the end
+    world.kill_at = lambda point: point == "resubmit:done"
+    assert not all(world.tick() for _ in range(6))
+    made = world.cluster.find_successor(job_id=sid, owner_uid=UID)
+    assert made is not None and world.job(job).slurm_job_id == sid  # made, not linked
+    with world.store.transaction() as tx:
+        report = FinishedReport(reason="target", epoch=7, final_metric=0.95)
+        tx.mark_finished(job_id=job, report=report, now=world.clock.now())
+    world.restart()
+    world.ticks(3)
+    assert world.slurm(sid)[0] == "CANCELLED" and world.slurm(made)[0] == "CANCELLED"
