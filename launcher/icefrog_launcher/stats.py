@@ -46,6 +46,7 @@ class GradStatsCollector:
         # one-replica estimator: the previous measured step's gradients (a list at run time,
         # a tuple in torch's stubs)
         self._previous: tuple[torch.Tensor, ...] | list[torch.Tensor] | None = None
+        self._previous_step = -1  # the step those gradients are of
         # Sums over the epoch, kept on the gradients' device so that measuring a step never
         # waits for the GPU (one copy to the host per epoch, in end_epoch); rows: var, sqr,
         # count, local. Created at the first measured step.
@@ -99,11 +100,19 @@ class GradStatsCollector:
         if self.every <= 0 or not grads:
             return
         if world > 1:
+            self._previous = None  # a pair is two steps of one replica
             self._finish_pollux(layer_index, grads, local_batch, world, group)
         elif step % self.every == 0:
             self._previous = torch._foreach_mul(grads, 1.0)  # a copy, in one launch
-        elif self._previous is not None and len(self._previous) == len(grads):
+            self._previous_step = step
+        elif (
+            self._previous is not None
+            and self._previous_step == step - 1
+            and len(self._previous) == len(grads)
+        ):
             self._finish_pair(layer_index, grads, local_batch)
+        else:  # not the step after it (a resume elsewhere): no pair
+            self._previous = None
 
     def _finish_pollux(
         self,
@@ -215,6 +224,7 @@ class GradStatsCollector:
             "frozen_sqr": list(self.frozen_sqr),
             "sums": sums,
             "previous": previous,
+            "previous_step": self._previous_step,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -228,3 +238,4 @@ class GradStatsCollector:
             self._acc = torch.zeros(4, self.num_layers, dtype=torch.float64)
             self._acc[:3] = torch.tensor(sums, dtype=torch.float64)
         self._previous = list(state.get("previous", [])) or None
+        self._previous_step = int(state.get("previous_step", -1))

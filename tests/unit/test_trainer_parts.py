@@ -193,6 +193,27 @@ def test_one_replica_statistics_estimate_variance() -> None:
     assert var2[0] == var[0]  # the frozen layer keeps its at-freeze value (eq 3)
 
 
+def test_a_measured_step_pairs_only_with_the_step_right_after_it_on_one_replica() -> None:
+    """A one-replica step's copy (saved in a checkpoint at a stop) is paired only with the
+    next step of one replica: a resume on two replicas drops it (it no longer rides in
+    every checkpoint), and one that comes back to one replica at another step pairs
+    nothing with it."""
+    index = torch.tensor([0, 1])
+    grads = [torch.ones(4), torch.ones(3)]
+    stats = GradStatsCollector(2, every=8)
+    stats.finish_step(index, grads, step=8, local_batch=4, world=1)
+    assert stats.state_dict()["previous"]  # kept for the pair, also across a stop
+    moved = GradStatsCollector(2, every=8)
+    moved.load_state_dict(stats.state_dict())
+    moved.finish_step(index, grads, step=17, local_batch=4, world=1)  # not step 9
+    assert moved.state_dict()["previous"] == [] and moved.state_dict()["sums"] == []
+    two = GradStatsCollector(2, every=8)
+    two.load_state_dict(stats.state_dict())
+    two._finish_pollux = lambda *a, **k: None  # type: ignore[method-assign]
+    two.finish_step(index, grads, step=16, local_batch=4, world=2)
+    assert two.state_dict()["previous"] == []
+
+
 def test_statistics_so_far_are_what_the_epoch_end_gives_without_resetting() -> None:
     """``so_far`` (the trainer's mid-epoch reports): None before the epoch's first measured
     step, then the averages so far, equal to what ``end_epoch`` returns at that point, and
