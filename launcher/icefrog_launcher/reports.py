@@ -14,12 +14,22 @@ restarting, slow) a report is kept, in order, and signed and written at the next
 the ``finished`` report, the last one, waits for munged up to ``FINAL_WAIT_S``. A report
 that munge refuses, or that cannot be signed because munge is not installed, is written
 with no credential (the controller rejects it and says why).
+
+Reports are advisory to the training, so a report that cannot be written (the inbox is
+full, read-only, stale, missing or not this user's to write: any OSError) never fails the
+job: it is kept in order like one waiting for munged and written, after the ones before it,
+at the next report once the inbox takes writes again (the ``finished`` report waits for
+that up to ``FINAL_WAIT_S`` too). One warning on stderr when such an outage starts, one
+when it ends. At most ``MAX_WAITING`` reports are kept; beyond that the oldest is dropped
+(the controller's ledger takes a later seq after a gap; ``icefrog submit`` registered the
+job already).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,7 +44,8 @@ if TYPE_CHECKING:
 FINAL_WAIT_S = 120.0
 """How long the last report of a job waits for munged to answer."""
 MAX_WAITING = 10000
-"""Reports kept while munged is away; beyond that the oldest are written unsigned."""
+"""Reports kept while munged is away (beyond that the oldest are written unsigned) or the
+inbox cannot be written (beyond that the oldest are dropped)."""
 
 
 class Reporter:
@@ -48,14 +59,20 @@ class Reporter:
         self.slurm_job_id = slurm_job_id
         self.job_name = job_name
         self.seq = 1
-        self.waiting: list[Envelope] = []  # made while munged could not be asked
+        # made while munged could not be asked or the inbox could not be written
+        self.waiting: list[Envelope] = []
+        self.write_error = ""  # why the inbox took no report, while it takes none
+        self.dropped = 0  # reports dropped in this outage (MAX_WAITING)
         if self.enabled:
-            Path(inbox).mkdir(parents=True, exist_ok=True)
-            # <job id>, or a token folder of this process when another user took that name
-            self.folder = security.job_folder(inbox, slurm_job_id)
-            # reports still waiting in the folder (the controller is slow or down)
-            existing = [int(p.name.split("-")[0]) for p in self.folder.glob("*-*.json")]
-            self.seq = max(existing, default=0) + 1
+            try:
+                Path(inbox).mkdir(parents=True, exist_ok=True)
+                # <job id>, or a token folder of this process when another user took that name
+                self.folder = security.job_folder(inbox, slurm_job_id)
+                # reports still waiting in the folder (the controller is slow or down)
+                existing = [int(p.name.split("-")[0]) for p in self.folder.glob("*-*.json")]
+                self.seq = max(existing, default=0) + 1
+            except OSError as exc:  # the time-based seq of send() keeps numbers unique
+                self._write_failed(exc)
 
     def send(self, kind: str, payload: Mapping[str, Any] | DataclassInstance) -> Path | None:
         if not self.enabled:
@@ -78,8 +95,34 @@ class Reporter:
         while True:
             path = self._drop_waiting()
             if not self.waiting or time.monotonic() >= deadline:
+                if self.waiting and kind == "finished":
+                    print(
+                        f"icefrog trainer: warning: {len(self.waiting)} reports of this job "
+                        f"were not written (munged or the inbox did not come back)",
+                        file=sys.stderr,
+                    )
                 return path
             time.sleep(min(5.0, max(deadline - time.monotonic(), 0.0)))
+
+    def _write_failed(self, exc: BaseException) -> None:
+        """Say once per outage that the inbox takes no reports (and that they are kept)."""
+        if not self.write_error:
+            self.write_error = str(exc) or type(exc).__name__
+            print(
+                f"icefrog trainer: warning: reports cannot be written to "
+                f"{self.folder.parent} ({self.write_error}); they are kept, in order, and "
+                f"written when it takes writes again; the training goes on",
+                file=sys.stderr,
+            )
+
+    def _write_resumed(self) -> None:
+        if self.write_error:
+            dropped = f" ({self.dropped} oldest reports dropped)" if self.dropped else ""
+            print(
+                f"icefrog trainer: reports are written to {self.folder.parent} again{dropped}",
+                file=sys.stderr,
+            )
+        self.write_error, self.dropped = "", 0
 
     def _drop_waiting(self) -> Path | None:
         """Sign and write the kept reports, oldest first; stop at the first that munged
@@ -96,6 +139,15 @@ class Reporter:
                     return path
             except security.MungeError:
                 pass  # munge refused to sign it: unsigned as well
-            path = security.drop_report(self.folder.parent, envelope)
+            try:
+                path = security.drop_report(self.folder.parent, envelope)
+            except OSError as exc:  # full, read-only, stale, missing: kept for later
+                self._write_failed(exc)
+                while len(self.waiting) > MAX_WAITING:
+                    self.waiting.pop(0)
+                    self.dropped += 1
+                return path
+            self._write_resumed()
+            self.folder = path.parent  # known now if the inbox was away at the start
             self.waiting.pop(0)
         return path

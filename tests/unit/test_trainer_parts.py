@@ -145,6 +145,74 @@ def test_reports_wait_for_munged_and_keep_their_order(
     assert final is not None and parse_envelope(final.read_bytes()).credential.startswith("MUNGE:")
 
 
+def _fake_sign(monkeypatch: pytest.MonkeyPatch) -> None:
+    from icefrog_slurm import security
+
+    def sign(envelope: Envelope, **_: object) -> Envelope:
+        return dataclasses.replace(envelope, credential=f"MUNGE:{envelope.seq}")
+
+    monkeypatch.setattr(security, "sign", sign)
+
+
+def test_reports_wait_for_a_writable_inbox_and_keep_their_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An inbox that cannot be written (missing: its parent is a file, as root can write a
+    read-only folder; then a full disk) fails no report: each is kept in order, one warning
+    an outage, and written, oldest first, once the inbox takes writes again."""
+    import errno
+
+    from icefrog_launcher import reports
+    from icefrog_slurm import security
+
+    _fake_sign(monkeypatch)
+    blocker = tmp_path / "shared"
+    blocker.write_text("not a folder")
+    inbox = blocker / "inbox"
+    reporter = Reporter(inbox=str(inbox), slurm_job_id="20", job_name="m")  # raised before
+    assert reporter.send("metric", {"epoch": 0, "name": "loss", "value": 3.0}) is None
+    assert reporter.send("metric", {"epoch": 1, "name": "loss", "value": 2.0}) is None
+    assert len(reporter.waiting) == 2
+    err = capsys.readouterr().err
+    assert err.count("warning: reports cannot be written") == 1 and "kept, in order" in err
+    blocker.unlink()  # the inbox is back (mounted again)
+    inbox.mkdir(parents=True)
+    last = reporter.send("metric", {"epoch": 2, "name": "loss", "value": 1.0})
+    assert last is not None and reporter.waiting == [] and last.parent == reporter.folder
+    written = sorted(reporter.folder.iterdir(), key=lambda p: int(p.name.split("-")[0]))
+    assert last == written[-1]
+    envelopes = [parse_envelope(p.read_bytes()) for p in written]
+    assert [e.payload["epoch"] for e in envelopes] == [0, 1, 2]
+    assert all(e.credential == f"MUNGE:{e.seq}" for e in envelopes)
+    assert "written to" in capsys.readouterr().err
+    # a full disk: the same, and no temp file is left behind
+    real_write = security.write_atomic
+    full = [True]
+
+    def write_atomic(path: Path, data: bytes, **kw: int) -> None:
+        if full[0]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(path, data, **kw)
+
+    monkeypatch.setattr(security, "write_atomic", write_atomic)
+    monkeypatch.setattr(reports, "MAX_WAITING", 3)  # bounded: the oldest are dropped
+    for epoch in range(3, 8):
+        assert reporter.send("metric", {"epoch": epoch, "name": "loss", "value": 0.5}) is None
+    assert [e.payload["epoch"] for e in reporter.waiting] == [5, 6, 7]
+    assert capsys.readouterr().err.count("No space left on device") == 1
+    full[0] = False
+    reporter.send("metric", {"epoch": 8, "name": "loss", "value": 0.5})
+    assert reporter.waiting == [] and "2 oldest reports dropped" in capsys.readouterr().err
+    tail = sorted(reporter.folder.iterdir(), key=lambda p: int(p.name.split("-")[0]))[3:]
+    assert [parse_envelope(p.read_bytes()).payload["epoch"] for p in tail] == [5, 6, 7, 8]
+    # the last report waits for the inbox as for munged, then gives up without raising
+    full[0] = True
+    monkeypatch.setattr(reports, "FINAL_WAIT_S", 0.0)
+    final = {"reason": "max_epochs", "epoch": 8, "final_metric": 0.5}
+    assert reporter.send("finished", final) is None
+    assert "1 reports of this job were not written" in capsys.readouterr().err
+
+
 def test_decision_parsing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     decision = Decision(round=3, gpus=2, batch=64, frozen=4, shared=True)
     assert parse_decision(decision.to_json()) == decision

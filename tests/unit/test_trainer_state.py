@@ -436,3 +436,32 @@ def test_a_stop_signal_waits_for_the_optimizer_step(tmp_path: Path) -> None:
     resumed = _accumulating_run(tmp_path / "split")
     for a, b in zip(resumed, whole, strict=True):
         assert torch.equal(a, b)
+
+
+def test_an_unwritable_inbox_fails_no_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Reports are advisory: an inbox that cannot be written (here missing under a file, as
+    root writes a read-only folder anyway) neither fails Trainer() nor a report of the run;
+    it warns once and keeps the reports for when the inbox is back."""
+    import dataclasses
+
+    from icefrog_launcher import reports
+    from icefrog_slurm import security
+    from icefrog_slurm.protocol import Envelope
+
+    def sign(envelope: Envelope, **_: object) -> Envelope:
+        return dataclasses.replace(envelope, credential="MUNGE:fake")
+
+    monkeypatch.setattr(security, "sign", sign)
+    monkeypatch.setattr(reports, "FINAL_WAIT_S", 0.0)
+    (tmp_path / "blocker").write_text("a file where the inbox's parent should be")
+    config = _config(tmp_path, inbox=str(tmp_path / "blocker" / "inbox"), slurm_job_id="31")
+    model = tiny_task.model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(model, optimizer, tiny_task.data(), config=config, env={})
+    _train(trainer, optimizer)
+    assert trainer.finished == "max_epochs"
+    kinds = [e.kind for e in trainer.reporter.waiting]
+    assert kinds[0] == "register" and kinds[-1] == "finished"
+    assert capsys.readouterr().err.count("warning: reports cannot be written") == 1
