@@ -11,8 +11,10 @@ it is looked at is simply not there.
 - :func:`scan` lists the inbox: job folders (``<job id>`` and ``<job id>.<token>``, see
   ``security.job_folder``) with their owner and report files, and junk entries; it looks at
   every entry of the inbox but keeps at most :data:`MAX_OWNER_ENTRIES` of each owner (so
-  one user's million folders cannot push anyone else's out of a scan) and
-  :data:`MAX_FOLDER_ENTRIES` a folder a drain.
+  one user's million folders cannot push anyone else's out of a scan) and, of each job
+  folder, the :data:`MAX_FOLDER_ENTRIES` that come first in a drain's order (junk, then
+  reports by ``seq``), chosen from its listing alone (no file is looked at for it), so a
+  folder that grew past the bound while the controller was away is still read in order.
 - :func:`fair_order` picks what one drain reads: at most ``per_owner`` entries of each
   owner, taken in turn across owners, ``total`` in all, each job's reports in ``seq`` order.
 - :func:`read_report` reads a report file after checking what it is and who owns it.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import heapq
 import itertools
 import logging
 import os
@@ -52,7 +55,12 @@ MAX_OWNER_ENTRIES = 10_000
 """Entries of the inbox of one owner (uid) one scan keeps (the rest wait until these are
 gone); the scan itself goes over every entry, whoever owns it."""
 MAX_FOLDER_ENTRIES = 10_000
-"""Entries of one job folder one scan looks at."""
+"""Entries of one job folder one scan keeps: the first in a drain's order (junk, then the
+lowest ``seq``); the rest wait for a later drain."""
+MAX_FOLDER_LISTED = 1_000_000
+"""Names of one job folder one scan lists to choose them (in the folder's own order): a
+user's ten million files cost a scan no more than this. A job that reports every few
+seconds fills it in weeks; one with short epochs (about 500 reports an hour) in months."""
 JUNK_FOLDER = "_inbox"
 """The archive folder of entries that are no job folder (``archive/rejected/_inbox``)."""
 
@@ -132,7 +140,7 @@ def scan(inbox_fd: int, *, stale_before: float) -> Scan:
             with open_folder(inbox_fd, folder) as job_fd:
                 inside = [
                     Item(folder, n, folder.uid)
-                    for n in _listdir(job_fd, MAX_FOLDER_ENTRIES)
+                    for n in _first_names(job_fd, MAX_FOLDER_ENTRIES)
                     if not n.startswith(".") or _stale(n, job_fd, stale_before)
                 ]
         except OSError as exc:  # swapped or removed meanwhile: next drain
@@ -300,15 +308,27 @@ def _names(fd: int) -> Iterator[str]:
         log.warning("inbox: cannot list a folder: %s", exc.strerror)
 
 
-def _listdir(fd: int, limit: int) -> list[str]:
-    """At most ``limit`` names of the folder (in the folder's own order, the same from one
-    drain to the next): a user's million files cost a drain no more than ``limit``."""
+def _first_names(fd: int, limit: int) -> list[str]:
+    """The ``limit`` names of a job folder that a drain reads first (:func:`_name_order`:
+    junk, then reports by ``seq``), from at most :data:`MAX_FOLDER_LISTED` names of its
+    listing; nothing but the listing is read, and only ``limit`` names are held. Taking
+    the first ``limit`` names in the folder's own order instead would read a folder grown
+    past the bound (a long controller outage) out of order, and an older report left for a
+    later drain would fall below the ledger's kept window and be refused as a replay."""
     try:
         with os.scandir(fd) as entries:
-            return [e.name for e in itertools.islice(entries, limit)]
+            names = (e.name for e in itertools.islice(entries, MAX_FOLDER_LISTED))
+            return heapq.nsmallest(limit, names, key=_name_order)
     except OSError as exc:
         log.warning("inbox: cannot list a folder: %s", exc.strerror)
         return []
+
+
+def _name_order(name: str) -> tuple[int, str]:
+    """A job folder's entry's place in :attr:`Item.order`: junk (no ``<seq>-<kind>.json``
+    name) first, as -1, then the seq."""
+    m = FILE.fullmatch(name)
+    return (int(m.group(1)) if m else -1), name
 
 
 def _listdir_path(path: Path) -> list[str]:
