@@ -326,18 +326,25 @@ def test_a_release_killed_before_its_log_still_counts_when_the_time_limit_comes(
     assert world.slurm(sid)[::3] == ("PENDING", True)  # requeued held
 
 
-def test_a_resubmission_killed_before_the_old_job_s_cancel_then_a_wait_leaves_no_stray(
-    world: World,
-) -> None:
-    """Killed after a move to a shared GPU made and linked the new Slurm job, before it
-    cancelled the old one; the restarted controller's round tells the job to wait: the old
-    job is cancelled all the same, not left held beside the new one."""
+def _asked_to_share(world: World) -> tuple[int, str]:
+    """A job running on a whole GPU that a round moves to a share of it (signalled)."""
     job, sid = world.submit("j")
     world.policy.decisions = {job: (1, "sim0000")}
     world.ticks(3)
     world.next_round({job: (1, "sim0000")})
     world.policy.shared = {job}
     world.ticks(1)
+    assert world.signals == [sid]
+    return job, sid
+
+
+def test_a_resubmission_killed_before_the_old_job_s_cancel_then_a_wait_leaves_no_stray(
+    world: World,
+) -> None:
+    """Killed after a move to a shared GPU made and linked the new Slurm job, before it
+    cancelled the old one; the restarted controller's round tells the job to wait: the old
+    job is cancelled all the same, not left held beside the new one."""
+    job, sid = _asked_to_share(world)
     world.files.marks["/sim/j"] = world.clock.now()
     world.kill_at = lambda point: point == "link:logged"
     assert not all(world.tick() for _ in range(4))
@@ -400,12 +407,7 @@ def test_a_job_that_finished_during_an_unlinked_resubmission_leaves_no_held_job(
     then the job's finished report ends it. Neither Slurm job is left held for ever."""
     from icefrog_slurm.protocol import FinishedReport
 
-    job, sid = world.submit("j")
-    world.policy.decisions = {job: (1, "sim0000")}
-    world.ticks(3)
-    world.next_round({job: (1, "sim0000")})
-    world.policy.shared = {job}
-    world.ticks(1)
+    job, sid = _asked_to_share(world)
     world.cluster.complete(job_id=sid)  # exit 0: its training reached the end
     world.kill_at = lambda point: point == "resubmit:done"
     assert not all(world.tick() for _ in range(6))

@@ -6,12 +6,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,15 +17,12 @@ from icefrog_slurm.commands.controller import THIRD_PARTY_LOGGERS, setup_logging
 from icefrog_slurm.domain.plan import PolicyResult
 from icefrog_slurm.domain.snapshot import Snapshot
 from icefrog_slurm.policies.standin import StandInPolicy
-from icefrog_slurm.protocol import Envelope, body_digest
-from icefrog_slurm.security import DecodedCredential
 from icefrog_slurm.settings import Settings, settings_from_mapping
 from icefrog_slurm.sim.engine import Engine, SimOptions
 from icefrog_slurm.sim.workload import TraceJob
-from icefrog_slurm.store import migrate
-from icefrog_slurm.store.inbox import DrainResult, ReportInbox, SlurmJobFacts
-from icefrog_slurm.store.sql import SqlStore
+from icefrog_slurm.store.inbox import DrainResult
 from tests.integration.store.helpers import spec
+from tests.support.trusting_inbox import signed, trusting_inbox
 
 
 @pytest.fixture
@@ -111,49 +106,29 @@ def test_the_controllers_lines_about_a_job_carry_job_and_slurm_job(
     assert others and all(m.startswith(("round ", "reconcile: ")) for m in others), others
 
 
-def _report(sid: str, kind: str, seq: int, payload: dict[str, Any]) -> str:
-    env = Envelope(1, kind, sid, "cnn", seq, 1000.0 + seq, payload)
-    # the stand-in munge below decodes a "credential" that is the body's digest itself
-    return replace(env, credential=body_digest(env.body())).to_json()
-
-
 def test_the_inboxs_lines_about_a_report_carry_job_and_slurm_job(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Accepted and rejected reports of a job are logged with its icefrog and Slurm ids; a
     file name a user chose cannot forge a line (it is printed escaped, on the same line)."""
-    uid, sid = os.getuid(), "4242"
-    url = f"sqlite:///{tmp_path / 'icefrog.db'}"
-    migrate.upgrade(url)
-    store = SqlStore(url)
-    inbox = ReportInbox(
-        store=store,
-        inbox_dir=tmp_path / "inbox",
-        archive_dir=tmp_path / "archive",
-        slurm_jobs=lambda ids: {i: SlurmJobFacts(uid=uid, icefrog=True) for i in ids},
-        decode=lambda cred: DecodedCredential(status=0, uid=uid, gid=0, payload=cred),
-        clock=lambda: 5000.0,
-    )
-    inbox.prepare()
-    folder = tmp_path / "inbox" / sid
-    folder.mkdir()
-    try:
+    sid = "4242"
+    with trusting_inbox(tmp_path) as inbox:
+        folder = tmp_path / "inbox" / sid
+        folder.mkdir()
         register = json.loads(json.dumps(dataclasses.asdict(spec())))
-        (folder / "0-register.json").write_text(_report(sid, "register", 0, register))
+        (folder / "0-register.json").write_text(signed(sid, "register", 0, register))
         with caplog.at_level(logging.INFO, logger="icefrog_slurm.store.inbox"):
             assert inbox.drain() == DrainResult(accepted=1)
-            with store.transaction() as tx:
+            with inbox.store.transaction() as tx:
                 job = tx.job_by_slurm_id(sid)
             assert job is not None
             progress = {"epoch": 1, "samples_done": 5, "effective_samples_done": 4.5}
-            (folder / "1-progress.json").write_text(_report(sid, "progress", 1, progress))
-            forged = json.loads(_report(sid, "progress", 2, progress))
+            (folder / "1-progress.json").write_text(signed(sid, "progress", 1, progress))
+            forged = json.loads(signed(sid, "progress", 2, progress))
             forged["payload"]["samples_done"] = 6  # the credential signs other content
             (folder / "2-progress.json").write_text(json.dumps(forged))
             (folder / "3-x.json\nINFO job=999 slurm_job=1: forged").write_text("{}")
             assert inbox.drain() == DrainResult(accepted=1, rejected=2)
-    finally:
-        store.close()
     lines = [r.getMessage() for r in caplog.records]
     fields = f"job={job.id} slurm_job={sid}: report {sid}/"
     assert len(lines) == 4 and all(line.startswith(fields) for line in lines)

@@ -9,26 +9,21 @@ import json
 import os
 import random
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from icefrog_slurm.protocol import Envelope, body_digest
-from icefrog_slurm.security import DecodedCredential
-from icefrog_slurm.store import inbox_files, ledger, migrate
-from icefrog_slurm.store.inbox import DrainResult, ReportInbox, SlurmJobFacts
-from icefrog_slurm.store.sql import SqlStore
+from icefrog_slurm.store import inbox_files, ledger
+from icefrog_slurm.store.inbox import DrainResult, ReportInbox
 from tests.integration.store.helpers import spec
+from tests.support.trusting_inbox import signed, trusting_inbox
 
 JOB = "4242"
 
 
 def _report(kind: str, seq: int, payload: dict[str, Any]) -> bytes:
-    env = Envelope(1, kind, JOB, "cnn", seq, 1000.0 + seq, payload)
-    # the stand-in munge below decodes a "credential" that is the body's digest itself
-    return replace(env, credential=body_digest(env.body())).to_json().encode()
+    return signed(JOB, kind, seq, payload).encode()
 
 
 def _progress(seq: int) -> bytes:
@@ -45,25 +40,8 @@ def _shuffled(n: int) -> list[int]:
 
 @pytest.fixture
 def inbox(tmp_path: Path) -> Iterator[ReportInbox]:
-    uid = os.getuid()
-    url = f"sqlite:///{tmp_path / 'icefrog.db'}"
-    migrate.upgrade(url)
-    store = SqlStore(url)
-    box = ReportInbox(
-        store=store,
-        inbox_dir=tmp_path / "inbox",
-        archive_dir=tmp_path / "archive",
-        slurm_jobs=lambda ids: {i: SlurmJobFacts(uid=uid, icefrog=True) for i in ids},
-        decode=lambda cred: DecodedCredential(status=0, uid=uid, gid=0, payload=cred),
-        clock=lambda: 5000.0,
-        max_reports=1000,
-        max_reports_per_owner=15,
-    )
-    box.prepare()
-    try:
+    with trusting_inbox(tmp_path, max_reports=1000, max_reports_per_owner=15) as box:
         yield box
-    finally:
-        store.close()
 
 
 def test_a_scan_keeps_the_lowest_seqs_of_a_folder_and_its_junk(

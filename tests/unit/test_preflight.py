@@ -151,11 +151,16 @@ def test_a_database_the_daemon_cannot_use_fails_the_check(
     assert theirs.read_bytes() == before
 
 
-def test_the_archive_must_share_the_inbox_filesystem(tmp_path: Path) -> None:
+def _elsewhere(tmp_path: Path) -> Path:
+    """A path for a folder on another filesystem than ``tmp_path`` (``/dev/shm``), or skip."""
     other = Path("/dev/shm")
     if not other.is_dir() or other.stat().st_dev == tmp_path.stat().st_dev:
-        pytest.skip("no second filesystem to put the archive on")
-    archive = Path(os.path.realpath(other)) / f"icefrog-test-{os.getpid()}"
+        pytest.skip("no second filesystem to put a folder on")
+    return Path(os.path.realpath(other)) / f"icefrog-test-{os.getpid()}"
+
+
+def test_the_archive_must_share_the_inbox_filesystem(tmp_path: Path) -> None:
+    archive = _elsewhere(tmp_path)
     archive.mkdir(mode=0o700)
     try:
         config = _config(tmp_path, f'[inbox]\narchive_dir = "{archive}"\n')
@@ -171,10 +176,7 @@ def test_an_absent_archive_whose_parent_is_on_another_filesystem_fails_the_check
 ) -> None:
     """The inbox on a shared filesystem, the archive left at a path the first start would
     make elsewhere: the check says so before the start fails, and the start makes nothing."""
-    other = Path("/dev/shm")
-    if not other.is_dir() or other.stat().st_dev == tmp_path.stat().st_dev:
-        pytest.skip("no second filesystem to put the inbox on")
-    inbox = Path(os.path.realpath(other)) / f"icefrog-test-{os.getpid()}"
+    inbox = _elsewhere(tmp_path)
     inbox.mkdir(mode=0o1733)
     try:
         archive = tmp_path / "state" / "archive"
