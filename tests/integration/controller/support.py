@@ -26,9 +26,12 @@ from tests.integration.conftest import wait_for
 from tests.integration.store.helpers import spec
 
 SCRIPT = """#!/bin/bash
-# A stand-in training job: USR1 = checkpoint now (write the marker) and exit. Each start
-# appends the GPU variables Slurm gave it to ./env (its Slurm id first).
-trap 'touch "$PWD/checkpointed"; exit 0' USR1
+# A stand-in training job: USR1 = checkpoint now (write the marker, note it in
+# ./checkpoints) and exit. Each start removes the marker (as the launcher does: a restart
+# has not checkpointed yet) and appends the GPU variables Slurm gave it to ./env (its
+# Slurm id first).
+trap 'touch "$PWD/checkpointed"; echo "$SLURM_JOB_ID" >> "$PWD/checkpoints"; exit 0' USR1
+rm -f "$PWD/checkpointed"
 echo "start $SLURM_JOB_ID restarts=${SLURM_RESTART_COUNT:-0}" >> "$PWD/starts"
 gpu_env=$(env | grep -E '^(CUDA_VISIBLE_DEVICES|CUDA_MPS_[A-Z_]*)=' | tr '\n' ' ')
 echo "$SLURM_JOB_ID $gpu_env" >> "$PWD/env"

@@ -97,7 +97,7 @@ def test_running_job_is_resized_through_checkpoint_and_requeue(
     converge(ctl)
     state = running(cluster, sid)
     assert state.gres == Gres("gpu", 2) and state.nodelist == "node2"
-    assert (run_dir / "checkpointed").exists()  # it was asked to checkpoint, and did
+    assert (run_dir / "checkpoints").exists()  # it was asked to checkpoint, and did
     assert cluster.job_detail(job_id=sid).restarts == 1
     wait_for("second start", lambda: len((run_dir / "starts").read_text().splitlines()) == 2)
     with store.transaction() as tx:

@@ -142,7 +142,9 @@ def restarted_converges(jobs: TwoJobs, cluster: SlurmCliBackend) -> None:
         assert tx.job(jobs.b).slurm_job_ids == (jobs.sid_b,)
         last = tx.round()
     assert last is not None
-    for run_dir, gpus in ((jobs.dir_a, 2), (jobs.dir_b, 1)):
+    for run_dir, gpus, starts in ((jobs.dir_a, 2, 2), (jobs.dir_b, 1, 1)):
+        # A started, then once more after its move; B once: nothing requeued without need
+        assert len((run_dir / "starts").read_text().splitlines()) == starts
         decision = parse_decision((run_dir / DECISION_FILE).read_text())
         assert (decision.round, decision.gpus) == (last.round_no, gpus)
         assert not list(run_dir.glob(".decision*"))  # no temp file left by a killed write
@@ -156,6 +158,8 @@ def test_killed_at_any_step_converges_after_restart(
 ) -> None:
     jobs = two_jobs(tmp_path, job_dir, cluster, tag)
     killed(jobs.config, RECONCILE_STEPS, step)
+    if step > STEP_POINTS - 2:  # killed after A's release: restart once A runs again
+        running(cluster, jobs.sid_a)
     restarted_converges(jobs, cluster)
 
 
