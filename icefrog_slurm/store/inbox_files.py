@@ -107,8 +107,7 @@ class Item:
     @property
     def order(self) -> tuple[int, int, str]:
         job = int(self.folder.job_id) if self.folder is not None else -1
-        m = FILE.fullmatch(self.name)
-        return job, int(m.group(1)) if m else -1, self.name
+        return job, *_name_order(self.name)
 
 
 @dataclass(frozen=True)
