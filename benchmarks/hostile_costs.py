@@ -1,5 +1,6 @@
-"""What one user's input costs the controller: a hostile declaration's estimate, and the
-reading of Slurm's job list. Prints the figures; asserts nothing.
+"""What one user's input costs the controller: a hostile declaration's estimate, the
+reading of Slurm's job list, and a scan of a job folder of many files. Prints the figures;
+asserts nothing.
 
 ``declaration``: the estimator's candidates for one job declaring LAYERS layers (every depth
 legal up to 90 %), per-GPU batches 1..2^30, on a cluster of GPUS GPUs: wall time and the
@@ -9,15 +10,23 @@ over every legal depth, as before that bound.
 ``squeue``: one parse of a ``squeue --json`` document of JOBS running jobs (one node each,
 each with its per-node GPU allocation), the median of a few parses after a first one.
 
+``folder``: choosing the reports a drain reads first from one job folder of FILES report
+files in shuffled order (``inbox_files._first_names``: the listing and the bounded heap),
+the CPU time of one such choice.
+
     .venv/bin/python -m benchmarks.hostile_costs declaration --gpus 1024 [--every-depth]
     .venv/bin/python -m benchmarks.hostile_costs squeue --jobs 2400
+    .venv/bin/python -m benchmarks.hostile_costs folder --files 100000
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import random
 import statistics
+import tempfile
 import time
 import tracemalloc
 from collections.abc import Sequence
@@ -30,6 +39,7 @@ from icefrog_slurm.policies.estimate import Estimator
 from icefrog_slurm.protocol import GradStats, JobSpec
 from icefrog_slurm.settings import settings_from_mapping
 from icefrog_slurm.slurm import parse
+from icefrog_slurm.store import inbox_files
 
 
 def declaration(layers: int, gpus: int, every_depth: bool) -> None:
@@ -73,6 +83,24 @@ def squeue(jobs: int, runs: int = 5) -> None:
     print(f"squeue --json of {jobs} running jobs: {statistics.median(times) * 1e3:.0f} ms a parse")
 
 
+def folder(files: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        seqs = list(range(1, files + 1))
+        random.Random(7).shuffle(seqs)
+        for seq in seqs:
+            with open(os.path.join(tmp, f"{seq}-progress.json"), "w"):
+                pass
+        fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            started = time.process_time()
+            kept = inbox_files._first_names(fd, inbox_files.MAX_FOLDER_ENTRIES)
+            cpu = time.process_time() - started
+        finally:
+            os.close(fd)
+    print(f"a job folder of {files} reports: the first {len(kept)} chosen in {cpu:.2f} s of CPU "
+          f"(at most {inbox_files.MAX_FOLDER_LISTED} names listed)")  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -82,11 +110,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--every-depth", action="store_true")
     s = sub.add_parser("squeue")
     s.add_argument("--jobs", type=int, default=2400)
+    f = sub.add_parser("folder")
+    f.add_argument("--files", type=int, default=100_000)
     args = ap.parse_args(argv)
     if args.what == "declaration":
         declaration(args.layers, args.gpus, args.every_depth)
-    else:
+    elif args.what == "squeue":
         squeue(args.jobs)
+    else:
+        folder(args.files)
     return 0
 
 

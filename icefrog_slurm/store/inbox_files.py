@@ -59,8 +59,9 @@ MAX_FOLDER_ENTRIES = 10_000
 lowest ``seq``); the rest wait for a later drain."""
 MAX_FOLDER_LISTED = 100_000
 """Names of one job folder one scan lists to choose them (in the folder's own order): a
-user's million files cost a scan no more than this (about 0.1 s of CPU). A job with short
-epochs (about 500 reports an hour) fills it in a week of controller outage."""
+user's million files cost a scan no more than this (about 0.2-0.3 s of CPU:
+``benchmarks.hostile_costs folder``). A job with short epochs (about 500 reports an hour)
+fills it in a week of controller outage."""
 JUNK_FOLDER = "_inbox"
 """The archive folder of entries that are no job folder (``archive/rejected/_inbox``)."""
 
