@@ -19,13 +19,16 @@ from icefrog_slurm.domain.cluster import (
     SlurmJobState,
 )
 from icefrog_slurm.errors import IcefrogError
+from icefrog_slurm.jsonio import printable
 
 
 class SlurmError(IcefrogError):
-    """Base of every error the Slurm adapters raise; ``command`` is the argv that failed."""
+    """Base of every error the Slurm adapters raise; ``command`` is the argv that failed.
+    The message is made printable: it quotes what a Slurm command wrote, which may carry a
+    job's fields (a name, a comment) and is logged as is."""
 
     def __init__(self, message: str, *, command: tuple[str, ...] = ()) -> None:
-        super().__init__(message)
+        super().__init__(printable(message, 2500))
         self.command = command
 
 

@@ -118,3 +118,18 @@ def _stand_in(tmp_path: Path, name: str, body: str) -> None:
     script = tmp_path / name
     script.write_text("#!/bin/sh\n" + body)
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
+
+
+def test_what_a_client_printed_reaches_the_log_on_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a refusal quotes the client's words, which may carry a job's name or comment: the
+    # error (logged as is by the reconcile pass) cannot forge a line or send escapes
+    forged = "scontrol: error: bad\nicefrog: round 9 done\r\x1b[2J\n"
+    _client(tmp_path, "scontrol", forged)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(SlurmRejected) as caught:
+        SlurmCliBackend(sleep=lambda _s: None).hold(job_id="7")
+    text = str(caught.value)
+    assert "round 9 done" in text
+    assert not any(c in text for c in "\n\r\x1b")
