@@ -41,9 +41,10 @@ Guarantees:
 - **A drain cannot be stopped by a report.** Each file is handled under one catch-all:
   anything but a transient fault (below) quarantines it, archived as rejected with a reason
   made printable (``jsonio.printable``) before it is logged or stored, and the drain goes
-  on. An owner's first :data:`LOGGED_REJECTIONS` rejections a drain are logged one by one,
-  the rest in one line. A job folder's name is a Slurm job id by regex (ASCII digits, no
-  leading zero, below 2^31: squeue refuses more, failing the whole lookup); anything else,
+  on. An owner's first :data:`LOGGED_REJECTIONS` rejections a drain (claimed folders
+  included) are logged one by one, the rest in one line. A job folder's name is a Slurm
+  job id by regex (ASCII digits, no leading zero, below 2^31: squeue refuses more, failing
+  the whole lookup); anything else,
   a name that is not UTF-8 included, is junk and quarantined whole.
 - **A transient fault loses nothing.** Slurm's lookup failing, the database unreachable
   (``OperationalError``, ``InterfaceError``, a dropped connection) or munged unreachable
@@ -52,8 +53,10 @@ Guarantees:
   again after ``munge_retry_s``, doubling up to 20 times that. Three transient database
   faults in a row end the drain.
 - **A claimed folder blocks nobody.** A folder owned by anyone but the job's owner (or
-  root) is logged naming the squatter (uid and user name); its files are rejected and it is
-  removed once emptied, and the job side writes to a token folder instead.
+  root) is logged naming the squatter (uid and user name); the files the drain reads in it
+  are rejected, then it is moved whole into the archive (``rejected/<job id>/``), with what
+  the drain did not read (dot files, whatever their dates), and the job side writes to a
+  token folder instead.
 - **Fair and bounded.** At most ``max_reports_per_owner`` files of each folder owner a
   drain, taken in turns across owners, ``max_reports`` in all. An emptied folder is removed
   ``folder_grace_s`` after its last change once its job has ended (or nobody knows it).
@@ -90,8 +93,9 @@ _PRUNE_EVERY_S = 3600.0
 _LOOKUP_CHUNK = 1000  # job ids a Slurm lookup call
 _IDLE_FOLDERS_A_DRAIN = 1000  # folders with nothing to read looked up a drain
 LOGGED_REJECTIONS = 20
-"""Rejected entries of one owner a drain logged one by one; the rest are counted in one
-line (each is still recorded and archived): a user's junk cannot flood the journal."""
+"""Rejected entries and claimed folders of one owner a drain logged one by one; the rest
+are counted in one line (each entry is still recorded and archived): a user's junk cannot
+flood the journal."""
 
 
 @dataclass(frozen=True)
@@ -260,8 +264,8 @@ class ReportInbox:
         for uid, n in sorted(self._rejected_by.items()):
             if n > LOGGED_REJECTIONS:
                 log.warning(
-                    "inbox: %d more reports of uid %d rejected this drain (not logged one by "
-                    "one; each is recorded)", n - LOGGED_REJECTIONS, uid,
+                    "inbox: %d more reports or claimed folders of uid %d rejected this drain "
+                    "(not logged one by one; each report is recorded)", n - LOGGED_REJECTIONS, uid,
                 )  # fmt: skip
         self._prune(now)
         return DrainResult(
@@ -304,20 +308,25 @@ class ReportInbox:
         for f in folders:
             owner = owners[f.job_id].uid
             if owner is not None and f.uid not in (owner, 0):
-                log.warning(
+                self._log_rejection(
+                    f.uid,
                     "slurm_job=%s: inbox: folder %s is held by uid %d (%s), not by uid %d who "
-                    "owns Slurm job %s: its files are rejected and the folder removed",
+                    "owns Slurm job %s: its files are rejected and the folder archived",
                     f.job_id, f.name, f.uid, printable(user_name(f.uid)), owner, f.job_id,
                 )  # fmt: skip
 
     def _remove_folders(
         self, inbox_fd: int, folders: list[Folder], owners: dict[str, _Owner]
     ) -> None:
+        """Archive claimed folders whole (what a drain does not read in them, dot files
+        dated ahead included, would keep them for ever); remove the emptied folders of
+        ended jobs after the grace."""
         grace_end = self.clock() - self.folder_grace_s
         for f in folders:
             owner = owners[f.job_id]
             if owner.uid is not None and f.uid not in (owner.uid, 0):
-                files.remove_folder(inbox_fd, f, modified_before=float("inf"))
+                target = self.archive_dir / "rejected" / f.job_id
+                files.archive_folder(inbox_fd, f, target, now=self.clock())
             elif owner.ended:
                 files.remove_folder(inbox_fd, f, modified_before=grace_end)
 
@@ -483,10 +492,17 @@ class ReportInbox:
                 )  # fmt: skip
                 raise _Deferred from None
             log.error("inbox: rejection of %s not recorded: %s", item.where, _why(exc))
-        self._rejected_by[item.uid] += 1
-        if self._rejected_by[item.uid] <= LOGGED_REJECTIONS:
-            log.warning("%sreport %s rejected: %s", _fields(job_id, item), item.where, reason)
+        self._log_rejection(
+            item.uid, "%sreport %s rejected: %s", _fields(job_id, item), item.where, reason
+        )
         self._move(src_fd, item, "rejected")
+
+    def _log_rejection(self, uid: int, message: str, *args: object) -> None:
+        """Log a rejected entry or a claimed folder of ``uid``: its first
+        :data:`LOGGED_REJECTIONS` of a drain one by one, the rest in one line at its end."""
+        self._rejected_by[uid] += 1
+        if self._rejected_by[uid] <= LOGGED_REJECTIONS:
+            log.warning(message, *args)
 
     def _move(self, src_fd: int, item: Item, outcome: str) -> None:
         folder = files.JUNK_FOLDER if item.folder is None else item.folder.job_id

@@ -18,7 +18,8 @@ it is looked at is simply not there.
 - :func:`fair_order` picks what one drain reads: at most ``per_owner`` entries of each
   owner, taken in turn across owners, ``total`` in all, each job's reports in ``seq`` order.
 - :func:`read_report` reads a report file after checking what it is and who owns it.
-- :func:`archive` moves an entry into the archive (deleting it if it cannot be moved);
+- :func:`archive` moves an entry into the archive (deleting it if it cannot be moved),
+  :func:`archive_folder` a claimed job folder with all it holds;
   :func:`prune_archive` deletes archived files older than the retention.
 """
 
@@ -227,6 +228,17 @@ def remove_folder(inbox_fd: int, folder: Folder, *, modified_before: float) -> b
     except OSError:  # not empty (a report just arrived), or gone: fine either way
         return False
     return True
+
+
+def archive_folder(inbox_fd: int, folder: Folder, target: Path, *, now: float) -> None:
+    """Move the folder, with whatever is in it, into the archive folder ``target`` (as
+    :func:`archive` does an entry) if it is still the scanned one."""
+    try:
+        st = os.stat(folder.name, dir_fd=inbox_fd, follow_symlinks=False)
+    except OSError:  # gone
+        return
+    if (st.st_dev, st.st_ino) == folder.ident:
+        archive(inbox_fd, folder.name, target, now=now)
 
 
 def prune_archive(archive_dir: Path, *, before: float) -> int:

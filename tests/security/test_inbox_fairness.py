@@ -285,7 +285,7 @@ def test_one_users_junk_cannot_flood_the_log(
             assert site.drain() == DrainResult(rejected=12)
     lines = [r.getMessage() for r in caplog.records if r.name == "icefrog_slurm.store.inbox"]
     assert len(lines) == 3 + 1 and all(len(line) < 600 for line in lines)
-    assert f"9 more reports of uid {munge_users[ALICE]} rejected" in lines[-1]
+    assert f"9 more reports or claimed folders of uid {munge_users[ALICE]} rejected" in lines[-1]
     files = site.rejected_files()
     assert len(files) == 12 and all(len(f) <= 160 for f in files)
     assert site.left_in_inbox() == []

@@ -1,7 +1,7 @@
 """A report inbox over a SQLite store with stand-ins for munge and Slurm, for tests that
-need no real munged: every Slurm job id is an icefrog job of this process's uid, and a
-report's credential is its body's digest (what :func:`signed` writes), which the stand-in
-decodes as signed by this uid."""
+need no real munged: every Slurm job id is an icefrog job of one uid (this process's unless
+told), and a report's credential is its body's digest (what :func:`signed` writes), which
+the stand-in decodes as signed by that uid."""
 
 from __future__ import annotations
 
@@ -26,10 +26,13 @@ def signed(sid: str, kind: str, seq: int, payload: dict[str, Any]) -> str:
 
 
 @contextmanager
-def trusting_inbox(tmp_path: Path, **limits: Any) -> Iterator[ReportInbox]:
+def trusting_inbox(
+    tmp_path: Path, *, owner: int | None = None, **limits: Any
+) -> Iterator[ReportInbox]:
     """The inbox ``tmp_path/inbox`` (archive ``tmp_path/archive``), prepared, over the store
-    ``tmp_path/icefrog.db``; ``limits``: ReportInbox's (``max_reports``...)."""
-    uid = os.getuid()
+    ``tmp_path/icefrog.db``; every job is ``owner``'s (default: this process's uid);
+    ``limits``: ReportInbox's (``max_reports``...)."""
+    uid = os.getuid() if owner is None else owner
     url = f"sqlite:///{tmp_path / 'icefrog.db'}"
     migrate.upgrade(url)
     store = SqlStore(url)
