@@ -23,8 +23,6 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy.engine import make_url
-
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.jsonio import printable
 from icefrog_slurm.settings import Settings, load_settings
@@ -73,10 +71,9 @@ def database_url(args: argparse.Namespace) -> str:
 def sqlite_file(url: str) -> Path | None:
     """The database file of a SQLite URL (None for other databases and in-memory SQLite);
     a malformed URL is an InputError."""
-    try:
-        parsed = make_url(url)
-    except Exception as exc:  # sqlalchemy raises ArgumentError, ValueError...
-        raise InputError(f"database URL {printable(url, 200)!r}: {exc}") from None
+    from icefrog_slurm.store import dburl
+
+    parsed = dburl.parse(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         return Path(str(parsed.database))
     return None

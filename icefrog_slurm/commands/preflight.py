@@ -101,20 +101,15 @@ def check(config: str) -> int:
 def check_database(settings: Settings, *, config: str) -> str:
     """The database is one a controller can lead on, ours, at the newest revision; reads
     only. InputError (IcefrogError when its server cannot be reached) otherwise."""
-    from sqlalchemy.engine import make_url
-
-    from icefrog_slurm.store import migrate
+    from icefrog_slurm.store import dburl, migrate
     from icefrog_slurm.store.leader import lock_path
 
     url = settings.store.url
-    try:
-        parsed = make_url(url)
-    except Exception as exc:  # sqlalchemy raises ArgumentError, ValueError...
-        raise InputError(f"database URL {printable(url, 200)!r}: {exc}") from None
+    parsed = dburl.parse(url)
     lock_path(parsed)  # an in-memory database is refused before it is looked at
     hint = f"icefrog db upgrade --config {shlex.quote(printable(config, 300))}"
     migrate.require_head(url, upgrade_hint=hint)
-    return f"{parsed.render_as_string(hide_password=True)} at revision {migrate.head_revision()}"
+    return f"{dburl.shown(parsed)} at revision {migrate.head_revision()}"
 
 
 def _folder_check(folder: state_folders.Folder, inbox: Path | None) -> Callable[[], str]:

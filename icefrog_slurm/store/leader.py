@@ -54,6 +54,7 @@ from sqlalchemy import URL, Connection, Engine, select, text, update
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from icefrog_slurm.errors import IcefrogError, InputError, LostLead
+from icefrog_slurm.store import dburl
 from icefrog_slurm.store.models import LeaderLeaseRow
 
 log = logging.getLogger(__name__)
@@ -172,7 +173,7 @@ def try_lead(engine: Engine) -> SqlLease | None:
 def lock_path(url: URL) -> str | None:
     """Where the lead is locked: None on Postgres (an advisory lock), else the file beside
     the SQLite database's real path; InputError for a URL no lock can guard."""
-    where = url.render_as_string(hide_password=True)
+    where = dburl.shown(url)
     backend = url.get_backend_name()
     if backend == "postgresql":
         return None

@@ -34,11 +34,11 @@ from alembic.script import ScriptDirectory
 from alembic.script.revision import RevisionError
 from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, create_engine, inspect
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from icefrog_slurm.errors import IcefrogError, InputError
 from icefrog_slurm.jsonio import printable
+from icefrog_slurm.store import dburl
 
 VERSION_TABLE = "alembic_version"
 MIGRATIONS_PACKAGE = "icefrog_slurm.db"
@@ -85,8 +85,8 @@ def inspect_database(url: str) -> DbState:
     created, ``exists`` False); another database is only connected to."""
     engine = _reading_engine(url)
     if engine is None:
-        return DbState(_shown_url(url), False, None, ())
-    shown = _shown_url(url)
+        return DbState(dburl.shown(url), False, None, ())
+    shown = dburl.shown(url)
     try:
         with (
             _database_errors(shown, sqlite=engine.dialect.name == "sqlite"),
@@ -151,7 +151,7 @@ def refuse_while_led(url: str) -> None:
     from icefrog_slurm.store.sql import make_engine
 
     engine = make_engine(url)  # InputError for a malformed URL
-    parsed, shown = engine.url, _shown(engine)
+    parsed, shown = engine.url, dburl.shown(engine.url)
     try:
         if parsed.get_backend_name() == "postgresql":
             key = {"k": ADVISORY_KEY}
@@ -221,13 +221,6 @@ def _run(
         raise InputError(f"revision {printable(revision, 80)}: {exc}") from None
 
 
-def _shown_url(url: str) -> str:
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # sqlalchemy raises ArgumentError, ValueError...
-        return printable(url, 200)
-
-
 def _reading_engine(url: str) -> Engine | None:
     """An engine that cannot write to a SQLite file (opened ``mode=ro``), None when the file
     is not there; for other databases the project's engine."""
@@ -261,12 +254,8 @@ def connected(engine: Engine) -> Iterator[Connection]:
     """A connection to ``engine`` whose database errors name the database: InputError when
     it cannot be read, IcefrogError when its server cannot be reached."""
     sqlite = engine.dialect.name == "sqlite"
-    with _database_errors(_shown(engine), sqlite=sqlite), engine.connect() as conn:
+    with _database_errors(dburl.shown(engine.url), sqlite=sqlite), engine.connect() as conn:
         yield conn
-
-
-def _shown(engine: Engine) -> str:
-    return engine.url.render_as_string(hide_password=True)
 
 
 @contextmanager

@@ -30,13 +30,13 @@ from typing import Any
 from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.pool import NullPool
 
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.extras import require
-from icefrog_slurm.jsonio import printable
+from icefrog_slurm.store import dburl
 
 SQLITE_TIMEOUT_S = 30.0
 """How long a read-only SQLite connection waits for a lock (the controller's checkpoint)."""
@@ -55,16 +55,16 @@ _PG_READONLY = {
 def make_readonly_engine(url: str) -> Engine:
     """An engine over ``url`` that cannot write (module docstring); bad URLs are InputError.
     An in-memory or ``uri=true`` SQLite URL is refused: there is no file to read."""
+    parsed = dburl.parse(url)
     try:
-        parsed = make_url(url)
         if parsed.get_backend_name() == "sqlite":
             return _sqlite_readonly(parsed)
         if parsed.get_driver_name() == "psycopg":
             require("psycopg", "postgres", f"a {parsed.drivername}:// database URL")
         extra = {k: v for k, v in _PG_READONLY.items() if k not in parsed.query}
         return create_engine(parsed, pool_pre_ping=True, connect_args=extra)
-    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
-        raise InputError(f"database URL {printable(url, 200)!r}: {exc}") from None
+    except (ArgumentError, NoSuchModuleError) as exc:
+        raise InputError(f"database URL {dburl.shown(parsed)}: {exc}") from None
     except ModuleNotFoundError as exc:  # a driver that is not installed
         raise InputError(
             f"a {parsed.drivername}:// database URL needs the module {exc.name}, which "
@@ -73,10 +73,9 @@ def make_readonly_engine(url: str) -> Engine:
 
 
 def _sqlite_readonly(parsed: URL) -> Engine:
-    shown = parsed.render_as_string(hide_password=True)
     if parsed.database in (None, "", ":memory:") or parsed.query:
         raise InputError(
-            f"database {printable(shown, 200)!r}: a report reads a SQLite database file "
+            f"database {dburl.shown(parsed)!r}: a report reads a SQLite database file "
             "(sqlite:////path/to/icefrog.db), with no query options"
         )
     path = os.path.abspath(str(parsed.database))

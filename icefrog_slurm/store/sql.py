@@ -36,7 +36,6 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -44,6 +43,7 @@ from icefrog_slurm.domain.records import StoreSnapshot
 from icefrog_slurm.errors import InputError, LostLead, StoreUnavailable
 from icefrog_slurm.extras import require
 from icefrog_slurm.settings import Settings
+from icefrog_slurm.store import dburl
 from icefrog_slurm.store.leader import SqlLease, lock_path, try_lead
 from icefrog_slurm.store.readonly import make_readonly_engine
 from icefrog_slurm.store.snapcache import SnapshotCache
@@ -64,8 +64,8 @@ it lost the lead, and a store call a fault stopped is retried, in time."""
 
 def make_engine(url: str) -> Engine:
     """An engine for ``url`` with the project's SQLite settings; bad URLs are InputError."""
+    parsed = dburl.parse(url)
     try:
-        parsed = make_url(url)
         if parsed.get_backend_name() == "sqlite":
             engine = create_engine(parsed, connect_args={"timeout": 30.0})
             _configure_sqlite(engine, in_memory=parsed.database in (None, "", ":memory:"))
@@ -75,7 +75,7 @@ def make_engine(url: str) -> Engine:
         keepalives = {k: v for k, v in _PG_KEEPALIVES.items() if k not in parsed.query}
         return create_engine(parsed, pool_pre_ping=True, connect_args=keepalives)
     except (ArgumentError, NoSuchModuleError) as exc:
-        raise InputError(f"database URL {url!r}: {exc}") from None
+        raise InputError(f"database URL {dburl.shown(parsed)}: {exc}") from None
     except ModuleNotFoundError as exc:  # a driver no extra installs (postgresql:// = psycopg2)
         raise InputError(
             f"a {parsed.drivername}:// database URL needs the module {exc.name}, which "
@@ -141,7 +141,7 @@ class SqlStore:
         current, head = current_revision(self.engine), head_revision()
         if current != head:
             raise InputError(
-                f"database {self.engine.url.render_as_string(hide_password=True)} is at "
+                f"database {dburl.shown(self.engine.url)} is at "
                 f"revision {current or 'none'}, the code needs {head}: run `icefrog db upgrade`"
             )
 
