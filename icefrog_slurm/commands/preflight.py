@@ -7,10 +7,14 @@ every check passed, 2 otherwise. The checks, in order:
 
 - ``settings``: the TOML file parses and every key is known; if not, that is the one line,
   ``icefrog controller: error: ...`` like every command's, exit 2 (nothing else can run);
-- ``database``: the URL is one a controller can lead on, the database exists, is icefrog's
-  and is at the newest revision (read only: ``migrate.require_head``);
-- ``state.dir``, ``inbox.dir``, ``inbox.archive_dir``: owner and mode (``state_folders``);
-  an absent one is fine, the first start makes it;
+  then the file and the folders above it are writable by root alone
+  (``state_folders.unsafe_path``);
+- ``database``: the URL is one a controller can lead on, a SQLite file (its ``-wal``,
+  ``-shm`` and ``.leader``, and the folders above) is writable by root alone, the database
+  exists, is icefrog's and is at the newest revision (read only: ``migrate.require_head``);
+- ``state.dir``, ``inbox.dir``, ``inbox.archive_dir``: owner and mode, and the folders above
+  them writable by root alone (``state_folders``); an absent one is fine, the first start
+  makes it;
 - ``tag secret``: ``<state.dir>/tag.key`` is a plain file of the controller's uid that
   nobody else may read or write, of at least 16 bytes (absent: made at the first start);
 - ``munge``: munged makes and decodes a credential (``inbox.munge_socket``);
@@ -57,9 +61,14 @@ class Failed(IcefrogError):
 
 
 def first_start(settings: Settings, *, config: str, metrics: bool = False) -> None:
-    """Refuse a database the daemon cannot use, before touching it; with ``metrics`` (the
-    endpoint is to be served), a metrics port that cannot be listened on; then make (or
-    refuse) the state folder, the inbox and the archive."""
+    """Refuse a settings file users could change and a database the daemon cannot use,
+    before touching it; with ``metrics`` (the endpoint is to be served), a metrics port that
+    cannot be listened on; then make (or refuse) the state folder, the inbox and the
+    archive."""
+    try:
+        check_settings_file(config)
+    except Failed as exc:
+        raise InputError(f"--config: {exc}") from None
     check_database(settings, config=config)
     if metrics:
         try:
@@ -73,9 +82,9 @@ def check(config: str) -> int:
     """Run every check, print one line each; 0 when all passed, else 2. Settings that do
     not load raise their InputError."""
     settings = load_settings(config)  # without settings nothing else can be checked
-    _print("settings", True, printable(config, 300))
     state, inbox, archive = state_folders.folders(settings)
     checks: list[tuple[str, Callable[[], str]]] = [
+        ("settings", lambda: check_settings_file(config)),
         ("database", lambda: check_database(settings, config=config)),
         *[
             (f.key, _folder_check(f, inbox.path if f is archive else None))
@@ -98,6 +107,15 @@ def check(config: str) -> int:
     return 0 if passed else 2
 
 
+def check_settings_file(config: str) -> str:
+    """The settings file, as :func:`state_folders.unsafe_path` wants it: a user who could
+    write it could point ``state.dir`` and ``store.url`` anywhere."""
+    why = state_folders.unsafe_path(Path(config))
+    if why is not None:
+        raise Failed(why)
+    return printable(config, 300)
+
+
 def check_database(settings: Settings, *, config: str) -> str:
     """The database is one a controller can lead on, ours, at the newest revision; reads
     only. InputError (IcefrogError when its server cannot be reached) otherwise."""
@@ -106,7 +124,13 @@ def check_database(settings: Settings, *, config: str) -> str:
 
     url = settings.store.url
     parsed = dburl.parse(url)
-    lock_path(parsed)  # an in-memory database is refused before it is looked at
+    lock = lock_path(parsed)  # an in-memory database is refused before it is looked at
+    if lock is not None:  # a SQLite file: a user who could write it could rewrite any job
+        real = lock.removesuffix(".leader")
+        for path in (str(parsed.database), real + "-wal", real + "-shm", lock):
+            why = state_folders.unsafe_path(Path(path))
+            if why is not None:
+                raise InputError(f"store.url: {why}")
     hint = f"icefrog db upgrade --config {shlex.quote(printable(config, 300))}"
     migrate.require_head(url, upgrade_hint=hint)
     return f"{dburl.shown(parsed)} at revision {migrate.head_revision()}"

@@ -11,6 +11,12 @@ start (:func:`make`) and looked at, without changing anything, by ``icefrog cont
 - ``inbox.archive_dir``: root's, mode 0700, on the inbox's filesystem (reports are renamed
   into it, not copied).
 
+Every path the controller trusts, these folders, the settings file and a SQLite database
+with its ``-wal``, ``-shm`` and ``.leader`` files, must pass :func:`unsafe_path` (sshd's
+StrictModes): it and every folder above it, as written and as resolved, owned by root (or
+the controller's uid) and writable by nobody else, but for a root-owned folder with the
+sticky bit (like /tmp); else a user could rewrite it or put another in its place.
+
 A missing folder is made, its missing parents mode 0755, and its mode set whatever the
 umask. An existing folder owned by another uid, a state folder others may write in or
 cannot pass through, or an archive on another filesystem is refused with the command that
@@ -20,8 +26,10 @@ and the archive's, which it sets at every start (``ReportInbox.prepare``).
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +68,9 @@ def inspect(folder: Folder, *, inbox: Path | None = None) -> tuple[bool, str]:
     try:
         st = os.stat(folder.path)
     except FileNotFoundError:
+        above = unsafe_path(folder.path, itself=False)
+        if above is not None:
+            return False, above
         if inbox is not None and _device(folder.path) != _device(inbox):
             return False, (
                 f"{shown} would be made on another filesystem than the inbox: "
@@ -90,9 +101,66 @@ def inspect(folder: Folder, *, inbox: Path | None = None) -> tuple[bool, str]:
             inbox_dev = st.st_dev
         if inbox_dev != st.st_dev:
             return False, f"{shown} is on another filesystem than the inbox: set {folder.key}"
+    above = unsafe_path(folder.path, itself=False)
+    if above is not None:
+        return False, above
     if mode != folder.mode and folder.set_at_start:
         return True, f"mode {mode:04o}, set to {folder.mode:04o} at start"
     return True, f"mode {mode:04o}, uid {uid}"
+
+
+def unsafe_path(path: Path, *, itself: bool = True) -> str | None:
+    """Why a user could change ``path`` or put another in its place, with the command that
+    fixes it; None when nobody but root (or the controller's uid) can. ``path`` and every
+    folder above it, as written and as resolved, must be owned by root or the controller's
+    uid and writable by nobody else, a root-owned folder with the sticky bit excepted (like
+    /tmp: only an entry's owner may rename it); a symbolic link on the way must be owned so.
+    ``itself`` False: the mode of ``path`` is the caller's to check (a folder the start
+    sets). What does not exist is not looked at: the controller makes it."""
+    real = Path(os.path.realpath(path))
+    ends = {Path(os.path.abspath(path)), real}
+    seen: set[Path] = set()
+    for part in itertools.chain(_on_the_way(Path(path)), _on_the_way(real)):
+        if part in seen:
+            continue
+        seen.add(part)
+        try:
+            st = os.lstat(part)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return f"{printable(str(part), 300)}: {exc.strerror}"
+        why = _unsafe_entry(part, st, mode_too=itself or part not in ends)
+        if why is not None:
+            return why
+    return None
+
+
+def _on_the_way(path: Path, links: int = 0) -> Iterator[Path]:
+    """Every entry met on the way to ``path``: each folder above it, itself, and for each
+    symbolic link among them every entry met on the way to its target (40 links at most,
+    the kernel's bound). Lazily: a link is looked into only once it was found safe."""
+    whole = Path(os.path.abspath(path))
+    for part in (*reversed(whole.parents), whole):
+        yield part
+        if links < 40 and part.is_symlink():
+            try:
+                target = part.parent / os.readlink(part)
+            except OSError:  # gone meanwhile
+                continue
+            yield from _on_the_way(target, links + 1)
+
+
+def _unsafe_entry(part: Path, st: os.stat_result, *, mode_too: bool) -> str | None:
+    shown = printable(str(part), 300)
+    if st.st_uid not in (0, os.geteuid()):
+        return f"{shown} is owned by uid {st.st_uid}: run `chown root {shown}`"
+    mode = stat.S_IMODE(st.st_mode)
+    if not mode_too or stat.S_ISLNK(st.st_mode) or not mode & 0o022:
+        return None
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and mode & stat.S_ISVTX:
+        return None
+    return f"{shown} has mode {mode:04o}, others may write it: run `chmod go-w {shown}`"
 
 
 def _device(path: Path) -> int | None:

@@ -110,9 +110,10 @@ def test_each_broken_part_is_one_fail_line_naming_the_fix(
     assert f"run `chmod 0600 {state}/tag.key`" in lines["tag"]
     assert f"127.0.0.1:{port}: cannot listen" in lines["metrics"]
     assert "FAIL: slurmctld is down" in lines["slurm"]
-    for key in ("state.dir", "inbox.dir", "tag", "metrics", "slurm"):
+    assert f"store.url: {state} has mode 0777" in lines["database"]  # the SQLite file's folder
+    for key in ("state.dir", "inbox.dir", "tag", "metrics", "slurm", "database"):
         assert " FAIL: " in lines[key], lines[key]
-    assert " ok: " in lines["database"] and " ok: " in lines["munge"]
+    assert " ok: " in lines["munge"]
     assert stat.S_IMODE((state / "tag.key").stat().st_mode) == 0o644  # nothing was fixed
 
 
@@ -238,9 +239,14 @@ def test_the_first_start_refuses_a_state_folder_others_may_write(tmp_path: Path)
     config = _config(tmp_path)
     _upgrade(config)
     os.chmod(tmp_path / "state", 0o777)
+    with pytest.raises(IcefrogError, match=r"state has mode 0777, others may write it: run `chmod"):
+        preflight.first_start(load_settings(config), config=str(config))  # the database's folder
+    assert not (tmp_path / "state" / "inbox").exists()
+    db = tmp_path / "db" / "icefrog.db"  # the database elsewhere: the folder itself is refused
+    config = _config(tmp_path, f'[store]\nurl = "sqlite:///{db}"\n')
+    _upgrade(config)
     with pytest.raises(IcefrogError, match=r"state.dir: .* others may write in it: run `chmod"):
         preflight.first_start(load_settings(config), config=str(config))
-    assert not (tmp_path / "state" / "inbox").exists()
 
 
 def test_a_metrics_port_in_use_stops_the_start_in_one_line(
@@ -274,3 +280,104 @@ def test_modes_the_start_sets_are_said_so_and_others_are_left(tmp_path: Path) ->
     assert inspect(inbox) == (True, "mode 0777, set to 1733 at start")
     preflight.first_start(load_settings(config), config=str(config))
     assert stat.S_IMODE((tmp_path / "state").stat().st_mode) == 0o711
+
+
+# --- paths a user could change (sshd's StrictModes) -----------------------------------------
+
+NOBODY = 65534
+
+
+def _nobodys(path: Path) -> None:
+    os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+
+
+def _wal(state: Path) -> None:
+    (state / "icefrog.db-wal").write_bytes(b"")
+    _nobodys(state / "icefrog.db-wal")
+
+
+def _leader(state: Path) -> None:
+    (state / "icefrog.db.leader").write_bytes(b"")
+    os.chmod(state / "icefrog.db.leader", 0o666)
+
+
+def _swap_state_via_link(state: Path) -> None:
+    """The state folder reached through nobody's link in a sticky folder like /tmp."""
+    sticky = state.parent / "shared"
+    sticky.mkdir(mode=0o1777)
+    os.chmod(sticky, 0o1777)
+    real = state.parent / "real-state"
+    state.rename(real)
+    (sticky / "state").symlink_to(real)
+    _nobodys(sticky / "state")
+    state.symlink_to(sticky / "state")
+
+
+BREAKS = {
+    # what a careless admin or a hostile user leaves -> the check line and what it says
+    "config-nobodys": (lambda etc, state: _nobodys(etc / "icefrog.toml"), "settings",
+                       "icefrog.toml is owned by uid 65534: run `chown root"),
+    "config-writable": (lambda etc, state: os.chmod(etc / "icefrog.toml", 0o666), "settings",
+                        "icefrog.toml has mode 0666, others may write it: run `chmod go-w"),
+    "config-folder-nobodys": (lambda etc, state: _nobodys(etc), "settings",
+                              "etc is owned by uid 65534"),
+    "sqlite-nobodys": (lambda etc, state: _nobodys(state / "icefrog.db"), "database",
+                       "store.url: " "{state}/icefrog.db is owned by uid 65534"),
+    "sqlite-writable": (lambda etc, state: os.chmod(state / "icefrog.db", 0o664), "database",
+                        "icefrog.db has mode 0664, others may write it"),
+    "sqlite-wal-nobodys": (lambda etc, state: _wal(state), "database",
+                           "icefrog.db-wal is owned by uid 65534"),
+    "sqlite-leader-writable": (lambda etc, state: _leader(state), "database",
+                               "icefrog.db.leader has mode 0666"),
+    "state-parent-nobodys": (lambda etc, state: _nobodys(state.parent), "state.dir",
+                             "is owned by uid 65534"),
+    "state-parent-writable": (lambda etc, state: os.chmod(state.parent, 0o777), "state.dir",
+                              "has mode 0777, others may write it"),
+    "state-through-nobodys-link": (lambda etc, state: _swap_state_via_link(state), "state.dir",
+                                   "shared/state is owned by uid 65534"),
+}  # fmt: skip
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives files to another uid")
+@pytest.mark.parametrize("case", sorted(BREAKS))
+def test_a_path_a_user_could_change_fails_the_check_and_stops_the_start(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ready host, then one path made changeable by a user (nobody's, or writable by
+    all): a SQLite store would let the user rewrite owners and intents, a settings file
+    repoint ``state.dir`` and ``store.url``, a folder above the state folder swap it. The
+    check fails that line and the daemon refuses to start, naming the path and the fix."""
+    breaks, key, fragment = BREAKS[case]
+    base = tmp_path / "base"  # the state folder's parent, which tmp_path (0700) is not
+    base.mkdir(mode=0o755)
+    etc, state = tmp_path / "etc", base / "state"
+    etc.mkdir(mode=0o755)
+    config = etc / "icefrog.toml"
+    config.write_text(f'[state]\ndir = "{state}"\n')
+    _upgrade(config)
+    preflight.first_start(load_settings(config), config=str(config))
+    code, lines = _check(config, capsys)
+    assert all(" ok: " in lines[k] for k in ("settings", "database", "state.dir")), lines
+    breaks(etc, state)
+    fragment = fragment.format(state=state)
+    code, lines = _check(config, capsys)
+    assert code == 2 and " FAIL: " in lines[key] and fragment in lines[key], lines[key]
+    assert main(["controller", "--once", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and fragment in err.splitlines()[-1], err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives files to another uid")
+def test_a_root_owned_sticky_folder_above_the_state_folder_is_fine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Like /tmp: writable by all, but only an entry's owner may rename it."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    config = tmp_path / "icefrog.toml"
+    config.write_text(f'[state]\ndir = "{shared}/state"\n')
+    _upgrade(config)
+    preflight.first_start(load_settings(config), config=str(config))
+    _code, lines = _check(config, capsys)
+    assert all(" ok: " in lines[k] for k in ("settings", "database", "state.dir")), lines
