@@ -7,9 +7,10 @@ Wires the real adapters: ``SqlStore``, the Slurm backend (``slurm.backend``:
 filesystem, the report inbox and, when ``metrics.port`` is set, the Prometheus endpoint.
 ``--once`` makes one tick; ``--dry-run`` makes one tick, prints the plan as JSON and enacts
 nothing (nothing is recorded either). ``--policy`` picks the policy: ``icefrog`` (default)
-or ``standin``. Before anything starts, the database is checked without touching it and the
-state folders are made (``preflight.first_start``); ``--check`` runs every check of
-``preflight`` instead, one line each, and starts nothing.
+or ``standin``. It runs as root only (``preflight.require_root``), also with ``--check``.
+Before anything starts, the database is checked without touching it and the state folders
+are made (``preflight.first_start``); ``--check`` runs every check of ``preflight``
+instead, one line each, and starts nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from icefrog_slurm.commands.preflight import first_start
+from icefrog_slurm.commands.preflight import first_start, require_root
 from icefrog_slurm.controller.daemon import Controller
 from icefrog_slurm.controller.ports import FsJobFiles, SystemClock
 from icefrog_slurm.domain.plan import Policy
@@ -116,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("--check starts nothing: leave out --once and --dry-run")
         return check(args.config)
     settings = load_settings(args.config)
+    require_root()
     if settings.metrics.port is not None and not args.dry_run:  # before anything starts
         require("prometheus_client", "metrics", "metrics.port")
     environ = dict(os.environ)

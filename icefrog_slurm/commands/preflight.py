@@ -7,6 +7,7 @@ every check passed, 2 otherwise. The checks, in order:
 
 - ``settings``: the TOML file parses and every key is known; if not, that is the one line,
   ``icefrog controller: error: ...`` like every command's, exit 2 (nothing else can run);
+  so is a process that does not run as root (:func:`require_root`);
   then the file and the folders above it are writable by root alone
   (``state_folders.unsafe_path``);
 - ``database``: the URL is one a controller can lead on, a SQLite file (its ``-wal``,
@@ -60,6 +61,17 @@ class Failed(IcefrogError):
     """A check failed; the message says why and what to run."""
 
 
+def require_root() -> None:
+    """InputError unless this process runs as root: the controller updates other users'
+    jobs, resubmits them as their owners and keeps root-only files. Run as another user it
+    could do none of it, and what its first start made would be that user's."""
+    if os.geteuid() != 0:
+        raise InputError(
+            f"the controller runs as root (this process runs as uid {os.geteuid()}): run it "
+            "as root, as its systemd unit does"
+        )
+
+
 def first_start(settings: Settings, *, config: str, metrics: bool = False) -> None:
     """Refuse a settings file users could change and a database the daemon cannot use,
     before touching it; with ``metrics`` (the endpoint is to be served), a metrics port that
@@ -82,6 +94,7 @@ def check(config: str) -> int:
     """Run every check, print one line each; 0 when all passed, else 2. Settings that do
     not load raise their InputError."""
     settings = load_settings(config)  # without settings nothing else can be checked
+    require_root()
     state, inbox, archive = state_folders.folders(settings)
     checks: list[tuple[str, Callable[[], str]]] = [
         ("settings", lambda: check_settings_file(config)),
@@ -163,7 +176,7 @@ def check_tag_secret(path: Path) -> str:
     if not stat.S_ISREG(st.st_mode):
         raise Failed(f"{shown} is not a plain file: remove it (the next start makes one)")
     if st.st_uid != uid:
-        raise Failed(f"{shown} is owned by uid {st.st_uid}: run `chown {uid} {shown}`")
+        raise Failed(f"{shown} is owned by uid {st.st_uid}: run `chown root {shown}`")
     if mode & 0o077:
         raise Failed(f"{shown} has mode {mode:04o}, others may use it: run `chmod 0600 {shown}`")
     if st.st_size < SECRET_MIN_BYTES:

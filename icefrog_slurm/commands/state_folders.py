@@ -4,7 +4,7 @@ What each must be (docs/security.md, "Installing it safely"), made at the contro
 start (:func:`make`) and looked at, without changing anything, by ``icefrog controller
 --check`` (:func:`inspect`):
 
-- ``state.dir``: a folder of root's (the controller's uid), mode 0755: everyone may pass
+- ``state.dir``: a folder of root's (the controller runs as root), mode 0755: everyone may pass
   through it to the inbox, nobody else may write in it (it holds ``tag.key`` and, by
   default, the SQLite database);
 - ``inbox.dir``: root's, mode 1733 (drop-only and sticky, like /tmp);
@@ -83,7 +83,7 @@ def inspect(folder: Folder, *, inbox: Path | None = None) -> tuple[bool, str]:
         return False, f"{shown} is not a folder: remove it, or set {folder.key} elsewhere"
     uid, mode = os.geteuid(), stat.S_IMODE(st.st_mode)
     if st.st_uid != uid:
-        return False, f"{shown} is owned by uid {st.st_uid}: run `chown {uid} {shown}`"
+        return False, f"{shown} is owned by uid {st.st_uid}: run `chown root {shown}`"
     if not folder.set_at_start and mode & 0o022:
         return (
             False,

@@ -106,7 +106,7 @@ def test_each_broken_part_is_one_fail_line_naming_the_fix(
         busy.close()
     assert code == 2
     assert f"run `chmod 0755 {state}`" in lines["state.dir"]
-    assert f"owned by uid 12345: run `chown {os.geteuid()} {state}/inbox`" in lines["inbox.dir"]
+    assert f"owned by uid 12345: run `chown root {state}/inbox`" in lines["inbox.dir"]
     assert f"run `chmod 0600 {state}/tag.key`" in lines["tag"]
     assert f"127.0.0.1:{port}: cannot listen" in lines["metrics"]
     assert "FAIL: slurmctld is down" in lines["slurm"]
@@ -381,3 +381,25 @@ def test_a_root_owned_sticky_folder_above_the_state_folder_is_fine(
     preflight.first_start(load_settings(config), config=str(config))
     _code, lines = _check(config, capsys)
     assert all(" ok: " in lines[k] for k in ("settings", "database", "state.dir")), lines
+
+
+@pytest.mark.parametrize("argv", [["--check"], ["--once"], []])
+def test_run_as_another_user_it_refuses_before_looking_at_anything(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """An admin who runs it as uid 1001: it said `run chown 1001 <state dir>` (following it
+    hands the tag key and the database to that user); now one line, exit 2, and nothing
+    looked at or made."""
+    config = _config(tmp_path)
+    _upgrade(config)
+    capsys.readouterr()
+    monkeypatch.setattr(os, "geteuid", lambda: 1001)
+    assert main(["controller", *argv, "--config", str(config)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "chown" not in err, (out, err)
+    assert err.strip().endswith(
+        "the controller runs as root (this process runs as uid 1001): run it as root, as its "
+        "systemd unit does"
+    ), err
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["icefrog.db"]
