@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import configparser
 import os
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -148,3 +151,41 @@ def test_a_folder_swapped_for_a_link_meanwhile_is_not_written_through(
     _install(dest, capsys)
     assert list(elsewhere.iterdir()) == []
     assert sorted(p.name for p in (dest / "moved").iterdir()) == EXAMPLES
+
+
+def _unit() -> configparser.ConfigParser:
+    unit = configparser.ConfigParser(interpolation=None, strict=False)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]  # keys keep their case
+    unit.read(REPO / "slurm_conf" / "icefrog-controller.service")
+    return unit
+
+
+def test_the_unit_gives_up_on_a_settings_error_and_stops_its_whole_control_group() -> None:
+    """A careless admin's settings error (exit 2) was restarted every 10 s for ever; a stop
+    left the solver's worker processes running (KillMode=process); a restart of munge
+    stopped the controller, which waits out munged on its own (Requires=)."""
+    unit = _unit()
+    service = unit["Service"]
+    assert service["Restart"] == "on-failure" and service["RestartPreventExitStatus"] == "2"
+    assert int(unit["Unit"]["StartLimitBurst"]) <= 5
+    assert int(unit["Unit"]["StartLimitIntervalSec"]) >= 60
+    assert service.get("KillMode", "control-group") == "control-group"
+    assert "munge.service" in unit["Unit"]["Wants"].split()
+    assert "Requires" not in unit["Unit"]
+    assert service["NoNewPrivileges"] == "yes"
+    for kept_open in ("ProtectSystem", "ProtectHome", "PrivateTmp"):  # folders may be anywhere
+        assert kept_open not in service
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+def test_systemd_rates_the_unit_hardened(tmp_path: Path) -> None:
+    """``systemd-analyze security --offline=yes``: 9.6 (UNSAFE) before the hardening."""
+    unit = tmp_path / "icefrog-controller.service"
+    unit.write_bytes((REPO / "slurm_conf" / unit.name).read_bytes())
+    done = subprocess.run(
+        ["systemd-analyze", "security", "--offline=yes", str(unit)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    found = re.search(r"Overall exposure level for \S+: ([0-9.]+)", done.stdout)
+    assert found is not None, done.stdout + done.stderr
+    assert float(found.group(1)) <= 7.0, done.stdout
