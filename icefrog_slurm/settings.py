@@ -39,11 +39,20 @@ def _bounds(**kw: float) -> dict[str, float]:
     return kw
 
 
+MIN_PERIOD_S = 1.0
+"""The shortest period (a round, munged's retry): a shorter one turns the loop hot."""
+MIN_POLL_S = 0.05
+"""The shortest poll (the inbox's, reconcile's): at most 20 wake-ups a second."""
+_ABSOLUTE = {"absolute": True}
+"""Field metadata of a path: absolute (the daemon runs in ``/`` under systemd, a command
+wherever it is started: a relative path would name another folder in each)."""
+
+
 @dataclass(frozen=True)
 class ControllerSettings:
     """The scheduling round."""
 
-    round_period_s: float = field(default=300.0, metadata=_bounds(exclusive_minimum=0.0))
+    round_period_s: float = field(default=300.0, metadata=_bounds(minimum=MIN_PERIOD_S))
     """Seconds between two scheduling rounds (spec section 9, step 5: 300 s)."""
 
     reallocation_overhead_s: float = field(default=60.0, metadata=_bounds(minimum=0.0))
@@ -66,7 +75,7 @@ class ControllerSettings:
     one (Slurm's cred check: ctime <= revoked, in whole seconds): "Job credential revoked",
     and the job ends FAILED. Two seconds put the new allocation in a later second."""
 
-    reconcile_poll_s: float = field(default=2.0, metadata=_bounds(exclusive_minimum=0.0))
+    reconcile_poll_s: float = field(default=2.0, metadata=_bounds(minimum=MIN_POLL_S))
     """While a reconcile step waits (a job checkpointing), the loop looks again this often
     instead of sleeping until the next round."""
 
@@ -75,9 +84,9 @@ class ControllerSettings:
 class StateSettings:
     """Where the controller keeps its files."""
 
-    dir: str = "/var/lib/icefrog"
-    """The controller's state folder: the default SQLite database, the report inbox and
-    its archive live here unless set elsewhere."""
+    dir: str = field(default="/var/lib/icefrog", metadata=_ABSOLUTE)
+    """The controller's state folder (an absolute path): the default SQLite database, the
+    report inbox and its archive live here unless set elsewhere."""
 
 
 @dataclass(frozen=True)
@@ -93,15 +102,15 @@ class StoreSettings:
 class InboxSettings:
     """The append-only folder where jobs drop their reports (see docs/admin-guide.md)."""
 
-    dir: str = ""
+    dir: str = field(default="", metadata=_ABSOLUTE)
     """The inbox folder (mode 1733, owned by root). Default: ``inbox`` in ``state.dir``."""
 
-    archive_dir: str = ""
+    archive_dir: str = field(default="", metadata=_ABSOLUTE)
     """Processed reports are moved here (``accepted/`` and ``rejected/``); it must be on the
     same filesystem as the inbox and readable by root only. Default: ``archive`` in
     ``state.dir``."""
 
-    poll_s: float = field(default=30.0, metadata=_bounds(exclusive_minimum=0.0))
+    poll_s: float = field(default=30.0, metadata=_bounds(minimum=MIN_POLL_S))
     """Seconds between two reads of the inbox. Keep it well under munge's credential TTL
     (300 s by default) so that reports arrive fresh."""
 
@@ -116,7 +125,7 @@ class InboxSettings:
     munge_socket: str | None = None
     """The socket of the munged that decodes credentials; unset: munge's own default."""
 
-    munge_retry_s: float = field(default=30.0, metadata=_bounds(exclusive_minimum=0.0))
+    munge_retry_s: float = field(default=30.0, metadata=_bounds(minimum=MIN_PERIOD_S))
     """When munged cannot be reached, reports stay in the inbox and munged is asked again
     after this many seconds, doubling at each failure up to 20 times this value."""
 
@@ -459,9 +468,11 @@ def _value(hint: Any, data: Mapping[str, Any], f: dataclasses.Field[Any], where:
         return jsonio.get_number(data, name, where, **bounds)
     if hint is str:
         text = jsonio.get_str(data, name, where)
+        shown = jsonio.printable(text, 60)
         if not text.isprintable():  # a NUL in a path or URL fails far from here
-            shown = jsonio.printable(text, 60)
             raise InputError(f"{where}.{name}: must be printable text, got {shown!r}")
+        if bounds.get("absolute") and not Path(text).is_absolute():
+            raise InputError(f"{where}.{name}: must be an absolute path, got {shown!r}")
         return text
     raise TypeError(f"settings field {name}: unsupported type {hint!r}")  # a bug, not input
 

@@ -39,6 +39,7 @@ or refused (``state_folders.make``).
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import shlex
@@ -86,7 +87,7 @@ def first_start(settings: Settings, *, config: str, metrics: bool = False) -> No
         try:
             check_metrics(settings)
         except Failed as exc:
-            raise InputError(f"metrics.port: {exc}") from None
+            raise InputError(str(exc)) from None
     state_folders.make(settings)
 
 
@@ -139,6 +140,11 @@ def check_database(settings: Settings, *, config: str) -> str:
     parsed = dburl.parse(url)
     lock = lock_path(parsed)  # an in-memory database is refused before it is looked at
     if lock is not None:  # a SQLite file: a user who could write it could rewrite any job
+        if not Path(str(parsed.database)).is_absolute():
+            raise InputError(
+                f"store.url: {dburl.shown(parsed)}: the SQLite file must be an absolute path "
+                "(sqlite:////path/to/icefrog.db)"
+            )
         real = lock.removesuffix(".leader")
         for path in (str(parsed.database), real + "-wal", real + "-shm", lock):
             why = state_folders.unsafe_path(Path(path))
@@ -277,7 +283,11 @@ def check_metrics(settings: Settings) -> str:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(sockaddr)
     except OSError as exc:  # socket.gaierror is one too
-        raise Failed(f"{where}: cannot listen: {exc.strerror or exc}: set metrics.port") from None
+        # no such address (a name that does not resolve, an address of another host), or
+        # the port (in use, a privileged one)
+        address_fault = isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
+        key = "metrics.address" if address_fault else "metrics.port"
+        raise Failed(f"{key}: {where}: cannot listen: {exc.strerror or exc}: set {key}") from None
     return f"{where} free"
 
 

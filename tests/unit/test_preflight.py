@@ -403,3 +403,31 @@ def test_run_as_another_user_it_refuses_before_looking_at_anything(
         "systemd unit does"
     ), err
     assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["icefrog.db"]
+
+
+def test_a_metrics_address_that_is_none_names_metrics_address(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said `... set metrics.port` (the port was fine)."""
+    config = _config(tmp_path, '[metrics]\nport = 9464\naddress = "not an address"\n')
+    _upgrade(config)
+    with pytest.raises(InputError) as caught:
+        preflight.first_start(load_settings(config), config=str(config), metrics=True)
+    assert str(caught.value).startswith("metrics.address: not an address:9464: cannot listen")
+    assert str(caught.value).endswith("set metrics.address"), caught.value
+    _code, lines = _check(config, capsys)
+    assert "FAIL: metrics.address:" in lines["metrics"] and "metrics.port" not in lines["metrics"]
+
+
+def test_a_relative_sqlite_file_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Relative to wherever the command runs: `db upgrade` in the admin's folder, the
+    daemon in / under systemd, each a database of its own."""
+    monkeypatch.chdir(tmp_path)
+    config = _config(tmp_path, '[store]\nurl = "sqlite:///icefrog.db"\n')
+    _upgrade(config)
+    with pytest.raises(InputError, match=r"the SQLite file must be an absolute path"):
+        preflight.first_start(load_settings(config), config=str(config))
+    _code, lines = _check(config, capsys)
+    assert "FAIL: store.url: sqlite:///icefrog.db: the SQLite file must be" in lines["database"]

@@ -87,7 +87,16 @@ def test_every_field_has_a_docstring() -> None:
             {"controller": {"round_period_s": "300"}},
             'controller.round_period_s: must be a number, got "300"',
         ),
-        ({"controller": {"round_period_s": 0}}, "controller.round_period_s: must be > 0"),
+        ({"controller": {"round_period_s": 0}}, "controller.round_period_s: must be >= 1"),
+        # a careless admin's values that cannot work: a loop made hot, paths relative to
+        # wherever the command runs
+        ({"controller": {"round_period_s": 1e-300}}, "controller.round_period_s: must be >= 1"),
+        ({"controller": {"reconcile_poll_s": 1e-300}}, "reconcile_poll_s: must be >= 0.05"),
+        ({"inbox": {"poll_s": 1e-300}}, "inbox.poll_s: must be >= 0.05"),
+        ({"inbox": {"munge_retry_s": 1e-300}}, "inbox.munge_retry_s: must be >= 1"),
+        ({"state": {"dir": "var/icefrog"}}, "state.dir: must be an absolute path, got 'var/"),
+        ({"inbox": {"dir": "inbox"}}, "inbox.dir: must be an absolute path"),
+        ({"inbox": {"archive_dir": "./archive"}}, "inbox.archive_dir: must be an absolute path"),
         ({"sharing": {"max_jobs_per_gpu": 2.5}}, "sharing.max_jobs_per_gpu: must be an integer"),
         ({"sharing": {"max_jobs_per_gpu": 4}}, "sharing.max_jobs_per_gpu: must be <= 2"),
         ({"sharing": {"speed_factor": 1.5}}, "sharing.speed_factor: must be <= 1"),
