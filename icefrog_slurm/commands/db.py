@@ -14,7 +14,8 @@ The database is ``--url URL``, else ``store.url`` of ``--config FILE`` (default
 Only an empty database or one of icefrog's is migrated: another application's (tables
 without an icefrog revision) or one at a revision this icefrog does not know is left
 untouched, exit 2 naming it; so is a revision this icefrog does not know (``migrate.py``),
-and any database while a controller runs on it (holds the leader lock).
+and any database while a controller runs on it (holds the leader lock). A migration holds
+that lock until it is done, so no controller takes the lead meanwhile.
 """
 
 from __future__ import annotations
@@ -98,11 +99,11 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("give the revision once: REV or --revision")
         revision = args.rev or args.revision or "head"
         _make_sqlite_folder(url)
-        migrate.refuse_while_led(url)
-        migrate.upgrade(url, revision)
+        with migrate.leader_locked(url):  # no controller takes the lead meanwhile
+            migrate.upgrade(url, revision)
     else:
-        migrate.refuse_while_led(url)
-        migrate.downgrade(url, args.rev)
+        with migrate.leader_locked(url):
+            migrate.downgrade(url, args.rev)
     state = migrate.inspect_database(url)
     print(f"icefrog db {action}: {state.shown} is at revision {state.revision or 'base'}")
     return 0

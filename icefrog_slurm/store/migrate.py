@@ -10,7 +10,7 @@ data, never to be altered, and one at a revision this icefrog does not know),
 :func:`inspect_database` (``current``: reads only, and never creates a SQLite file that is
 not there) and :func:`history`. :func:`require_head` is the daemon's gate: a database that
 is absent or not at the newest revision is refused, naming what to run, before anything
-touches it; ``icefrog db upgrade`` and ``downgrade`` first call :func:`refuse_while_led`.
+touches it; ``icefrog db upgrade`` and ``downgrade`` run under :func:`leader_locked`.
 ``current_revision`` and ``head_revision`` let :class:`SqlStore` refuse a
 database that is not migrated. A database that cannot be read is an InputError naming it (a
 file that is not a database, a folder); one that cannot be reached is an IcefrogError (the
@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from typing import NoReturn
 
 from alembic import command
 from alembic.config import Config
@@ -33,7 +34,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.script.revision import RevisionError
 from alembic.util import CommandError
-from sqlalchemy import Connection, Engine, create_engine, inspect
+from sqlalchemy import URL, Connection, Engine, create_engine, inspect
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from icefrog_slurm.errors import IcefrogError, InputError
@@ -141,52 +142,57 @@ def downgrade(url: str, revision: str) -> None:
     _run(command.downgrade, config, revision, state)
 
 
-def refuse_while_led(url: str) -> None:
-    """InputError while a controller leads on this database (it holds the leader lock):
-    migrating under it would change the schema its code reads. Looks only: the SQLite lock
-    file is not created, a Postgres advisory lock taken to look is let go at once."""
+@contextmanager
+def leader_locked(url: str) -> Iterator[None]:
+    """Hold the leader lock for a migration, so that no controller leads on the database
+    while its schema changes (a standby waiting for the lock could take it between a look
+    and the migration, and run its code on a schema changing under it); InputError while a
+    controller holds it. SQLite: ``flock`` on the lock file, made (0600) as the controller
+    makes it, unless the database file is not there yet (a controller refuses to start on
+    a database that does not exist); Postgres: the advisory lock, on a connection of its
+    own."""
     from sqlalchemy import text
 
     from icefrog_slurm.store.leader import ADVISORY_KEY, lock_path
     from icefrog_slurm.store.sql import make_engine
 
     engine = make_engine(url)  # InputError for a malformed URL
-    parsed, shown = engine.url, dburl.shown(engine.url)
+    parsed = engine.url
     try:
         if parsed.get_backend_name() == "postgresql":
             key = {"k": ADVISORY_KEY}
             with connected(engine) as conn:
-                free = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), key).scalar()
-                if free:
+                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                if not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), key).scalar():
+                    _refuse_led(parsed)
+                try:
+                    yield
+                finally:
                     conn.execute(text("SELECT pg_advisory_unlock(:k)"), key)
-            led = not free
-        elif parsed.get_backend_name() == "sqlite":
-            memory = parsed.database in (None, "", ":memory:") or parsed.query.get("uri")
-            led = not memory and _file_locked(str(lock_path(parsed)))
-        else:
-            led = False
+            return
+        memory = parsed.database in (None, "", ":memory:") or parsed.query.get("uri")
+        lock = None if parsed.get_backend_name() != "sqlite" or memory else lock_path(parsed)
+        if lock is None or not os.path.exists(lock.removesuffix(".leader")):
+            yield
+            return
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                _refuse_led(parsed)
+            yield
+        finally:
+            os.close(fd)  # lets go of the lock
     finally:
         engine.dispose()
-    if led:
-        raise InputError(
-            f"database {shown}: a controller is running on it (it holds the leader lock): "
-            "stop it first (systemctl stop icefrog-controller)"
-        )
 
 
-def _file_locked(path: str) -> bool:
-    """Whether another process holds an flock on ``path`` (absent: nobody)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:  # no lock file: no controller led here since it was made
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # lets go of the shared lock too
-    return False
+def _refuse_led(url: URL) -> NoReturn:
+    raise InputError(
+        f"database {dburl.shown(url)}: a controller is running on it (it holds the leader "
+        "lock): stop it first (systemctl stop icefrog-controller)"
+    )
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ def test_no_engine_and_no_check_shows_the_password(url: str) -> None:
         lambda: make_engine(url),
         lambda: make_readonly_engine(url),
         lambda: migrate.inspect_database(url),
-        lambda: migrate.refuse_while_led(url),
+        lambda: migrate.leader_locked(url).__enter__(),
         lambda: SqlStore(url),
         lambda: check_database(Settings(store=StoreSettings(url=url)), config="c.toml"),
     ]

@@ -186,6 +186,42 @@ def test_no_migration_under_a_running_controller(
     assert _db(capsys, "downgrade", "--url", empty_db_url, "-1")[0] == 0
 
 
+@pytest.mark.parametrize("action", [("downgrade", "-1"), ("upgrade",)])
+def test_a_standby_cannot_take_the_lead_while_a_migration_runs(
+    action: tuple[str, ...], empty_db_url: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A standby waits for the lock on a database at its code's revision; the admin stops
+    the leader and migrates. The command looked at the lock and let it go: the standby,
+    trying again at that moment, took the lead and ran its code on a schema changing
+    under it. Now the lock is held until the migration is done."""
+    from icefrog_slurm.store import leader
+
+    assert _db(capsys, "upgrade", "--url", empty_db_url)[0] == 0
+    if action[0] == "upgrade":
+        assert _db(capsys, "downgrade", "--url", empty_db_url, "-1")[0] == 0
+    real = getattr(migrate, action[0])
+    standby = make_engine(empty_db_url)
+    leads = []
+
+    def migrating(url: str, revision: str) -> None:
+        lease = leader.try_lead(standby)  # the standby's try, just as the migration starts
+        leads.append(lease is not None)
+        if lease is not None:
+            lease.release()
+        real(url, revision)
+
+    monkeypatch.setattr(migrate, action[0], migrating)
+    try:
+        assert _db(capsys, *action, "--url", empty_db_url)[0] == 0
+        assert leads == [False]
+        lease = leader.try_lead(standby)  # once it is done, the lock is free again
+        assert lease is not None
+        lease.release()
+    finally:
+        standby.dispose()
+
+
 def test_nothing_to_downgrade(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{tmp_path / 'x.db'}"
     code, _, err = _db(capsys, "downgrade", "--url", url, "base")
