@@ -31,7 +31,6 @@ _FORWARD = (
 _WAIT = (
     "# wait returns early when a trap runs: wait again until the launcher is gone\n"
     'while kill -0 "$pid" 2>/dev/null; do wait "$pid" || :; done\n'
-    'wait "$pid"\n'
 )
 
 
@@ -48,13 +47,15 @@ def batch_script(
     passed on, and the launcher's exit status as the job's (75: checkpointed, requeue me).
     With a ``body`` (a batch script's, run in ``rundir`` with its arguments ``args`` as
     ``$1``...), ``launch`` ends with ``--`` and the body's ``icefrog launch -- SCRIPT
-    ARGS`` line runs it with SCRIPT ARGS the same way.
+    ARGS`` line runs it with SCRIPT ARGS the same way; a 75 there ends the job at once
+    with 75, whatever the body does next (Slurm takes the job's status from the batch
+    shell's exit: a body that went on to exit 0 would be recorded finished).
     Its output file is appended to (``--open-mode=append``): a requeued job's runs share
     one Slurm job id, hence one file, and Slurm would otherwise write each run over it."""
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
     head = f"#!/bin/bash\n#SBATCH --open-mode=append\n{header}{exports}{_MANAGED}{_FORWARD}"
     if body is None:
-        return f"{head}{shlex.join(launch)} &\npid=$!\n{_WAIT}exit $?\n"
+        return f'{head}{shlex.join(launch)} &\npid=$!\n{_WAIT}wait "$pid"\nexit $?\n'
     indented = "".join("    " + line + "\n" for line in _WAIT.splitlines())
     return (
         f"{head}"
@@ -70,6 +71,11 @@ def batch_script(
         f'    {shlex.join(launch)} "$@" &\n'
         "    pid=$!\n"
         f"{indented}"
+        "    local status=0\n"
+        '    wait "$pid" || status=$?\n'
+        "    # 75 (checkpointed, requeue me) ends the job at once, whatever the body does next\n"
+        '    [ "$status" -ne 75 ] || exit 75\n'
+        '    return "$status"\n'
         "}\n"
         f"cd {shlex.quote(rundir or '.')} || exit 1\n"
         f"set -- {shlex.join(args)}\n"

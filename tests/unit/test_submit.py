@@ -246,30 +246,63 @@ icefrog launch -- "$@"
 """
 
 
-def test_a_batch_scripts_launch_line_gets_the_signal(tmp_path: Path) -> None:
-    """The body's ``icefrog launch -- ARGS`` runs the declared launcher (here the stand-in)
-    in the background: USR1 to the batch shell reaches it and its 75 is the job's."""
+def _body_job(tmp_path: Path, body: str, seconds: float = 60) -> tuple[subprocess.Popen[str], Path]:
+    """The script ``icefrog submit`` writes for a batch script ``body``, run by bash, whose
+    ``icefrog launch -- "$@"`` starts the stand-in launcher (its arguments: where it writes
+    the signal it got, how long it runs); returned once the stand-in runs."""
     fake = tmp_path / "fake_launch.py"
     fake.write_text(FAKE_LAUNCH)
     got = tmp_path / "got.txt"
     text = batch_script(
-        launch=[sys.executable, str(fake), "--"], env={"FOO": "a b"}, body=BODY,
-        rundir=str(tmp_path), args=[str(got), "60"],
+        launch=[sys.executable, str(fake)], env={"FOO": "a b"}, body=body,
+        rundir=str(tmp_path), args=[str(got), str(seconds)],
     )  # fmt: skip
-    # the stand-in reads its argv[1]: the script name '--' comes first; drop it
-    text = text.replace(f"{fake} --", f"{fake}")
     script = tmp_path / "job.sbatch"
     script.write_text(text)
     proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 20
     while not got.with_suffix(".ready").exists():
+        assert proc.poll() is None, "the job ended before the launcher started"
         assert time.monotonic() < deadline, "the launcher did not start"
         time.sleep(0.05)
+    return proc, got
+
+
+def test_a_batch_scripts_launch_line_gets_the_signal(tmp_path: Path) -> None:
+    """The body's ``icefrog launch -- ARGS`` runs the declared launcher (here the stand-in)
+    in the background: USR1 to the batch shell reaches it and its 75 is the job's."""
+    proc, got = _body_job(tmp_path, BODY)
     os.kill(proc.pid, signal.SIGUSR1)
     out, _ = proc.communicate(timeout=20)
     assert proc.returncode == 75
     assert got.read_text() == "SIGUSR1"
     assert f"body starts with {got}" in out
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        'icefrog launch -- "$@"\necho "after the launch"\n',
+        'icefrog launch -- "$@" || echo "after the launch: it failed"\n',
+        'if icefrog launch -- "$@"; then :; fi\necho "after the launch"\nexit 0\n',
+    ],
+)
+def test_a_checkpointed_launch_ends_the_job_with_75_at_once(tmp_path: Path, body: str) -> None:
+    """A time limit's or the controller's USR1 makes the launcher checkpoint and exit 75:
+    the job ends with 75 there (requeue me), though the script goes on after its launch
+    line and would exit 0 (Slurm: COMPLETED, recorded finished: training over for good)."""
+    proc, got = _body_job(tmp_path, body)
+    os.kill(proc.pid, signal.SIGUSR1)
+    out, _ = proc.communicate(timeout=20)
+    assert (proc.returncode, got.read_text()) == (75, "SIGUSR1")
+    assert "after the launch" not in out
+
+
+def test_a_launch_that_finished_goes_on_with_the_script(tmp_path: Path) -> None:
+    proc, got = _body_job(tmp_path, 'icefrog launch -- "$@"\necho "after the launch"\n', 0.2)
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and not got.exists()
+    assert "after the launch" in out
 
 
 def test_launch_line_with_options_is_refused(tmp_path: Path) -> None:
