@@ -21,7 +21,13 @@ MAX_SCRIPT_BYTES = 4 * 1024 * 1024
 NOT_RECORDED = ("PWD", "OLDPWD", "SHLVL", "_")
 """Variables of the shell, not of the job; SLURM_* and SBATCH_* are Slurm's own."""
 
-_MANAGED = "export ICEFROG_MANAGED=1  # for the launcher (its MANAGED_ENV): no unmanaged notice\n"
+_MANAGED = (
+    "export ICEFROG_MANAGED=1  # for the launcher (its MANAGED_ENV): no unmanaged notice\n"
+    "# an icefrog launch started here other than by the launch line below refuses to run\n"
+    "export ICEFROG_SUBMIT_SCRIPT=1\n"
+)
+_OWN = "ICEFROG_SUBMIT_SCRIPT= "
+"""Before the declared launcher: the launcher's SUBMIT_SCRIPT_ENV, emptied for it alone."""
 _FORWARD = (
     "# USR1/TERM go to the launcher, which makes the trainers checkpoint and exit.\n"
     "pid=\n"
@@ -45,6 +51,10 @@ def batch_script(
 ) -> str:
     """The batch script: ``launch`` (an ``icefrog launch`` argv) in the background, signals
     passed on, and the launcher's exit status as the job's (75: checkpointed, requeue me).
+    Any other ``icefrog launch`` started in it (``exec icefrog launch``, ``srun icefrog
+    launch``...) refuses to run: it would run with none of the job's declaration (one
+    GPU, no inbox, checkpoints in the current folder). The script exports
+    ``ICEFROG_SUBMIT_SCRIPT=1`` and empties it on its own launch line alone.
     With a ``body`` (a batch script's, run in ``rundir`` with its arguments ``args`` as
     ``$1``...), ``launch`` ends with ``--`` and the body's ``icefrog launch -- SCRIPT
     ARGS`` line runs it with SCRIPT ARGS the same way; a 75 there ends the job at once
@@ -55,7 +65,7 @@ def batch_script(
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
     head = f"#!/bin/bash\n#SBATCH --open-mode=append\n{header}{exports}{_MANAGED}{_FORWARD}"
     if body is None:
-        return f'{head}{shlex.join(launch)} &\npid=$!\n{_WAIT}wait "$pid"\nexit $?\n'
+        return f'{head}{_OWN}{shlex.join(launch)} &\npid=$!\n{_WAIT}wait "$pid"\nexit $?\n'
     indented = "".join("    " + line + "\n" for line in _WAIT.splitlines())
     return (
         f"{head}"
@@ -68,7 +78,7 @@ def batch_script(
         "        return 2\n"
         "    fi\n"
         "    shift 2\n"
-        f'    {shlex.join(launch)} "$@" &\n'
+        f'    {_OWN}{shlex.join(launch)} "$@" &\n'
         "    pid=$!\n"
         f"{indented}"
         "    local status=0\n"

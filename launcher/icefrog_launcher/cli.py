@@ -20,6 +20,7 @@ from icefrog_launcher.launch import (
     REQUEUE_EXIT_CODE,
     StopTrap,
     build_command,
+    check_started_by_script,
     child_env,
     environ,
     is_managed,
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, trap: StopTrap) -> int:
     env = environ()
+    check_started_by_script(env)
     script = list(args.script)
     if script and script[0] == "--":
         script = script[1:]

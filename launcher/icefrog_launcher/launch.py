@@ -63,6 +63,27 @@ DEFAULT_PORT = 29500
 MANAGED_ENV = "ICEFROG_MANAGED"
 
 
+SUBMIT_SCRIPT_ENV = "ICEFROG_SUBMIT_SCRIPT"
+"""Exported (=1) by the batch script ``icefrog submit`` writes, and emptied on that script's
+own launch line: a launcher that sees it set was started some other way in such a job and
+refuses (:func:`check_started_by_script`)."""
+
+
+def check_started_by_script(env: Mapping[str, str]) -> None:
+    """InputError when this launcher runs in a batch script ``icefrog submit`` wrote but was
+    not started by its launch line (``exec icefrog launch``, ``srun icefrog launch``,
+    ``timeout ... icefrog launch``): it would run with none of the job's declaration (one
+    GPU, no inbox, checkpoints in the current folder) and the controller's signals would
+    not reach it."""
+    if env.get(SUBMIT_SCRIPT_ENV) == "1":
+        raise InputError(
+            "started inside a job icefrog submit wrote, but not by its launch line: write "
+            "'icefrog launch -- SCRIPT ARGS' as a command of the batch script itself, not "
+            "through exec, srun or another program (that line runs the job's declared "
+            "launcher: its GPUs, inbox and workdir, and the controller's signals)"
+        )
+
+
 def is_managed(env: Mapping[str, str]) -> bool:
     """Whether this job was submitted with ``icefrog submit`` (the marker), or runs outside
     Slurm (no SLURM_JOB_ID: a test or a local run, whose decision.json is its caller's)."""

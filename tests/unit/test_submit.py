@@ -305,6 +305,51 @@ def test_a_launch_that_finished_goes_on_with_the_script(tmp_path: Path) -> None:
     assert "after the launch" in out
 
 
+def _icefrog_on_path(tmp_path: Path) -> dict[str, str]:
+    """The recorded environment of a job that finds the real ``icefrog`` on its PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "icefrog").write_text(f'#!/bin/sh\nexec {sys.executable} -m icefrog_slurm "$@"\n')
+    (bin_dir / "icefrog").chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+
+
+LAUNCH_DRY = [sys.executable, "-m", "icefrog_slurm", "launch", "--dry-run", "--gpus=1-4"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["exec icefrog launch -- train.py", "timeout 60 icefrog launch -- train.py",
+     "env icefrog launch -- train.py"],
+)  # fmt: skip
+def test_a_launcher_not_started_by_the_launch_line_refuses(tmp_path: Path, line: str) -> None:
+    """``exec icefrog launch`` (as a plain sbatch script does), ``srun``, ``timeout``...
+    bypass the script's launch line and would run the launcher with its defaults (one GPU,
+    no inbox, checkpoints in the current folder): it refuses and says what to write."""
+    text = batch_script(
+        launch=[*LAUNCH_DRY, f"--workdir={tmp_path}", "--"], env=_icefrog_on_path(tmp_path),
+        body=f"{line}\n", rundir=str(tmp_path),
+    )  # fmt: skip
+    done = subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "not by its launch line: write 'icefrog launch -- SCRIPT ARGS'" in done.stderr
+
+
+@pytest.mark.parametrize("body", [None, "icefrog launch -- train.py --lr 1\n"])
+def test_the_scripts_own_launch_line_runs_the_launcher(tmp_path: Path, body: str | None) -> None:
+    """The real launcher (a dry run) started by the script's own line, for a Python script
+    and for a batch script's body, runs with the declaration."""
+    launch = [*LAUNCH_DRY, f"--workdir={tmp_path}", "--"]
+    text = batch_script(
+        launch=launch if body else [*launch, "train.py", "--lr", "1"],
+        env=_icefrog_on_path(tmp_path), body=body, rundir=str(tmp_path),
+    )  # fmt: skip
+    done = subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "ICEFROG_GPUS=1-4\n" in done.stdout
+    assert "--standalone --nnodes=1 train.py --lr 1\n" in done.stdout
+
+
 def test_launch_line_with_options_is_refused(tmp_path: Path) -> None:
     text = batch_script(
         launch=["false"], env={}, body="icefrog launch --gpus 2 -- t.py\n", rundir="/"
