@@ -20,6 +20,13 @@ MAX_SCRIPT_BYTES = 4 * 1024 * 1024
 """sbatch's default largest batch script (slurm.conf max_script_size)."""
 NOT_RECORDED = ("PWD", "OLDPWD", "SHLVL", "_")
 """Variables of the shell, not of the job; SLURM_* and SBATCH_* are Slurm's own."""
+PER_RUN = (
+    "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ZE_AFFINITY_MASK",
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY",
+)  # fmt: skip
+"""What Slurm sets for each run from the GPUs, shards or MPS share it gives the job: never
+recorded, also when named (an ``export`` line would override Slurm's in every run; under
+sbatch, Slurm's own wins)."""
 
 _MANAGED = (
     "export ICEFROG_MANAGED=1  # for the launcher (its MANAGED_ENV): no unmanaged notice\n"
@@ -98,7 +105,7 @@ def job_environment(export: str | None, environ: Mapping[str, str]) -> dict[str,
     """The variables the job gets, from ``environ`` as sbatch's ``--export`` says: ALL (the
     default: every variable but the shell's and Slurm's own), NONE, or a comma list of
     NAME (its value here) and NAME=VALUE, with ALL first to add to everything (a value
-    here wins over one given, as in sbatch)."""
+    here wins over one given, as in sbatch). Never the GPU variables of :data:`PER_RUN`."""
     items = (export or "ALL").split(",")
     everything = items[0].upper() == "ALL"
     if items[0].upper() in ("ALL", "NONE"):
@@ -114,7 +121,7 @@ def job_environment(export: str | None, environ: Mapping[str, str]) -> dict[str,
             env[name] = value
         elif not eq and name in environ:
             env[name] = environ[name]
-    return env
+    return {k: v for k, v in env.items() if k not in PER_RUN}
 
 
 def _recorded(name: str) -> bool:

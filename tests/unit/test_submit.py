@@ -241,6 +241,29 @@ def test_job_environment_follows_sbatch_export() -> None:
     assert job_environment("ALL,A=0,C=3", here) == {"A": "1", "B": "two words", "C": "3"}
 
 
+@pytest.mark.parametrize("visible", ["", "0", "GPU-1a2b"])
+def test_the_submitting_shells_gpus_are_not_the_jobs(
+    submit_here: tuple[Path, list[object]], monkeypatch: pytest.MonkeyPatch, visible: str
+) -> None:
+    """Submitted from a login node whose shell has CUDA_VISIBLE_DEVICES (empty: every start
+    fails; "0": a 4-GPU run starts one process) or a shard's or MPS share's variables: the
+    job gets those Slurm sets for each run, not an export line of them, also when named."""
+    tmp_path, _ = submit_here
+    per_run = {
+        "CUDA_VISIBLE_DEVICES": visible, "ROCR_VISIBLE_DEVICES": visible,
+        "GPU_DEVICE_ORDINAL": "0", "ZE_AFFINITY_MASK": "0",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50", "CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps",
+        "CUDA_MPS_LOG_DIRECTORY": "/tmp/mps-log",
+    }  # fmt: skip
+    for name, value in per_run.items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    for export in ("ALL", "ALL,CUDA_VISIBLE_DEVICES=1", "PATH,GPU_DEVICE_ORDINAL"):
+        assert _submit(tmp_path, f"--export={export}", "train.py") == 0
+        text = (tmp_path / "wd" / "job.sbatch").read_text()
+        assert not [name for name in per_run if name in text], export
+
+
 BODY = """echo "body starts with $1"
 icefrog launch -- "$@"
 """
