@@ -38,8 +38,8 @@ _OWN = "ICEFROG_SUBMIT_SCRIPT= "
 _FORWARD = (
     "# USR1/TERM go to the launcher, which makes the trainers checkpoint and exit.\n"
     "pid=\n"
-    "trap 'kill -USR1 \"$pid\" 2>/dev/null' USR1\n"
-    "trap 'kill -TERM \"$pid\" 2>/dev/null' TERM\n"
+    "trap 'kill -USR1 \"$pid\" 2>/dev/null || :' USR1\n"
+    "trap 'kill -TERM \"$pid\" 2>/dev/null || :' TERM\n"
 )
 _WAIT = (
     "# wait returns early when a trap runs: wait again until the launcher is gone\n"
@@ -55,6 +55,7 @@ def batch_script(
     body: str | None = None,
     rundir: str | None = None,
     args: Sequence[str] = (),
+    shell: str = "",
 ) -> str:
     """The batch script: ``launch`` (an ``icefrog launch`` argv) in the background, signals
     passed on, and the launcher's exit status as the job's (75: checkpointed, requeue me).
@@ -66,11 +67,15 @@ def batch_script(
     ``$1``...), ``launch`` ends with ``--`` and the body's ``icefrog launch -- SCRIPT
     ARGS`` line runs it with SCRIPT ARGS the same way; a 75 there ends the job at once
     with 75, whatever the body does next (Slurm takes the job's status from the batch
-    shell's exit: a body that went on to exit 0 would be recorded finished).
+    shell's exit: a body that went on to exit 0 would be recorded finished). ``shell``:
+    the options of the batch script's ``#!`` line (:func:`shell_options`), ``l`` on the
+    wrapper's own (a login shell), the others set for the body.
     Its output file is appended to (``--open-mode=append``): a requeued job's runs share
     one Slurm job id, hence one file, and Slurm would otherwise write each run over it."""
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
-    head = f"#!/bin/bash\n#SBATCH --open-mode=append\n{header}{exports}{_MANAGED}{_FORWARD}"
+    shebang = "#!/bin/bash -l" if "l" in shell else "#!/bin/bash"
+    head = f"{shebang}\n#SBATCH --open-mode=append\n{header}{exports}{_MANAGED}{_FORWARD}"
+    options = shell.replace("l", "")
     if body is None:
         return f'{head}{_OWN}{shlex.join(launch)} &\npid=$!\n{_WAIT}wait "$pid"\nexit $?\n'
     indented = "".join("    " + line + "\n" for line in _WAIT.splitlines())
@@ -96,6 +101,7 @@ def batch_script(
         "}\n"
         f"cd {shlex.quote(rundir or '.')} || exit 1\n"
         f"set -- {shlex.join(args)}\n"
+        f"{f'set -{options}{chr(10)}' if options else ''}"
         "# ---- the submitted batch script's body ----\n"
         f"{body if body.endswith(chr(10)) or not body else body + chr(10)}"
     )
@@ -163,15 +169,28 @@ def read_script(path: Path) -> str:
         raise InputError(f"{path}: not UTF-8 text") from None
 
 
-def is_batch_script(path: Path, text: str) -> bool:
-    """A bash batch script (``#!`` naming bash or sh), or else a Python training script
-    (``.py``, or ``#!`` naming python); anything else is refused."""
+def shell_options(path: Path, text: str) -> str | None:
+    """None for a Python training script (``.py``, or ``#!`` naming python); for a bash batch
+    script (``#!`` naming bash or sh, also through ``env``) the options of its ``#!`` line
+    the wrapper keeps, as letters: ``l`` (``-l``/``--login``: a login shell, which defines
+    ``module``), ``e``, ``u``, ``x`` (the wrapper's lines work under them). Another option,
+    or another interpreter, is refused."""
     first = text.split("\n", 1)[0]
-    words = [Path(w).name for w in first[2:].split()[:2]] if first.startswith("#!") else []
-    if path.suffix == ".py" or any(w.startswith("python") for w in words):
-        return False
-    if any(w in ("bash", "sh") for w in words):
-        return True
-    raise InputError(
-        f"{path}: neither a Python script (.py, or #! python) nor a batch script (#!/bin/bash)"
-    )
+    words = first[2:].split() if first.startswith("#!") else []
+    names = [Path(w).name for w in words[:2]]
+    if path.suffix == ".py" or any(n.startswith("python") for n in names):
+        return None
+    if not any(n in ("bash", "sh") for n in names):
+        raise InputError(
+            f"{path}: neither a Python script (.py, or #! python) nor a batch script (#!/bin/bash)"
+        )
+    kept: set[str] = set()
+    for option in words[2:] if names[0] == "env" else words[1:]:
+        if option != "--login" and not re.fullmatch(r"-[leux]+", option):
+            raise InputError(
+                f"{path} line 1: the shell option {option[:40]!r} is not kept: icefrog's "
+                "wrapper runs the body with -l/--login, -e, -u and -x alone (give others with "
+                "set in the script)"
+            )
+        kept.update("l" if option == "--login" else option[1:])
+    return "".join(sorted(kept))

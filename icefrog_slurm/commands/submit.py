@@ -62,10 +62,10 @@ from icefrog_slurm.commands import downnotice
 from icefrog_slurm.commands.db import DEFAULT_CONFIG
 from icefrog_slurm.commands.jobscript import (
     batch_script,
-    is_batch_script,
     job_environment,
     launcher_env,
     read_script,
+    shell_options,
 )
 from icefrog_slurm.commands.storeargs import ENV_REPORTS_CONFIG, REPORTS_CONFIG
 from icefrog_slurm.domain.cluster import Gres, IcefrogTag
@@ -311,7 +311,8 @@ def run(args: argparse.Namespace) -> int:
         )
     path = Path(script[0])
     text = read_script(path) if path.is_file() else None
-    batch = text is not None and is_batch_script(path, text)
+    shell = shell_options(path, text) if text is not None else None
+    batch = shell is not None
     header = sbatch_options.read_header(text, path.name) if text is not None else []
     # sbatch's order: the script's header, its input variables, the command line
     options = [*header, *sbatch_options.environment_options(os.environ), *args.sbatch]
@@ -360,8 +361,9 @@ def run(args: argparse.Namespace) -> int:
         body = text.split("\n", 1)[1] if text.startswith("#!") and "\n" in text else text
         rundir = os.path.abspath(given("chdir") or os.getcwd())
         job = batch_script(
-            launch=launch, env=env, header=lines, body=body, rundir=rundir, args=script[1:]
-        )
+            launch=launch, env=env, header=lines, body=body, rundir=rundir, args=script[1:],
+            shell=shell or "",
+        )  # fmt: skip
     else:
         job = batch_script(launch=[*launch, *script], env=env, header=lines)
     path_written = _write_script(workdir, job)

@@ -269,7 +269,9 @@ icefrog launch -- "$@"
 """
 
 
-def _body_job(tmp_path: Path, body: str, seconds: float = 60) -> tuple[subprocess.Popen[str], Path]:
+def _body_job(
+    tmp_path: Path, body: str, seconds: float = 60, shell: str = ""
+) -> tuple[subprocess.Popen[str], Path]:
     """The script ``icefrog submit`` writes for a batch script ``body``, run by bash, whose
     ``icefrog launch -- "$@"`` starts the stand-in launcher (its arguments: where it writes
     the signal it got, how long it runs); returned once the stand-in runs."""
@@ -278,7 +280,7 @@ def _body_job(tmp_path: Path, body: str, seconds: float = 60) -> tuple[subproces
     got = tmp_path / "got.txt"
     text = batch_script(
         launch=[sys.executable, str(fake)], env={"FOO": "a b"}, body=body,
-        rundir=str(tmp_path), args=[str(got), str(seconds)],
+        rundir=str(tmp_path), args=[str(got), str(seconds)], shell=shell,
     )  # fmt: skip
     script = tmp_path / "job.sbatch"
     script.write_text(text)
@@ -326,6 +328,87 @@ def test_a_launch_that_finished_goes_on_with_the_script(tmp_path: Path) -> None:
     out, _ = proc.communicate(timeout=20)
     assert proc.returncode == 0 and not got.exists()
     assert "after the launch" in out
+
+
+PROFILE = 'module() { echo "module says: $*"; }\n'
+"""A login shell's ~/.bash_profile defining ``module``, as a site's Lmod does."""
+
+
+def _run_submitted(tmp_path: Path, first_line: str, body: str) -> subprocess.CompletedProcess[str]:
+    """``icefrog submit`` of a batch script, then its job.sbatch run as slurmd runs it (an
+    executable, its ``#!`` line applies) in a home whose login profile defines ``module``."""
+    (tmp_path / "job.sh").write_text(f"{first_line}\n{body}")
+    assert _submit(tmp_path, "--export=NONE", "job.sh") == 0
+    job = tmp_path / "wd" / "job.sbatch"
+    job.chmod(0o700)
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    (home / ".bash_profile").write_text(PROFILE)
+    return subprocess.run(
+        [str(job)], capture_output=True, text=True, timeout=60,
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("first_line", ["#!/bin/bash -l", "#!/bin/bash --login"])
+def test_a_login_shell_script_stays_one(
+    submit_here: tuple[Path, list[object]], first_line: str
+) -> None:
+    """``#!/bin/bash -l``, how HPC users get ``module``: the job's shell is a login one."""
+    tmp_path, _ = submit_here
+    done = _run_submitted(tmp_path, first_line, "module load cuda\n")
+    assert done.returncode == 0, done.stderr
+    assert "module says: load cuda\n" in done.stdout
+
+
+def test_a_scripts_e_u_x_options_apply_to_its_body(
+    submit_here: tuple[Path, list[object]],
+) -> None:
+    tmp_path, _ = submit_here
+    done = _run_submitted(tmp_path, "#!/bin/bash -lx -eu", 'echo "in body"\nfalse\necho after\n')
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == "in body\n"
+    assert "+ echo 'in body'\n+ false\n" in done.stderr
+    assert "export" not in done.stderr  # the recorded environment is not traced
+    done = _run_submitted(tmp_path, "#!/bin/bash -u", 'echo "$NOT_SET"\necho after\n')
+    assert done.returncode == 1 and "NOT_SET: unbound variable" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("first_line", "refused"),
+    [("#!/bin/bash -r", "'-r'"), ("#!/bin/bash -li", "'-li'"), ("#!/bin/sh --posix", "'--posix'"),
+     ("#!/bin/bash -o pipefail", "'-o'")],
+)  # fmt: skip
+def test_other_shell_options_are_refused(
+    submit_here: tuple[Path, list[object]], first_line: str, refused: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    tmp_path, requests = submit_here
+    (tmp_path / "job.sh").write_text(f"{first_line}\nicefrog launch -- t.py\n")
+    assert _submit(tmp_path, "job.sh") == 2
+    err = capsys.readouterr().err
+    assert f"job.sh line 1: the shell option {refused} is not kept" in err
+    assert not requests
+
+
+def test_the_wrapper_works_under_e_u_x(tmp_path: Path) -> None:
+    """The wrapper's own lines under the body's ``-eux``: USR1 reaches the launcher (75),
+    and a USR1 that comes after the launcher ended does not fail the job (a trap's kill
+    of a process gone fails, and ``-e`` would end the job with it)."""
+    proc, got = _body_job(tmp_path, BODY, shell="eux")
+    os.kill(proc.pid, signal.SIGUSR1)
+    proc.communicate(timeout=20)
+    assert proc.returncode == 75 and got.read_text() == "SIGUSR1"
+    ended = tmp_path / "ended"
+    body = f'icefrog launch -- "$@"\ntouch {ended}\nsleep 2\necho "job done"\n'
+    proc, got = _body_job(tmp_path, body, seconds=0.2, shell="eux")
+    deadline = time.monotonic() + 20
+    while not ended.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGUSR1)
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and "job done" in out
 
 
 def _icefrog_on_path(tmp_path: Path) -> dict[str, str]:
