@@ -16,6 +16,9 @@ from pathlib import Path
 from icefrog_slurm.errors import InputError
 
 _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_FUNCTION = re.compile(r"^BASH_FUNC_([A-Za-z_][A-Za-z0-9_]*)%%$")
+"""How bash passes an exported function (``export -f NAME``) to its children; as Lmod
+exports ``module`` and sbatch's ``--export=ALL`` gives it to the job."""
 MAX_SCRIPT_BYTES = 4 * 1024 * 1024
 """sbatch's default largest batch script (slurm.conf max_script_size)."""
 NOT_RECORDED = ("PWD", "OLDPWD", "SHLVL", "_")
@@ -72,7 +75,7 @@ def batch_script(
     wrapper's own (a login shell), the others set for the body.
     Its output file is appended to (``--open-mode=append``): a requeued job's runs share
     one Slurm job id, hence one file, and Slurm would otherwise write each run over it."""
-    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+    exports = "".join(_export(k, v) for k, v in env.items())
     shebang = "#!/bin/bash -l" if "l" in shell else "#!/bin/bash"
     head = f"{shebang}\n#SBATCH --open-mode=append\n{header}{exports}{_MANAGED}{_FORWARD}"
     options = shell.replace("l", "")
@@ -107,9 +110,19 @@ def batch_script(
     )
 
 
+def _export(name: str, value: str) -> str:
+    """The line(s) that give the job ``name``: an ``export`` line, or for an exported bash
+    function (:data:`_FUNCTION`, its value ``() {...}``) its definition and ``export -f``."""
+    function = _FUNCTION.fullmatch(name)
+    if function is None:
+        return f"export {name}={shlex.quote(value)}\n"
+    return f"{function[1]}{value.rstrip(chr(10))}\nexport -f {function[1]}\n"
+
+
 def job_environment(export: str | None, environ: Mapping[str, str]) -> dict[str, str]:
     """The variables the job gets, from ``environ`` as sbatch's ``--export`` says: ALL (the
-    default: every variable but the shell's and Slurm's own), NONE, or a comma list of
+    default: every variable but the shell's and Slurm's own, and the exported bash
+    functions whose name is a plain word, ``module`` say), NONE, or a comma list of
     NAME (its value here) and NAME=VALUE, with ALL first to add to everything (a value
     here wins over one given, as in sbatch). Never the GPU variables of :data:`PER_RUN`."""
     items = (export or "ALL").split(",")
@@ -118,7 +131,7 @@ def job_environment(export: str | None, environ: Mapping[str, str]) -> dict[str,
         if items[0].upper() == "NONE" and len(items) > 1:
             raise InputError("--export: NONE takes no variables")
         items = items[1:]
-    env = {k: v for k, v in environ.items() if _recorded(k)} if everything else {}
+    env = {k: v for k, v in environ.items() if _recorded(k, v)} if everything else {}
     for item in items:
         name, eq, value = item.partition("=")
         if not _VARIABLE.fullmatch(name):
@@ -130,7 +143,10 @@ def job_environment(export: str | None, environ: Mapping[str, str]) -> dict[str,
     return {k: v for k, v in env.items() if k not in PER_RUN}
 
 
-def _recorded(name: str) -> bool:
+def _recorded(name: str, value: str) -> bool:
+    function = _FUNCTION.fullmatch(name)
+    if function:  # not an icefrog function: the wrapper's own would be exported in its place
+        return value.startswith("() {") and function[1] != "icefrog"
     return (
         bool(_VARIABLE.fullmatch(name))
         and name not in NOT_RECORDED

@@ -334,11 +334,13 @@ PROFILE = 'module() { echo "module says: $*"; }\n'
 """A login shell's ~/.bash_profile defining ``module``, as a site's Lmod does."""
 
 
-def _run_submitted(tmp_path: Path, first_line: str, body: str) -> subprocess.CompletedProcess[str]:
+def _run_submitted(
+    tmp_path: Path, first_line: str, body: str, export: str = "NONE"
+) -> subprocess.CompletedProcess[str]:
     """``icefrog submit`` of a batch script, then its job.sbatch run as slurmd runs it (an
     executable, its ``#!`` line applies) in a home whose login profile defines ``module``."""
     (tmp_path / "job.sh").write_text(f"{first_line}\n{body}")
-    assert _submit(tmp_path, "--export=NONE", "job.sh") == 0
+    assert _submit(tmp_path, f"--export={export}", "job.sh") == 0
     job = tmp_path / "wd" / "job.sbatch"
     job.chmod(0o700)
     home = tmp_path / "home"
@@ -359,6 +361,30 @@ def test_a_login_shell_script_stays_one(
     done = _run_submitted(tmp_path, first_line, "module load cuda\n")
     assert done.returncode == 0, done.stderr
     assert "module says: load cuda\n" in done.stdout
+
+
+def test_the_submitting_shells_exported_functions_are_the_jobs(
+    submit_here: tuple[Path, list[object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lmod exports ``module`` (``export -f``) and sbatch's --export=ALL gives it to the
+    job: recorded so that bash defines and exports it again, in the batch script and in
+    the programs it starts."""
+    tmp_path, _ = submit_here
+    define = 'module() { echo "module says: $*"; }; export -f module; printenv "BASH_FUNC_module%%"'
+    value = subprocess.run(["bash", "-c", define], capture_output=True, text=True).stdout
+    assert value.startswith("() {")
+    monkeypatch.setenv("BASH_FUNC_module%%", value)
+    monkeypatch.setenv("BASH_FUNC_not-a-word%%", value)  # bash's names go beyond a shell word
+    monkeypatch.setenv("BASH_FUNC_icefrog%%", value)  # the wrapper's own would be exported
+    body = "module load cuda\nbash -c 'module load nccl'\n"
+    done = _run_submitted(tmp_path, "#!/bin/bash", body, export="ALL")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "module says: load cuda\nmodule says: load nccl\n"
+    text = (tmp_path / "wd" / "job.sbatch").read_text()
+    assert "not-a-word" not in text and "export -f icefrog" not in text
+    # only --export=ALL gives the functions
+    done = _run_submitted(tmp_path, "#!/bin/bash", body, export="NONE")
+    assert "module: command not found" in done.stderr
 
 
 def test_a_scripts_e_u_x_options_apply_to_its_body(
