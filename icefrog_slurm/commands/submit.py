@@ -6,11 +6,11 @@ ARGS``), or a batch script of bash with ``#SBATCH`` lines, whose body runs as th
 starts training with the line ``icefrog launch -- train.py ARGS`` (docs/user-guide.md).
 Options follow sbatch (``icefrog_slurm/slurm/sbatch_options.py``): those of SCRIPT's header
 combined with the command line's, which win; an option the controller decides (GPUs,
-nodes, tasks, hold...) is refused with its reason. The options kept (``--time``,
-``--account``, ``--qos``, ``--constraint``...) are written into the job's script as
-``#SBATCH`` lines, so that every resubmission of that script by the controller (as the
-owner, with ``sbatch``) applies them again; the controller's own options go on its command
-line and win.
+nodes, features, tasks, hold...) is refused with its reason, and so is a partition other
+than the controller's. The options kept (``--time``, ``--account``, ``--qos``...) are
+written into the job's script as ``#SBATCH`` lines, so that every resubmission of that
+script by the controller (as the owner, with ``sbatch``) applies them again; the
+controller's own options go on its command line and win.
 
 The script (:func:`batch_script`, pure) runs ``icefrog launch`` in the background and
 ``wait``s for it, with traps that pass USR1 and TERM on: bash runs a trap only when its
@@ -71,7 +71,7 @@ from icefrog_slurm.commands.storeargs import ENV_REPORTS_CONFIG, REPORTS_CONFIG
 from icefrog_slurm.domain.cluster import Gres, IcefrogTag
 from icefrog_slurm.errors import IcefrogError, InputError
 from icefrog_slurm.protocol import PROTOCOL_VERSION, Envelope
-from icefrog_slurm.settings import Settings, load_settings
+from icefrog_slurm.settings import Settings, SlurmSettings, load_settings
 from icefrog_slurm.slurm import sbatch_options
 from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
 from icefrog_slurm.slurm.port import SubmitRequest
@@ -124,8 +124,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
         "SCRIPT: a Python training script, or a bash batch script with #SBATCH lines whose "
         "body runs 'icefrog launch -- train.py ARGS'. sbatch options (--time, --account, "
-        "--qos, --constraint, --mail-type...) are kept across the controller's resubmissions; "
-        "those the controller decides (--gres, --nodes, --ntasks, --hold...) are refused. "
+        "--qos, --mail-type...) are kept across the controller's resubmissions; those the "
+        "controller decides (--gres, --nodes, --constraint, --ntasks, --hold...) are refused. "
         "The job is submitted held; the icefrog controller gives it its GPUs and releases it."
     )
     declaration.add_arguments(parser)
@@ -176,7 +176,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--inbox", default=None, type=_nonempty, help="the controller's report inbox (overrides)"
     )
     parser.add_argument(
-        "--partition", "-p", default=None, type=_nonempty, help="Slurm partition (overrides)"
+        "--partition",
+        "-p",
+        default=None,
+        type=_nonempty,
+        help="the controller's Slurm partition, where its settings cannot be read (another "
+        "one is refused)",
     )
     parser.add_argument(
         "--mem-per-gpu",
@@ -241,13 +246,15 @@ def _settings(args: argparse.Namespace) -> Settings:
         return load_settings(DEFAULT_CONFIG)
     if _readable(site):
         return _load(site, why="site settings")
-    if os.path.lexists(DEFAULT_CONFIG) and not (args.inbox and args.partition):
+    if not os.path.lexists(DEFAULT_CONFIG):
+        return Settings()
+    if not (args.inbox and args.partition):
         raise InputError(
             f"{DEFAULT_CONFIG} (controller settings): not readable by you: give --inbox DIR "
             f"and --partition NAME, or ask your administrator to set [inbox] dir and [slurm] "
             f"partition in {REPORTS_CONFIG} (docs/admin-guide.md)"
         )
-    return Settings()
+    return Settings(slurm=SlurmSettings(partition=args.partition))  # the one given
 
 
 def _readable(path: str) -> bool:
@@ -328,6 +335,11 @@ def run(args: argparse.Namespace) -> int:
         last = _last(own, name)
         return value if value is not None or last is None else last.value
 
+    def where(name: str) -> str:
+        last = _last(own, name)
+        cli = getattr(args, name.replace("-", "_")) is not None
+        return "command line" if cli or last is None else last.where
+
     if not batch and given("chdir") is not None:
         raise InputError(
             "-D/--chdir: sets where a batch script's body runs; a Python script runs in --workdir"
@@ -335,6 +347,12 @@ def run(args: argparse.Namespace) -> int:
     declared = declaration.from_args(args)
     name = _job_name(given("job-name"), script)
     settings = _settings(args)
+    partition = settings.slurm.partition
+    if given("partition") not in (None, partition):
+        raise InputError(
+            f"--partition ({where('partition')}): {given('partition')!r}: the icefrog "
+            f"controller plans the GPUs of partition {partition!r} alone: leave the option out"
+        )
     inbox = os.path.abspath(args.inbox or settings.inbox.dir)
     if not os.path.isdir(inbox):
         raise InputError(f"inbox {inbox}: no such folder (is the controller set up? see --config)")
@@ -373,7 +391,7 @@ def run(args: argparse.Namespace) -> int:
         tag=IcefrogTag(key=key),
         name=name,
         gres=Gres("gpu", declared.gpus[0]),
-        partition=given("partition") or settings.slurm.partition,
+        partition=partition,
         output=os.path.abspath(output) if output else str(workdir / "slurm-%j.out"),
         workdir=str(workdir),
         mem_per_gpu_mb=_first(mem, settings.submit.mem_per_gpu_mb),

@@ -6,13 +6,14 @@ Classes (``Kind``):
 
 - ``PASS``: kept as the user gave it, written into the job's batch script as an ``#SBATCH``
   line, so that every resubmission of that script (the controller's gpu<->shard moves)
-  applies it again: ``--time``, ``--account``, ``--qos``, ``--constraint``, ``--mail-type``...
+  applies it again: ``--time``, ``--account``, ``--qos``, ``--mail-type``...
 - ``ICEFROG``: an ``icefrog submit`` option under sbatch's name (``-J``, ``-o``, ``-p``,
   ``-D``, ``--mem-per-gpu``, ``--cpus-per-gpu``, ``--export``): the controller carries it
   (name, output, partition, host memory and cores per GPU) or the script records it (the
   environment, the run folder).
-- ``OWNED``: decided by the controller (GPUs, nodes, tasks, when the job starts, its
-  comment, requeueing): refused with the reason.
+- ``OWNED``: decided by the controller (GPUs, nodes and the features or reservation that
+  would choose them, tasks, when the job starts, its comment, requeueing): refused with the
+  reason.
 - ``UNSUPPORTED``: refused with the reason (arrays, ``--wrap``, ``--wait``, root-only ones).
 - ``IGNORED``: no effect under icefrog (``--parsable``, ``--quiet``, ``--requeue``...).
 
@@ -78,6 +79,10 @@ _HOST = (
     "changes the job's GPU count and keeps them per GPU"
 )
 _START = "the icefrog controller decides when the job starts (it holds and releases it)"
+_CHOSEN = (
+    "the icefrog controller chooses the job's nodes among all of its partition's GPUs, "
+    "whatever their features or reservations"
+)
 _ROOT = "root only; icefrog submits as you"
 
 
@@ -95,7 +100,7 @@ def _specs() -> tuple[Spec, ...]:
         ("cluster-constraint", "", "=", pas, ""),
         ("clusters", "M", "=", uns, "the icefrog controller manages one cluster"),
         ("comment", "", "=", own, "the comment carries the icefrog controller's tag"),
-        ("constraint", "C", "=", pas, ""),
+        ("constraint", "C", "=", own, _CHOSEN),
         ("container", "", "=", pas, ""),
         ("contiguous", "", "", pas, ""),
         ("core-spec", "S", "=", pas, ""),
@@ -166,7 +171,7 @@ def _specs() -> tuple[Spec, ...]:
         ("quiet", "Q", "", ign, ""),
         ("reboot", "", "", pas, ""),
         ("requeue", "", "", ign, ""),
-        ("reservation", "", "=", pas, ""),
+        ("reservation", "", "=", own, _CHOSEN),
         ("signal", "", "=", pas, ""),
         ("sockets-per-node", "", "=", pas, ""),
         ("spread-job", "", "", own, _NODES),

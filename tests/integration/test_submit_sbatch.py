@@ -4,7 +4,7 @@ submitted with survives the controller's moves.
 The moves are the backend's own (``SlurmCliBackend.resubmit``, as the controller makes them
 to move a pending job between whole GPUs and GPU shards; ``update_pending`` for a resize in
 place). The job keeps its account, time limit (the command line's, over the script's),
-features, mail settings and host memory per GPU: ``scontrol show job`` of every new job is
+mail settings and host memory per GPU: ``scontrol show job`` of every new job is
 compared with the original's. The dev cluster has no accounting database, so Slurm shows
 ``QOS=(null)`` whatever was asked: that the QOS is replayed is shown by the ``#SBATCH
 "--qos=normal"`` line of every new job's own batch script (``scontrol write
@@ -37,12 +37,12 @@ pytestmark = [pytest.mark.slurm]
 
 SCRIPT = """#!/bin/bash
 #SBATCH --account=physics --qos=normal
-#SBATCH --time=01:30:00 --constraint=ib
+#SBATCH --time=01:30:00
 #SBATCH --mem-per-gpu=900M --mail-type=END,FAIL --mail-user=alice@example.org
 echo "KEPT=$ICEFROG_IT_KEPT GIVEN=$ICEFROG_IT_GIVEN ARG=$1 PWD=$PWD"
 #SBATCH --gres=gpu:4
 """
-KEPT_FIELDS = ("Account", "TimeLimit", "Features", "MailUser", "MailType", "Partition")
+KEPT_FIELDS = ("Account", "TimeLimit", "MailUser", "MailType", "Partition")
 
 
 def _icefrog(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
@@ -93,7 +93,7 @@ def test_sbatch_options_and_environment_survive_moves(job_dir: Path) -> None:
     try:
         original = _kept(first)
         assert original == {
-            "Account": "physics", "TimeLimit": "02:00:00", "Features": "ib",
+            "Account": "physics", "TimeLimit": "02:00:00",
             "MailUser": "alice@example.org", "MailType": "END,FAIL", "Partition": "gpu",
         }  # fmt: skip
         assert _show(first)["MemPerTres"] == "gres:gpu:900"

@@ -1,7 +1,7 @@
 """An ordinary user's (icefrog-alice's) batch script, submitted with ``icefrog submit``, keeps
 what she asked for when the controller (root) resubmits it as her: the resubmission runs
 ``setpriv ... sbatch`` as alice with a minimal environment, and the script's ``#SBATCH``
-lines and ``export`` lines are what carry her account, time limit, features and
+lines and ``export`` lines are what carry her account, time limit, mail settings and
 environment. Alice's ``icefrog submit`` runs in a forked child that dropped to her uid
 (``inbox_support.as_user``); the job's body only prints, so no Python runs as her on the
 node."""
@@ -26,7 +26,7 @@ from tests.security.test_reports_as_user import ALICE, run_cli
 pytestmark = [pytest.mark.slurm]
 
 SCRIPT = """#!/bin/bash
-#SBATCH --account=physics --time=00:20:00 --constraint=ib --mail-type=FAIL
+#SBATCH --account=physics --time=00:20:00 --mail-type=FAIL
 echo "USER=$USER ALICE_VAR=$ALICE_VAR"
 """
 
@@ -58,10 +58,8 @@ def test_alices_options_and_environment_survive_roots_resubmission(
     backend = SlurmCliBackend()
     ids = [first]
     try:
-        kept = {k: _show(first)[k] for k in ("Account", "TimeLimit", "Features", "MailType")}
-        assert kept == {
-            "Account": "physics", "TimeLimit": "00:20:00", "Features": "ib", "MailType": "FAIL",
-        }  # fmt: skip
+        kept = {k: _show(first)[k] for k in ("Account", "TimeLimit", "MailType")}
+        assert kept == {"Account": "physics", "TimeLimit": "00:20:00", "MailType": "FAIL"}
         new = backend.resubmit(job_id=first, owner_uid=uid, gres=Gres("shard", 1))
         ids.append(new)
         assert _show(new)["UserId"].startswith(f"{ALICE}({uid})")

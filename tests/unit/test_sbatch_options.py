@@ -146,7 +146,8 @@ OWNED = [
     "--ntasks-per-node=2", "--hold", "-H", "--begin=now+1hour", "--dependency=afterok:1",
     "--comment=x", "--no-requeue", "--open-mode=truncate", "--mem=8G", "--mem-per-cpu=1G",
     "-c4", "--array=1-3", "--wrap=hostname", "--wait", "--test-only", "--uid=0",
-    "--get-user-env", "--clusters=c2", "--export-file=/x",
+    "--get-user-env", "--clusters=c2", "--export-file=/x", "--constraint=ib", "-Cib",
+    "--reservation=maint",
 ]  # fmt: skip
 
 
@@ -161,7 +162,7 @@ def test_options_the_controller_owns_are_refused_with_the_reason(option: str) ->
 
 
 def test_passed_options_are_not_refused() -> None:
-    argv = ["--time=10", "-A", "a", "-q", "normal", "--constraint=ib", "--mail-type=NONE",
+    argv = ["--time=10", "-A", "a", "-q", "normal", "--prefer=ib", "--mail-type=NONE",
             "--open-mode=append", "--signal=B:USR1@60", "--requeue", "--parsable"]  # fmt: skip
     given, _ = so.parse(argv, so.SBATCH_TABLE, where="t")
     for g in given:
@@ -185,7 +186,7 @@ def test_every_option_of_man_sbatch_is_classified() -> None:
 
 def test_replay_accepts_what_icefrog_submit_writes() -> None:
     options, _ = so.parse(
-        ["--time=1:00:00", "--account=phys", "--qos=normal", "--constraint=ib"],
+        ["--time=1:00:00", "--account=phys", "--qos=normal", "--prefer=ib"],
         so.SBATCH_TABLE, where="t",
     )  # fmt: skip
     script = "#!/bin/bash\n#SBATCH --open-mode=append\n" + so.header_lines(options) + "true\n"

@@ -145,7 +145,7 @@ def _submit(tmp_path: Path, *argv: str) -> int:
 
 BATCH = """#!/bin/bash
 #SBATCH --account=physics --time=01:00:00
-#SBATCH -q normal -C ib --mail-type=NONE
+#SBATCH -q normal --mail-type=NONE
 #SBATCH -J from-header --mem-per-gpu=900M
 echo "data in $DATA_DIR"
 icefrog launch -- train.py --lr 0.1
@@ -169,7 +169,7 @@ def test_batch_script_options_written_as_sbatch_lines(
     header = {g.spec.name: g.value for g in so.read_header(text, "job.sbatch")}
     assert header == {  # the command line wins over the script's header
         "open-mode": "append", "account": "chem", "time": "2:00:00", "qos": "normal",
-        "constraint": "ib", "mail-type": "NONE",
+        "mail-type": "NONE",
     }  # fmt: skip
     assert so.replay_refusal(text) is None
     assert f"cd {tmp_path} || exit 1\nset -- one two\n" in text
@@ -182,6 +182,8 @@ def test_batch_script_options_written_as_sbatch_lines(
         (["--gres=gpu:4"], "", "--gres (command line): not accepted"),
         (["-N", "2"], "", "--nodes (command line): not accepted"),
         (["--array=1-4"], "", "job arrays are not supported"),
+        (["-C", "ib"], "", "--constraint (command line): not accepted: the icefrog controller"),
+        ([], "#SBATCH --reservation=maint\n", "--reservation (job.sh line 2): not accepted"),
         (["--wrap=hostname"], "", "give a script"),
         (["--account=a\nb"], "", "line break"),
         ([], "#SBATCH --nodelist=node4\n", "--nodelist (job.sh line 2): not accepted"),
@@ -203,6 +205,48 @@ def test_refused_before_anything_is_written(
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
     assert not requests and not (tmp_path / "wd").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "header", "environ", "message"),
+    [
+        (["-p", "long"], "", {}, "--partition (command line): 'long'"),
+        ([], "#SBATCH -p long\n", {}, "--partition (job.sh line 2): 'long'"),
+        ([], "", {"SBATCH_PARTITION": "debug"}, "--partition (SBATCH_PARTITION): 'debug'"),
+        (["--partition=gpu,long"], "", {}, "--partition (command line): 'gpu,long'"),
+    ],
+)
+def test_another_partition_than_the_controllers_is_refused(
+    submit_here: tuple[Path, list[object]], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], argv: list[str], header: str,
+    environ: dict[str, str], message: str,
+) -> None:  # fmt: skip
+    """The controller plans the GPUs of its own partition (settings ``[slurm] partition``,
+    here the default ``gpu``) and never looks at a job in another one."""
+    tmp_path, requests = submit_here
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "job.sh").write_text(f"#!/bin/bash\n{header}icefrog launch -- t.py\n")
+    assert _submit(tmp_path, *argv, "job.sh") == 2
+    err = capsys.readouterr().err
+    assert message in err and "plans the GPUs of partition 'gpu' alone" in err, err
+    assert not requests
+
+
+def test_the_controllers_own_partition_may_be_named(
+    submit_here: tuple[Path, list[object]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    tmp_path, requests = submit_here
+    (tmp_path / "job.sh").write_text("#!/bin/bash\n#SBATCH -p long\nicefrog launch -- t.py\n")
+    assert _submit(tmp_path, "-p", "gpu", "job.sh") == 0  # the command line wins, as in sbatch
+    config = tmp_path / "site.toml"
+    config.write_text('[slurm]\npartition = "a800"\n')
+    (tmp_path / "job.sh").write_text("#!/bin/bash\nicefrog launch -- t.py\n")
+    assert _submit(tmp_path, "--config", str(config), "job.sh") == 0
+    assert _submit(tmp_path, "--config", str(config), "-p", "a800", "job.sh") == 0
+    assert [r.partition for r in requests] == ["gpu", "a800", "a800"]  # type: ignore[attr-defined]
+    assert _submit(tmp_path, "--config", str(config), "-p", "gpu", "job.sh") == 2
+    assert "plans the GPUs of partition 'a800' alone" in capsys.readouterr().err
 
 
 def test_a_script_that_is_neither_python_nor_bash_is_refused(
