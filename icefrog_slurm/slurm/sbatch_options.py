@@ -258,6 +258,10 @@ INPUT_VARIABLES: dict[str, str] = {
 ``SBATCH_WAIT4SWITCH`` is the ``@TIME`` of ``--switches``."""
 
 MAX_VALUE = 4096
+_STOP_SIGNAL = re.compile(r"B:(?:SIG)?(?:USR1|TERM|10|15)(?:@([0-9]{1,5}))?", re.IGNORECASE)
+"""The ``--signal`` values icefrog's batch script passes on to the launcher: USR1 or TERM
+(by name, with or without SIG, or by Linux's number) to the batch shell (``B:``), with
+or without ``@SECONDS`` (at most 65535, as sbatch)."""
 _WS = " \t\n\v\f\r"  # C's isspace, as sbatch splits a line
 _HETJOB = re.compile(r"hetjob|packjob", re.IGNORECASE)
 
@@ -373,10 +377,20 @@ def check_value(option: Given) -> None:
 
 def refuse(option: Given) -> None:
     """An OWNED or UNSUPPORTED option is an InputError naming it and why; an ``--open-mode``
-    other than append (icefrog's own) too."""
+    other than append (icefrog's own) too, and a ``--signal`` other than
+    :data:`_STOP_SIGNAL`'s (the batch shell's trap of another signal is none: the job is
+    killed without a checkpoint; one without ``B:`` goes to job steps, and a one-node job
+    has none: no warning arrives)."""
     spec = option.spec
     if spec.name == "open-mode" and (option.value or "")[:1] in ("a", "A"):
         return
+    stop = _STOP_SIGNAL.fullmatch(option.value or "")
+    if spec.name == "signal" and (stop is None or int(stop[1] or 0) > 0xFFFF):
+        raise InputError(
+            f"--signal ({option.where}): {option.value!r}: give B:USR1@SECONDS (or B:TERM): "
+            "icefrog's batch script passes USR1 and TERM alone on to the launcher, and only "
+            "a signal to the batch shell (B:) reaches it"
+        )
     if spec.kind in (Kind.OWNED, Kind.UNSUPPORTED):
         raise InputError(f"--{spec.name} ({option.where}): not accepted: {spec.why}")
 

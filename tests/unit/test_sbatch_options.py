@@ -169,6 +169,29 @@ def test_passed_options_are_not_refused() -> None:
         so.refuse(g)
 
 
+@pytest.mark.parametrize(
+    "value",
+    ["B:USR1@300", "B:USR1", "b:usr1@60", "B:SIGUSR1@90", "B:10@90", "B:TERM@120", "B:SIGTERM",
+     "B:15", "B:USR1@65535"],
+)  # fmt: skip
+def test_a_signal_the_batch_script_passes_on_is_accepted(value: str) -> None:
+    so.refuse(so.Given(so.SBATCH_TABLE.long["signal"], value, "command line"))
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["B:USR2@300", "B:INT", "B:HUP@60", "B:2", "USR1@300", "TERM", "10@60", "R:USR1@60",
+     "B:USR1@65536", "B:USR1@", "B:USR1@5m", "B:"],
+)  # fmt: skip
+def test_a_signal_that_would_kill_the_job_unwarned_is_refused(value: str) -> None:
+    """The batch script traps USR1 and TERM alone (USR2, INT, HUP kill it with no
+    checkpoint), and without ``B:`` Slurm signals the job's steps, which a one-node job
+    does not have: the launcher is never warned."""
+    given = so.Given(so.SBATCH_TABLE.long["signal"], value, "job.sh line 2")
+    with pytest.raises(InputError, match=re.escape(f"--signal (job.sh line 2): {value!r}: give")):
+        so.refuse(given)
+
+
 def test_every_option_of_man_sbatch_is_classified() -> None:
     man = shutil.which("man")
     if man is None:

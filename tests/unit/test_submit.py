@@ -184,6 +184,8 @@ def test_batch_script_options_written_as_sbatch_lines(
         (["--array=1-4"], "", "job arrays are not supported"),
         (["-C", "ib"], "", "--constraint (command line): not accepted: the icefrog controller"),
         ([], "#SBATCH --reservation=maint\n", "--reservation (job.sh line 2): not accepted"),
+        (["--signal=B:USR2@300"], "", "--signal (command line): 'B:USR2@300': give B:USR1"),
+        ([], "#SBATCH --signal=USR1@300\n", "--signal (job.sh line 2): 'USR1@300': give"),
         (["--wrap=hostname"], "", "give a script"),
         (["--account=a\nb"], "", "line break"),
         ([], "#SBATCH --nodelist=node4\n", "--nodelist (job.sh line 2): not accepted"),
