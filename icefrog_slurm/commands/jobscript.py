@@ -44,6 +44,12 @@ _FORWARD = (
     "trap 'kill -USR1 \"$pid\" 2>/dev/null || :' USR1\n"
     "trap 'kill -TERM \"$pid\" 2>/dev/null || :' TERM\n"
 )
+_SUBSHELL = (
+    "icefrog launch: write it as a command of the batch script itself, not in a pipeline, "
+    "\\$(...), ( ) or with &: Slurm's and the controller's signals reach the batch shell "
+    "alone; for a log, redirect it: icefrog launch -- SCRIPT ARGS > >(tee train.log) 2>&1"
+)
+"""Why a launch line run in a subshell is refused (the job ends with exit 2)."""
 _WAIT = (
     "# wait returns early when a trap runs: wait again until the launcher is gone\n"
     'while kill -0 "$pid" 2>/dev/null; do wait "$pid" || :; done\n'
@@ -70,9 +76,13 @@ def batch_script(
     ``$1``...), ``launch`` ends with ``--`` and the body's ``icefrog launch -- SCRIPT
     ARGS`` line runs it with SCRIPT ARGS the same way; a 75 there ends the job at once
     with 75, whatever the body does next (Slurm takes the job's status from the batch
-    shell's exit: a body that went on to exit 0 would be recorded finished). ``shell``:
-    the options of the batch script's ``#!`` line (:func:`shell_options`), ``l`` on the
-    wrapper's own (a login shell), the others set for the body.
+    shell's exit: a body that went on to exit 0 would be recorded finished). A launch
+    line with options, or run in a subshell (``| tee``, ``$(...)``, ``&``: the batch
+    shell waits in the foreground, its traps run only after, and the launcher never gets
+    the signals) ends the job with 2 and why; from a subshell through USR2 to the batch
+    shell, whose trap exits. ``shell``: the options of the batch script's ``#!`` line
+    (:func:`shell_options`), ``l`` on the wrapper's own (a login shell), the others set
+    for the body.
     Its output file is appended to (``--open-mode=append``): a requeued job's runs share
     one Slurm job id, hence one file, and Slurm would otherwise write each run over it."""
     exports = "".join(_export(k, v) for k, v in env.items())
@@ -85,12 +95,19 @@ def batch_script(
     return (
         f"{head}"
         "# the body's `icefrog launch -- SCRIPT ARGS`: the declared launcher, signals passed on\n"
+        "trap 'exit 2' USR2  # a launch refused in a subshell ends the job (it cannot exit it)\n"
+        "exec {icefrog_stderr}>&2  # the job's stderr: that refusal is never lost in a pipe\n"
         "icefrog() {\n"
         '    if [ "${1-}" != launch ]; then command icefrog "$@"; return; fi\n'
+        '    if [ "$BASHPID" != "$$" ]; then\n'
+        f'        echo "{_SUBSHELL}" >&"$icefrog_stderr"\n'
+        "        kill -USR2 $$\n"
+        "        exit 2\n"
+        "    fi\n"
         '    if [ "${2-}" != -- ]; then\n'
         "        echo \"icefrog launch: write 'icefrog launch -- SCRIPT ARGS' here; "
         'give its options to icefrog submit" >&2\n'
-        "        return 2\n"
+        "        exit 2\n"
         "    fi\n"
         "    shift 2\n"
         f'    {_OWN}{shlex.join(launch)} "$@" &\n'

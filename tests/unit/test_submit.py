@@ -528,12 +528,55 @@ def test_the_scripts_own_launch_line_runs_the_launcher(tmp_path: Path, body: str
     assert "--standalone --nnodes=1 train.py --lr 1\n" in done.stdout
 
 
-def test_launch_line_with_options_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "body",
+    [
+        'icefrog launch -- "$@" 2>&1 | tee train.log\necho "after the launch"\n',
+        'out=$(icefrog launch -- "$@")\necho "after the launch"\n',
+        '( icefrog launch -- "$@" )\necho "after the launch"\n',
+        'icefrog launch -- "$@" &\nwait\necho "after the launch"\n',
+    ],
+)
+def test_a_launch_line_in_a_subshell_ends_the_job(tmp_path: Path, body: str) -> None:
+    """``icefrog launch -- train.py | tee train.log``: the launch runs in a subshell while
+    the batch shell waits in the foreground, so the controller's and the time limit's
+    signals never reach it. Refused: the job ends with 2 and why, the launcher unstarted."""
+    fake = tmp_path / "fake_launch.py"
+    fake.write_text(FAKE_LAUNCH)
+    got = tmp_path / "got.txt"
     text = batch_script(
-        launch=["false"], env={}, body="icefrog launch --gpus 2 -- t.py\n", rundir="/"
-    )
+        launch=[sys.executable, str(fake)], env={}, body=body, rundir=str(tmp_path),
+        args=[str(got), "1"],
+    )  # fmt: skip
+    done = subprocess.run(
+        ["bash", "-c", text], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout
+    assert "not in a pipeline, $(...), ( ) or with &" in done.stdout
+    assert "after the launch" not in done.stdout
+    assert not got.with_suffix(".ready").exists()
+
+
+def test_a_launch_line_logged_through_a_process_substitution_gets_the_signal(
+    tmp_path: Path,
+) -> None:
+    """What the refusal above proposes for a log: ``> >(tee train.log)``."""
+    proc, got = _body_job(tmp_path, 'icefrog launch -- "$@" > >(tee train.log) 2>&1\n')
+    os.kill(proc.pid, signal.SIGUSR1)
+    proc.communicate(timeout=20)
+    assert (proc.returncode, got.read_text()) == (75, "SIGUSR1")
+    assert (tmp_path / "train.log").exists()
+
+
+def test_launch_line_with_options_is_refused(tmp_path: Path) -> None:
+    """Refused, and the job ends there (a body going on to exit 0 would be finished)."""
+    text = batch_script(
+        launch=["false"], env={}, body="icefrog launch --gpus 2 -- t.py\necho after\n",
+        rundir="/",
+    )  # fmt: skip
     done = subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=20)
-    assert done.returncode == 2
+    assert done.returncode == 2 and "after" not in done.stdout
     assert "give its options to icefrog submit" in done.stderr
 
 
