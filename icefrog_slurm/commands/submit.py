@@ -356,11 +356,13 @@ def run(args: argparse.Namespace) -> int:
     inbox = os.path.abspath(args.inbox or settings.inbox.dir)
     if not os.path.isdir(inbox):
         raise InputError(f"inbox {inbox}: no such folder (is the controller set up? see --config)")
+    if text is None:  # as sbatch, which cannot open it
+        what = "not a regular file" if path.exists() else "no such file"
+        raise InputError(f"{script[0]}: {what}: give the script to submit")
     # symlinks resolved (a /home that is a link): the controller writes decision.json only
     # into a folder it reaches without following any link
     workdir = Path(os.path.realpath(args.workdir or name))
-    if not path.is_absolute() and path.is_file():
-        script[0] = os.path.abspath(script[0])
+    script[0] = os.path.abspath(script[0])
     mem = args.mem_per_gpu
     if mem is None:
         mem = _typed(_last(own, "mem-per-gpu"), mem_size)

@@ -167,7 +167,8 @@ def test_submit_passes_flags_else_settings(
     config = tmp_path / "icefrog.toml"
     config.write_text(toml)
     argv = ["submit", "--config", str(config), "--inbox", str(inbox)]
-    argv += ["--workdir", str(tmp_path / "w"), *flags, "--", "t.py"]
+    (tmp_path / "t.py").write_text("print('hi')\n")
+    argv += ["--workdir", str(tmp_path / "w"), *flags, "--", str(tmp_path / "t.py")]
     assert main(argv) == 0
     (req,) = _Backend.requests
     assert (req.mem_per_gpu_mb, req.cpus_per_gpu) == want

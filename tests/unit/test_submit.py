@@ -251,6 +251,19 @@ def test_the_controllers_own_partition_may_be_named(
     assert "plans the GPUs of partition 'a800' alone" in capsys.readouterr().err
 
 
+def test_a_script_that_is_not_there_is_refused(
+    submit_here: tuple[Path, list[object]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo (``trian.py``) or a folder: refused as sbatch refuses it, nothing submitted."""
+    tmp_path, requests = submit_here
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    assert _submit(tmp_path, "--gpus", "1-2", "trian.py") == 2
+    assert "trian.py: no such file: give the script to submit" in capsys.readouterr().err
+    assert _submit(tmp_path, "--gpus", "1-2", str(tmp_path)) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    assert not requests and not (tmp_path / "wd").exists()
+
+
 def test_a_script_that_is_neither_python_nor_bash_is_refused(
     submit_here: tuple[Path, list[object]], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -240,7 +240,9 @@ def test_submit_says_when_the_controller_is_down_and_still_succeeds(
     monkeypatch.setattr(submit, "register", lambda **_kw: tmp_path / "registered")
     inbox = tmp_path / "inbox"
     inbox.mkdir()
-    argv = ["submit", "--inbox", str(inbox), "--workdir", str(tmp_path / "job"), "--", "t.py"]
+    script = tmp_path / "t.py"
+    script.write_text("print('hi')\n")
+    argv = ["submit", "--inbox", str(inbox), "--workdir", str(tmp_path / "job"), "--", str(script)]
     monkeypatch.setenv("ICEFROG_DB", f"sqlite:///{populated}")
     code, out, err = run(capsys, *argv)  # the real clock: the rounds are from 2026-11-20
     assert (code, out, err) == (0, "Submitted batch job 4242\n", NOTICE)
@@ -266,8 +268,10 @@ def test_submit_on_the_real_cluster_says_the_controller_is_down(
     inbox = job_dir / "inbox"
     inbox.mkdir(mode=0o1733)
     monkeypatch.setenv("ICEFROG_DB", f"sqlite:///{populated}")
+    script = job_dir / "t.py"
+    script.write_text("print('hi')\n")
     argv = ["submit", "--inbox", str(inbox), "--workdir", str(job_dir / "w"), "--partition"]
-    code, out, err = run(capsys, *argv, "gpu", "--job-name", "down-notice", "--", "t.py")
+    code, out, err = run(capsys, *argv, "gpu", "--job-name", "down-notice", "--", str(script))
     assert code == 0 and out.startswith("Submitted batch job "), err
     job_id = out.split()[-1]
     try:
