@@ -295,13 +295,19 @@ SBATCH_TABLE = Table(SBATCH)
 
 def parse(argv: Sequence[str], table: Table, *, where: str) -> tuple[list[Given], list[str]]:
     """The options at the front of ``argv`` and what follows them (from the first argument
-    that is not an option, or after ``--``), by sbatch's rules (module docstring)."""
+    that is not an option, or after ``--``), by sbatch's rules (module docstring); sbatch's
+    separator of a heterogeneous job's components, ``:``, is refused."""
     given: list[Given] = []
     i = 0
     while i < len(argv):
         arg = argv[i]
         if arg == "--":
             return given, list(argv[i + 1 :])
+        if arg == ":":
+            raise InputError(
+                f"':' ({where}): separates the components of a heterogeneous job, which "
+                "icefrog does not support: submit one job each"
+            )
         if arg.startswith("--"):
             name, eq, value = arg[2:].partition("=")
             spec = table.lookup(name, where)

@@ -96,6 +96,7 @@ def test_declaration_round_trips_through_launch_options() -> None:
         (["--job-name", "a b", "--", "t.py"], "--job-name"),
         (["--job-name", "abc\n", "--", "t.py"], "--job-name"),  # (a regex "$" matches before it)
         (["--inbox", "/nonexistent/inbox", "--", "t.py"], "no such folder"),
+        (["-J", "het", "-t", "10", ":", "-t", "5", "t.py"], "':' (command line): separates"),
     ],
 )
 def test_bad_input_exits_2(
