@@ -1,5 +1,6 @@
 """``icefrog submit [icefrog options] [sbatch options] SCRIPT [ARGS]``: write a job's batch
-script and submit it held, like ``sbatch`` (it prints ``Submitted batch job <id>``).
+script and submit it held, like ``sbatch`` (it prints ``Submitted batch job <id>``, or the
+id alone with ``--parsable``).
 
 SCRIPT is a Python training script (``train.py``: the job runs ``icefrog launch -- train.py
 ARGS``), or a batch script of bash with ``#SBATCH`` lines, whose body runs as the job and
@@ -164,6 +165,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "[ALL,]NAME[=VALUE],...; recorded in the job's script",
     )
     parser.add_argument("--seed", type=int, default=0, help="data order and RNG seed")
+    parser.add_argument(
+        "--parsable", action="store_true", help="print the job id alone, as sbatch --parsable"
+    )
     parser.add_argument(
         "--config",
         metavar="FILE",
@@ -406,7 +410,8 @@ def run(args: argparse.Namespace) -> int:
     except (IcefrogError, OSError) as exc:
         backend.cancel(job_id=job_id)
         raise IcefrogError(f"job {job_id} cancelled: cannot register it: {exc}") from exc
-    print(f"Submitted batch job {job_id}")
+    parsable = args.parsable or _last(own, "parsable") is not None
+    print(job_id if parsable else f"Submitted batch job {job_id}")
     downnotice.warn_for_submit(config=args.config)  # a held job waits for the controller
     return 0
 

@@ -8,14 +8,15 @@ Classes (``Kind``):
   line, so that every resubmission of that script (the controller's gpu<->shard moves)
   applies it again: ``--time``, ``--account``, ``--qos``, ``--mail-type``...
 - ``ICEFROG``: an ``icefrog submit`` option under sbatch's name (``-J``, ``-o``, ``-p``,
-  ``-D``, ``--mem-per-gpu``, ``--cpus-per-gpu``, ``--export``): the controller carries it
-  (name, output, partition, host memory and cores per GPU) or the script records it (the
-  environment, the run folder).
+  ``-D``, ``--mem-per-gpu``, ``--cpus-per-gpu``, ``--export``, ``--parsable``): the
+  controller carries it (name, output, partition, host memory and cores per GPU), the
+  script records it (the environment, the run folder) or ``icefrog submit`` follows it
+  (what it prints).
 - ``OWNED``: decided by the controller (GPUs, nodes and the features or reservation that
   would choose them, tasks, when the job starts, its comment, requeueing): refused with the
   reason.
 - ``UNSUPPORTED``: refused with the reason (arrays, ``--wrap``, ``--wait``, root-only ones).
-- ``IGNORED``: no effect under icefrog (``--parsable``, ``--quiet``, ``--requeue``...).
+- ``IGNORED``: no effect under icefrog (``--quiet``, ``--requeue``...).
 
 Parsing follows sbatch's ``getopt_long`` (``+``: the first argument that is not an option
 ends the options): ``--opt=value`` or ``--opt value`` for a required value, only
@@ -160,7 +161,7 @@ def _specs() -> tuple[Spec, ...]:
         ("output", "o", "=", ice, ""),
         ("overcommit", "O", "", pas, ""),
         ("oversubscribe", "s", "", pas, ""),
-        ("parsable", "", "", ign, ""),
+        ("parsable", "", "", ice, ""),
         ("partition", "p", "=", ice, ""),
         ("power", "", "=", pas, ""),
         ("prefer", "", "=", pas, ""),

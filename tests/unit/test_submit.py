@@ -252,6 +252,22 @@ def test_the_controllers_own_partition_may_be_named(
     assert "plans the GPUs of partition 'a800' alone" in capsys.readouterr().err
 
 
+def test_parsable_prints_the_job_id_alone(
+    submit_here: tuple[Path, list[object]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As sbatch --parsable, for scripts: ``jid=$(icefrog submit --parsable ...)``."""
+    tmp_path, _ = submit_here
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "job.sh").write_text("#!/bin/bash\n#SBATCH --parsable\nicefrog launch -- t.py\n")
+    capsys.readouterr()
+    assert _submit(tmp_path, "--parsable", "train.py") == 0
+    assert capsys.readouterr().out == "4242\n"
+    assert _submit(tmp_path, "job.sh") == 0
+    assert capsys.readouterr().out == "4242\n"
+    assert _submit(tmp_path, "train.py") == 0
+    assert capsys.readouterr().out == "Submitted batch job 4242\n"
+
+
 def test_a_script_that_is_not_there_is_refused(
     submit_here: tuple[Path, list[object]], capsys: pytest.CaptureFixture[str]
 ) -> None:
