@@ -280,6 +280,14 @@ def _job_name(given: str | None, script: list[str]) -> str:
     return name
 
 
+def _checked(options: list[Given]) -> list[Given]:
+    """``options``, once none is refused (``sbatch_options.refuse``, ``check_value``)."""
+    for option in options:
+        sbatch_options.refuse(option)
+        sbatch_options.check_value(option)
+    return options
+
+
 def _last_each(options: Sequence[Given]) -> list[Given]:
     """One option a name, the last given (the command line's after the header's)."""
     last = {o.spec.name: o for o in options}
@@ -314,6 +322,8 @@ def _typed(option: Given | None, parse: Any) -> Any:
 def run(args: argparse.Namespace) -> int:
     if args.sbatch_error:
         raise InputError(args.sbatch_error)
+    # refused first, before a missing script is: --wrap says why it is refused
+    given_here = _checked([*sbatch_options.environment_options(os.environ), *args.sbatch])
     script = list(args.script)
     if not script:
         raise InputError(
@@ -326,10 +336,7 @@ def run(args: argparse.Namespace) -> int:
     batch = shell is not None
     header = sbatch_options.read_header(text, path.name) if text is not None else []
     # sbatch's order: the script's header, its input variables, the command line
-    options = [*header, *sbatch_options.environment_options(os.environ), *args.sbatch]
-    for option in options:
-        sbatch_options.refuse(option)
-        sbatch_options.check_value(option)
+    options = [*_checked(header), *given_here]
     passed = [_absolute(o) for o in _last_each([o for o in options if o.spec.kind is Kind.PASS])]
     # icefrog's options from the header and SBATCH_ variables (the command line's: args)
     own = [o for o in options if o.spec.kind is Kind.ICEFROG]

@@ -91,6 +91,7 @@ def test_declaration_round_trips_through_launch_options() -> None:
     ("argv", "message"),
     [
         ([], "give the script to submit"),
+        (["--wrap=python train.py"], "--wrap (command line): not accepted: icefrog submit"),
         (["--gpus", "4-2", "--", "t.py"], "--gpus"),
         (["--target", "acc>0.9", "--", "t.py"], "--target"),
         (["--job-name", "a b", "--", "t.py"], "--job-name"),
