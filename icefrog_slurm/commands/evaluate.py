@@ -107,5 +107,5 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--policies: must include icefrog (the speedups are over it)")
     root = source_checkout()
     out = args.out or (root or Path.cwd()) / "results" / "eval"
-    runner = Runner(out, args.jobs, args.philly, run_missing=not args.no_run)
+    runner = Runner(out, args.jobs, run_missing=not args.no_run)
     return evaluate(tables, g, runner, out=out, command=command)

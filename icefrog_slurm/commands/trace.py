@@ -5,9 +5,9 @@
 reads the Philly trace the package ships (Pollux's copy, gzip-compressed) unless
 ``--philly PATH`` names another (a plain CSV or a ``.csv.gz``), and writes ``w.csv``
 (Pollux's workload format: name,time,application,num_replicas,batch_size) and ``w.json``
-beside it: the seed, the parameters, each task's reference GPU time and the
-per-job mapping (Philly row, its GPU time, the task chosen). The sampling rules are in
-``icefrog_slurm/sim/trace.py``. Bad arguments or files exit with code 2.
+beside it: the seed, the parameters (the Philly file's sha256 among them), each task's
+reference GPU time and the per-job mapping (Philly row, its GPU time, the task chosen). The
+sampling rules are in ``icefrog_slurm/sim/trace.py``. Bad arguments or files exit with code 2.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 import math
 
 from icefrog_slurm.errors import InputError
+from icefrog_slurm.evaluation.runs import file_sha256
 from icefrog_slurm.limits import MAX_SEED
 from icefrog_slurm.sim.calibration import shipped_calibration
 from icefrog_slurm.sim.catalog import shipped_catalog
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     write_workload(jobs, args.out)
     params = {
         "philly": str(args.philly) if args.philly is not None else "packaged:philly.csv.gz",
+        "philly_sha256": file_sha256(philly),
         "hours": list(hours),
         "jobs_at_1x": args.jobs,
         "load": args.load,

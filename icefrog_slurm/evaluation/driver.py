@@ -78,6 +78,7 @@ def grid_from(args: argparse.Namespace) -> Grid:
             workloads=g.workloads if args.workloads is None else args.workloads,
             pollux=args.pollux if args.pollux is not None else g.pollux,
             common=common,
+            philly=args.philly,
         )
     )
 

@@ -49,9 +49,10 @@ class Grid:
     workloads: int = 3
     pollux: Path = Path("data") / "pollux"  # holds workloads-{0.5,1.5,2.0}
     common: tuple[str, ...] = ("--batch", "paper")
+    philly: Path | None = None  # the Philly trace sampled (None: the packaged one)
 
     def trace(self, load: float, seed: int) -> Trace:
-        return Trace(load, seed, self.base_jobs, self.tasks)
+        return Trace(load, seed, self.base_jobs, self.tasks, self.philly)
 
 
 def variant_run(

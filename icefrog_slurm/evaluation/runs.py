@@ -7,10 +7,17 @@ interruption; a changed flag makes new runs). A run is written to ``KEY.tmp`` an
 it succeeded, so a killed run leaves no summary. ``run.json`` beside it records the command,
 the git commit and the wall time. Up to ``jobs`` runs go at once. Philly workloads come from
 ``icefrog trace sample`` (``OUT/traces``, with the seed and the mapping in the JSON sidecar).
+
+A run is reused only when made from the same input bytes: a trace sampled from a ``--philly``
+file is named with the start of that file's sha256 (the packaged trace's names carry none),
+and a workload file's run key hashes the file's sha256 with its folder and name. A run of a
+workload file made before its key held the sha256 is still found under the older key when
+its summary.json records that same sha256.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -25,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import icefrog_slurm
+from icefrog_slurm.errors import InputError
+from icefrog_slurm.sim.trace import packaged_philly
 
 PACKAGE_PARENT = Path(icefrog_slurm.__file__).resolve().parent.parent
 """The folder holding the ``icefrog_slurm`` package: the repository in a source checkout."""
@@ -43,16 +52,20 @@ def repo_pollux() -> Path | None:
 
 @dataclass(frozen=True)
 class Trace:
-    """A Philly workload sampled by ``icefrog trace sample``."""
+    """A Philly workload sampled by ``icefrog trace sample`` from ``philly`` (None: the
+    trace the package ships)."""
 
     load: float
     seed: int
     base_jobs: int
     tasks: str
+    philly: Path | None = None
 
     @property
     def name(self) -> str:
         tag = f"-t{_hash(self.tasks)}" if self.tasks else ""
+        if self.philly is not None:  # another source, other jobs: the bytes name it
+            tag += f"-p{file_sha256(self.philly)[:12]}"
         return f"philly-load{self.load:g}-seed{self.seed}-jobs{self.base_jobs}{tag}"
 
 
@@ -77,11 +90,23 @@ class Run:
     @property
     def key(self) -> str:
         """The label and a hash of the arguments, the workload named as the data names it: a
-        Philly trace by its name, a workload file by its folder and name (so a run made from
-        another checkout of the same data is reused)."""
+        Philly trace by its name (which holds its source's sha256 when not the packaged
+        trace), a workload file by its folder, name and sha256 (so a run made from another
+        checkout of the same bytes is reused, and one made from other bytes is not)."""
         w = self.workload
-        name = w.name if isinstance(w, Trace) else f"{w.parent.name}/{w.name}"
+        if isinstance(w, Trace):
+            return f"{self.label}-{_hash(' '.join(self.argv(Path(w.name))))}"
+        name = f"{w.parent.name}/{w.name}@{file_sha256(w)}"
         return f"{self.label}-{_hash(' '.join(self.argv(Path(name))))}"
+
+    @property
+    def legacy_key(self) -> str | None:
+        """The key a workload file's run had before the key held the file's sha256 (folder
+        and name alone); None for a Philly trace, whose key did not change."""
+        w = self.workload
+        if isinstance(w, Trace):
+            return None
+        return f"{self.label}-{_hash(' '.join(self.argv(Path(f'{w.parent.name}/{w.name}'))))}"
 
 
 @dataclass
@@ -90,7 +115,6 @@ class Runner:
 
     out: Path
     jobs: int
-    philly: Path | None  # None: trace sample's own default
     run_missing: bool = True  # False: tables from the runs that exist (--no-run)
     log: Callable[[str], None] = field(default=lambda m: _stderr(m))
     ran: int = 0
@@ -101,11 +125,27 @@ class Runner:
     def trace_path(self, trace: Trace) -> Path:
         return self.out / "traces" / f"{trace.name}.csv"
 
-    def summary(self, run: Run) -> dict[str, Any] | None:
-        path = self.out / "runs" / run.key / "summary.json"
-        if not path.is_file():
+    def folder(self, run: Run) -> Path | None:
+        """The folder of ``run``'s finished run: under its key, else (a workload file's run
+        made before the key held the file's sha256) under its older key when that run's
+        summary.json records the same sha256; None when there is none."""
+        final = self.out / "runs" / run.key
+        if (final / "summary.json").is_file():
+            return final
+        if run.legacy_key is None or not isinstance(run.workload, Path):
             return None
-        doc: dict[str, Any] = json.loads(path.read_text())
+        old = self.out / "runs" / run.legacy_key
+        try:
+            made_from = json.loads((old / "summary.json").read_text())["run"]["workload"]["sha256"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return old if made_from == file_sha256(run.workload) != "" else None
+
+    def summary(self, run: Run) -> dict[str, Any] | None:
+        folder = self.folder(run)
+        if folder is None:
+            return None
+        doc: dict[str, Any] = json.loads((folder / "summary.json").read_text())
         return doc
 
     def ensure(self, runs: Sequence[Run]) -> dict[str, dict[str, Any] | None]:
@@ -135,14 +175,23 @@ class Runner:
 
     def _note_commits(self, runs: Sequence[Run]) -> None:
         for r in runs:
-            meta = self.out / "runs" / r.key / "run.json"
+            folder = self.folder(r)
+            meta = (folder or self.out / "runs" / r.key) / "run.json"
             if meta.is_file():
                 self.commits.add(json.loads(meta.read_text()).get("commit", "?"))
 
     def _sample(self, trace: Trace) -> None:
         csv = self.trace_path(trace)
-        if csv.with_suffix(".json").is_file():
-            return
+        sidecar = csv.with_suffix(".json")
+        if sidecar.is_file():
+            source = json.loads(sidecar.read_text()).get("philly_sha256")
+            if source is None or source == _source_sha256(trace):  # older sidecars: no hash
+                return
+            raise InputError(
+                f"{sidecar}: sampled from a Philly trace of sha256 {source}, not from the "
+                f"{'--philly file' if trace.philly else 'packaged trace'} given now "
+                f"({_source_sha256(trace)}); use another --out"
+            )
         csv.parent.mkdir(parents=True, exist_ok=True)
         argv = [
             "trace", "sample", "--load", f"{trace.load:g}",
@@ -150,8 +199,8 @@ class Runner:
         ]  # fmt: skip
         if trace.tasks:
             argv += ["--tasks", trace.tasks]
-        if self.philly is not None:
-            argv += ["--philly", str(self.philly)]
+        if trace.philly is not None:
+            argv += ["--philly", str(trace.philly)]
         self.log(f"sampling {csv.name}")
         proc = _icefrog(argv)
         if proc.returncode != 0:
@@ -215,6 +264,30 @@ def source_commit() -> str:
     except OSError:
         return "?"
     return proc.stdout.strip() or "?"
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 (hex) of the file's bytes, read once a process (an evaluation names its
+    inputs by what they held when it started); "" when it cannot be read (the run that
+    needs it then fails, naming the file)."""
+    return _file_sha256(str(Path(path).resolve()))
+
+
+@functools.cache
+def _file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return ""
+    return digest.hexdigest()
+
+
+def _source_sha256(trace: Trace) -> str:
+    """The sha256 of the Philly trace ``trace`` is sampled from."""
+    return file_sha256(trace.philly if trace.philly is not None else packaged_philly())
 
 
 def _hash(text: str) -> str:

@@ -4,7 +4,9 @@ mode on a tiny trace)."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,7 +16,9 @@ import pytest
 
 from icefrog_slurm import cli
 from icefrog_slurm.commands import evaluate as command
+from icefrog_slurm.errors import InputError
 from icefrog_slurm.evaluation import driver, grid, runs, tables
+from icefrog_slurm.sim.trace import packaged_philly
 
 # the names the tests use, in one namespace
 ev = SimpleNamespace(
@@ -308,8 +312,114 @@ def test_quick_run_makes_parsable_tables_and_a_rerun_runs_nothing(
 
 
 def test_a_workload_files_run_key_names_the_data_not_the_checkout(tmp_path: Path) -> None:
-    """The same Pollux workload in two checkouts is one run; another load's is another."""
+    """The same Pollux workload in two checkouts is one run; another load's is another, and
+    so are other bytes under the same folder and name."""
     paths = [tmp_path / root / "data" / "pollux" / f"workloads-{w}" / "workload-1.csv"
-             for root, w in (("a", "0.5"), ("b", "0.5"), ("a", "1.5"))]  # fmt: skip
+             for root, w in (("a", "0.5"), ("b", "0.5"), ("a", "1.5"), ("c", "0.5"))]  # fmt: skip
+    for p in paths:
+        p.parent.mkdir(parents=True)
+        p.write_text("name,time,application,num_replicas,batch_size\nj,0,ncf,1,256\n")
+    paths[3].write_text("name,time,application,num_replicas,batch_size\nj,9,ncf,2,256\n")
     keys = [runs.Run("fidelity-64g-w1-pollux+", p, "pollux+", 64, 1).key for p in paths]
     assert keys[0] == keys[1] != keys[2]
+    assert keys[3] != keys[0]
+
+
+def test_a_workload_files_run_is_reused_only_from_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of another --pollux folder's bytes under the same folder and name is not
+    reused; one made before the key held the sha256 is, when it records the same sha256."""
+    calls: list[list[str]] = []
+    monkeypatch.setattr(runs, "_icefrog", _fake_icefrog(calls))
+    body = "name,time,application,num_replicas,batch_size\nj,0,ncf,1,256\n"
+    a, b = (tmp_path / d / "workloads-0.5" / "workload-1.csv" for d in ("a", "b"))
+    for path, text in ((a, body), (b, body.replace(",1,256", ",2,256"))):
+        path.parent.mkdir(parents=True)
+        path.write_text(text)
+    runner = runs.Runner(tmp_path / "eval", 1)
+    run_a, run_b = (runs.Run("faithful-64g-load0.5-w1-pollux+", w, "pollux+", 64, 1)
+                    for w in (a, b))  # fmt: skip
+    assert runner.ensure([run_a])[run_a.key] is not None and runner.ran == 1
+    assert runner.ensure([run_b])[run_b.key] is not None and runner.ran == 2
+    assert runner.ensure([run_a, run_b]) and runner.ran == 2 and runner.reused == 2
+    # a run made under the older key (folder and name alone)
+    assert run_a.legacy_key == run_b.legacy_key != run_a.key
+    old = tmp_path / "eval" / "runs"
+    shutil.move(old / run_a.key, old / str(run_a.legacy_key))
+    shutil.rmtree(old / run_b.key)
+    assert runner.summary(run_a) is not None  # the same sha256: reused
+    assert runner.summary(run_b) is None  # another file's: not
+    runner.ensure([run_a, run_b])
+    assert runner.ran == 3 and len(calls) == 3
+
+
+def _fake_icefrog(calls: list[list[str]]) -> Any:
+    """``runs._icefrog`` without a child: trace sample writes a one-job trace and its
+    sidecar (with the source's sha256), simulate a summary.json that records the
+    workload's sha256 as ``icefrog simulate`` does."""
+    import subprocess
+
+    def fake(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(list(argv))
+        opt = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
+        if argv[:2] == ["trace", "sample"]:
+            out = Path(opt["--out"])
+            out.write_text("name,time,application,num_replicas,batch_size\nj,0,ncf,1,256\n")
+            source = Path(opt["--philly"]) if "--philly" in opt else packaged_philly()
+            side = {"seed": int(opt["--seed"]), "philly_sha256": _sha256(source)}
+            out.with_suffix(".json").write_text(json.dumps(side))
+        else:
+            doc = {**_doc(1.0), "run": {"workload": {"sha256": _sha256(Path(opt["--workload"]))}}}
+            (Path(opt["--out"]) / "summary.json").write_text(json.dumps(doc))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    return fake
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_another_philly_file_makes_new_traces_and_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run or a trace is reused only when made from the same Philly bytes: another file
+    samples a new trace and runs anew; the first file's runs are reused once it is back."""
+    calls: list[list[str]] = []
+    monkeypatch.setattr(runs, "_icefrog", _fake_icefrog(calls))
+    first, other = _philly(tmp_path / "p.csv"), tmp_path / "half.csv"
+    other.write_text(first.read_text().replace(",600,1,600,", ",900,2,1800,"))  # other jobs
+    out = tmp_path / "eval"
+    argv = ["main", "--quick", "--policies", "icefrog", "--out", str(out)]
+    assert _main([*argv, "--philly", str(first)]) == 0
+    assert "1 run(s) now, 0 reused" in capsys.readouterr().out
+    assert _main([*argv, "--philly", str(other)]) == 0
+    assert "1 run(s) now, 0 reused" in capsys.readouterr().out
+    traces = sorted(p.name for p in (out / "traces").glob("*.csv"))
+    assert len(traces) == 2 and all("-p" in t for t in traces)
+    assert len(list((out / "runs").iterdir())) == 2
+    assert _main([*argv, "--philly", str(first)]) == 0
+    assert "0 run(s) now, 1 reused" in capsys.readouterr().out
+    assert sum(c[:2] == ["trace", "sample"] for c in calls) == 2
+
+
+def test_the_packaged_traces_names_and_run_keys_are_as_before() -> None:
+    """Runs made from the packaged trace keep their keys (result folders stay reusable)."""
+    g = ev.Grid(loads=(0.25,), seeds=(1,), gpus=16)
+    assert g.trace(0.25, 1).name == "philly-load0.25-seed1-jobs120"
+    keys = {r.key for r in ev.main_runs(replace(g, policies=("icefrog", "slurm")))}
+    assert keys == {"main-16g-load0.25-seed1-icefrog-a170ca13",
+                    "main-16g-load0.25-seed1-slurm-1724da1b"}  # fmt: skip
+
+
+def test_a_sidecar_from_other_philly_bytes_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runs, "_icefrog", _fake_icefrog([]))
+    runner = runs.Runner(tmp_path, 1)
+    trace = runs.Trace(1.0, 1, 8, "", _philly(tmp_path / "p.csv"))
+    runner.trace_path(trace).parent.mkdir(parents=True)
+    runner.trace_path(trace).with_suffix(".json").write_text('{"philly_sha256": "0" }')
+    with pytest.raises(InputError, match="sampled from a Philly trace of sha256 0"):
+        runner.ensure([runs.Run("x", trace, "icefrog", 16, 1)])

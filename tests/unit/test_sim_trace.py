@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -175,6 +176,7 @@ def test_cli_samples_the_packaged_trace_without_philly(tmp_path: Path, capsys) -
     assert len(read_workload(out, shipped_catalog())) == 20
     meta = json.loads(out.with_suffix(".json").read_text())
     assert "packaged" in json.dumps(meta)
+    assert meta["philly_sha256"] == hashlib.sha256(packaged_philly().read_bytes()).hexdigest()
 
 
 def test_gzip_trace_errors(tmp_path: Path) -> None:
