@@ -48,7 +48,7 @@ from icefrog_slurm.evaluation.runs import source_commit
 from icefrog_slurm.protocol import fixed_per_gpu_batch
 from icefrog_slurm.settings import Settings, apply_overrides, load_settings
 from icefrog_slurm.sim.calibration import GPU_MODELS, shipped_calibration
-from icefrog_slurm.sim.catalog import shipped_catalog
+from icefrog_slurm.sim.catalog import Catalog, shipped_catalog
 from icefrog_slurm.sim.engine import Engine, SimOptions, SimResult
 from icefrog_slurm.sim.jobs import MAX_WORK_FACTOR
 from icefrog_slurm.sim.progress import Progress
@@ -172,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
     workload = read_workload(args.workload, catalog)
     record = rerun_record(args, settings)  # before anything runs: the workload as read
     truths = build_truths(catalog, shipped_calibration(options.gpu_model), seed=options.seed)
+    check_requests(args.workload, workload, [p.name for p in policies], options, catalog, truths)
     results: list[SimResult] = []
     for policy in policies:
         if policy.name == SLURM:
@@ -212,6 +213,60 @@ def _make_folder(out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"--out {out}: cannot make the folder: {exc.strerror or exc}") from None
+
+
+ON_REQUEST = ("lucid+", SLURM)
+"""The policies that start a job only on the GPUs it requests (its Slurm job's GPUs): a
+request they cannot place waits for ever."""
+
+
+def check_requests(
+    path: Path,
+    workload: Sequence[TraceJob],
+    policies: Sequence[str],
+    options: SimOptions,
+    catalog: Catalog,
+    truths: Mapping[str, TaskTruth],
+) -> None:
+    """InputError naming the workload's row when a policy of ``ON_REQUEST`` among
+    ``policies`` could never start a job: one asking for more than ``--gpus``, or (Lucid+,
+    which runs a job on its requested count only when the job may run on it) one whose
+    request, as its Slurm job asks for it (whole nodes past one), is not a count the job
+    registers (the other policies choose a job's GPUs within its range)."""
+    strict = [p for p in policies if p in ON_REQUEST]
+    if not strict:
+        return
+    for job in workload:
+        where = f"{path}:{job.row}: num_replicas {job.gpus}"
+        if job.gpus > options.gpus:
+            raise InputError(
+                f"{where}: more GPUs than --gpus {options.gpus}; {' and '.join(strict)} "
+                f"start{'s' if len(strict) == 1 else ''} a job only on the GPUs it requests, "
+                "so it would never start"
+            )
+        if "lucid+" not in strict:
+            continue
+        per_node = min(job.gpus, options.gpus_per_node)
+        asked = per_node * max(1, -(-job.gpus // per_node))  # as Engine._submit asks Slurm
+        spec = catalog.get(job.task).job_spec(catalog.layers(job.task))
+        app = truths[job.task].pollux_app if job.task in truths else None
+        if app is not None:
+            spec = app.job_spec(spec)
+        counts = spec.parallelism.legal_gpu_counts(spec.min_gpus, spec.max_gpus)
+        if asked not in counts:
+            nodes = f" ({asked} on whole nodes of {per_node})" if asked != job.gpus else ""
+            raise InputError(
+                f"{where}{nodes}: {job.task} runs on {_counts(counts)} GPUs here; lucid+ "
+                "starts a job only on the GPUs it requests, so it would never start"
+            )
+
+
+def _counts(counts: Sequence[int]) -> str:
+    """Legal GPU counts (a range in steps of the unit) as a reader says them."""
+    if len(counts) < 2:
+        return str(counts[0]) if counts else "no"
+    step = counts[1] - counts[0]
+    return f"{counts[0]}-{counts[-1]}" + (f" in steps of {step}" if step > 1 else "")
 
 
 def adapts_batch(policy: str, settings: Settings) -> bool:

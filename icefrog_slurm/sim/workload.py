@@ -5,6 +5,9 @@ A workload is a list of :class:`TraceJob` sorted by submission time. Its file fo
 ``name,time,application,num_replicas,batch_size`` — time the submission second relative to
 the trace start, application a catalog task or a Pollux application name (an alias, see
 ``catalog.py``), num_replicas the requested GPU count and batch_size the global batch.
+A request must be one the task can run on: at least its smallest legal GPU count and a
+multiple of its allocation unit (a larger request than its largest count is read: Pollux's
+workloads hold some, and the policies that choose a job's GPUs place it within its range).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import csv
 import io
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from icefrog_slurm.errors import InputError
@@ -36,6 +39,7 @@ class TraceJob:
     task: str
     gpus: int  # requested GPU count (Pollux's num_replicas; the paper's "GPU request")
     batch_size: int  # global batch (fixed for Lucid, Optimus and ICEFROG; spec section 12)
+    row: int = field(default=0, compare=False)  # its line in the file read (0: none)
 
 
 def read_workload(path: str | Path, catalog: Catalog) -> list[TraceJob]:
@@ -61,13 +65,17 @@ def read_workload(path: str | Path, catalog: Catalog) -> list[TraceJob]:
             task = catalog.resolve((row["application"] or "").strip())
         except InputError as exc:
             raise InputError(f"{where}: application: {exc}") from None
+        submit_s = _number(row["time"], f"{where}: time", maximum=MAX_SUBMIT_S)
+        gpus = _positive_int(row["num_replicas"], f"{where}: num_replicas", MAX_JOB_GPUS)
+        _check_request(catalog, task, gpus, where)
         jobs.append(
             TraceJob(
                 name=name,
-                submit_s=_number(row["time"], f"{where}: time", maximum=MAX_SUBMIT_S),
+                submit_s=submit_s,
                 task=task,
-                gpus=_positive_int(row["num_replicas"], f"{where}: num_replicas", MAX_JOB_GPUS),
+                gpus=gpus,
                 batch_size=_positive_int(row["batch_size"], f"{where}: batch_size", INT32_MAX),
+                row=i,
             )
         )
     if not jobs:
@@ -90,6 +98,19 @@ def by_task(jobs: Sequence[TraceJob]) -> dict[str, int]:
     for job in jobs:
         out[job.task] = out.get(job.task, 0) + 1
     return out
+
+
+def _check_request(catalog: Catalog, task: str, gpus: int, where: str) -> None:
+    """InputError when the task can never run on ``gpus`` GPUs: fewer than its smallest
+    legal count, or not a multiple of its allocation unit."""
+    spec = catalog.get(task)
+    counts = spec.gpu_counts()
+    if not counts or gpus < counts[0] or gpus % spec.gpu_unit:
+        least = counts[0] if counts else spec.min_gpus
+        raise InputError(
+            f"{where}: num_replicas {gpus}: {task} runs on a multiple of {spec.gpu_unit} "
+            f"GPU(s), at least {least}"
+        )
 
 
 def _number(text: str | None, where: str, *, maximum: float) -> float:

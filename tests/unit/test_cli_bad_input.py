@@ -214,6 +214,15 @@ CASES = [
     case("sim-unicode-digit", SIM, 2, "num_replicas",
          {"w.csv": _workload("j0,0,resnet18-cifar10,\u00b2,128")}),
     case("sim-unknown-app", SIM, 2, "application", {"w.csv": _workload("j0,0,no-such-app,1,128")}),
+    case("sim-replicas-off-unit", SIM, 2, "w.csv:3: num_replicas 2: llama-3b-squad2 runs on a "
+         "multiple of 4 GPU(s), at least 4",
+         {"w.csv": _workload("j0,0,resnet18-cifar10,1,128\nj1,0,llama-3b-squad2,2,16")}),
+    case("sim-replicas-above-gpus", SIM + " --gpus 16", 2, "w.csv:2: num_replicas 32: more GPUs "
+         "than --gpus 16; lucid+ and slurm start a job only on the GPUs it requests",
+         {"w.csv": _workload("j0,0,resnet18-cifar10,32,128")}),
+    case("sim-replicas-above-task", SIM + " --policy lucid+", 2, "w.csv:2: num_replicas 12: "
+         "resnet18-cifar10 runs on 1-8 GPUs here; lucid+ starts a job only on the GPUs it",
+         {"w.csv": _workload("j0,0,resnet18-cifar10,12,128")}),
     case("sim-gpus-huge", SIM + " --gpus 99999999996", 2, "--gpus", W_OK, proc=True),
     case("sim-gpus-per-node-huge", SIM + " --gpus 4096 --gpus-per-node 4096", 2, "--gpus-per-node",
          W_OK, proc=True),

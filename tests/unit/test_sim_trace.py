@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from icefrog_slurm.cli import main
+from icefrog_slurm.commands.simulate import ALL, check_requests
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.sim.calibration import shipped_calibration
 from icefrog_slurm.sim.catalog import shipped_catalog
+from icefrog_slurm.sim.engine import SimOptions
 from icefrog_slurm.sim.trace import (
     PhillyJob,
     in_window,
@@ -22,6 +24,7 @@ from icefrog_slurm.sim.trace import (
     read_philly,
     sample_workload,
 )
+from icefrog_slurm.sim.truth import build_truths
 from icefrog_slurm.sim.workload import read_workload, write_workload
 
 POLLUX = Path(__file__).resolve().parents[2] / "data" / "pollux"
@@ -215,3 +218,35 @@ def test_workload_round_trip_and_errors(tmp_path: Path) -> None:
         path.write_text(body)
         with pytest.raises(InputError, match=message):
             read_workload(path, shipped_catalog())
+
+
+@needs_data
+def test_pollux_workloads_read_and_pass_the_policies_that_choose_gpus() -> None:
+    """Every Pollux workload reads (its requests are legal counts or above the task's
+    largest); on 64 GPUs the policies that choose a job's GPUs, and plain Slurm, take it;
+    Lucid+, which starts a job only on a legal requested count, refuses those above."""
+    catalog = shipped_catalog()
+    truths = build_truths(catalog, shipped_calibration(), seed=0)
+    options = SimOptions(gpus=64)
+    above = 0
+    for path in sorted(POLLUX.glob("workloads-*/workload-*.csv")):
+        jobs = read_workload(path, catalog)
+        check_requests(path, jobs, ["icefrog", "optimus+", "pollux+", "slurm"], options,
+                       catalog, truths)  # fmt: skip
+        if any(j.gpus > catalog.get(j.task).max_gpus for j in jobs):
+            above += 1
+            with pytest.raises(InputError, match=r"workload-\d\.csv:\d+: num_replicas .*lucid"):
+                check_requests(path, jobs, ["lucid+"], options, catalog, truths)
+    assert above > 0
+
+
+def test_sampled_traces_pass_every_policy(tmp_path: Path) -> None:
+    """trace sample clips each request to the task's legal counts: every policy takes its
+    traces on the evaluation's 48 GPUs."""
+    catalog = shipped_catalog()
+    truths = build_truths(catalog, shipped_calibration(), seed=0)
+    for seed in (1, 2, 3):
+        out = tmp_path / f"w{seed}.csv"
+        assert main(["trace", "sample", "--seed", str(seed), "--load", "3", "--out", str(out)]) == 0
+        jobs = read_workload(out, catalog)
+        check_requests(out, jobs, list(ALL), SimOptions(gpus=48), catalog, truths)
