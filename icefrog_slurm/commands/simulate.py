@@ -10,12 +10,13 @@ engine of ``icefrog_slurm/sim/engine.py``; ``all`` is ICEFROG, Lucid+, Optimus+,
 and ``slurm``, plain Slurm (FIFO with EASY backfill on the requested GPUs at the requested
 batch: ``policies/plain_slurm.py``; its time limits: :func:`slurm_time_limits`). Writes
 ``summary.json`` (one policy's document, or ``{"policies": {...}}`` for several, and under
-``run`` what reruns it: :func:`rerun_record`) and, with matplotlib installed (extra
-``sim``), the plots ``jct_cdf``, ``gpus_in_use`` and ``frozen_fraction`` in
-``--plot-format``. Progress on stderr (``sim/progress.py``: a bar on a terminal, plain
-lines in a log) unless ``--quiet``. Settings (round period, reallocation overhead,
-sharing) come from ``--config`` when given, else the defaults, with each
-``--set SECTION.KEY=VALUE`` on top (checked by the same loader: an unknown key or a bad
+``run`` what reruns it: :func:`rerun_record`; with several, rewritten as each policy
+finishes, with ``pending`` naming those still to run until the last is done) and, with
+matplotlib installed (extra ``sim``), the plots ``jct_cdf``, ``gpus_in_use`` and
+``frozen_fraction`` in ``--plot-format``. Progress on stderr (``sim/progress.py``: a bar
+on a terminal, plain lines in a log) unless ``--quiet``. Settings (round period,
+reallocation overhead, sharing) come from ``--config`` when given, else the defaults, with
+each ``--set SECTION.KEY=VALUE`` on top (checked by the same loader: an unknown key or a bad
 value exits 2 naming it);
 ``--profile-noise`` / ``--share-noise`` set the noise on the profiled times / on the peak
 memory and utilisation the jobs report (the noise ablation of spec section 15; defaults:
@@ -35,7 +36,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib
+import os
 import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -192,8 +195,12 @@ def run(args: argparse.Namespace) -> int:
         if progress is not None:
             end = results[-1]
             progress.close(end.end_time, sum(j.finish is not None for j in end.jobs))
+        if len(policies) > 1:  # what is done is kept if a later policy is interrupted
+            done = {r.policy: summarize(r, catalog) for r in results}
+            pending = [p.name for p in policies[len(results) :]]
+            write_summary(args.out, done, run=record, several=True, pending=pending)
     summaries = {r.policy: summarize(r, catalog) for r in results}
-    path = write_summary(args.out, summaries, run=record)
+    path = write_summary(args.out, summaries, run=record, several=len(policies) > 1)
     plots = write_plots(args.out, results, catalog, fmt=args.plot_format)
     for name, s in summaries.items():
         t = s["totals"]
@@ -208,11 +215,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _make_folder(out: Path) -> None:
-    """The results folder, made before anything runs (a file in its way fails at once)."""
+    """The results folder, made and written to (a file made and removed) before anything
+    runs: a file in its way or a folder that takes no files fails at once."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"--out {out}: cannot make the folder: {exc.strerror or exc}") from None
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot write there: {exc.strerror or exc}") from None
 
 
 ON_REQUEST = ("lucid+", SLURM)

@@ -17,6 +17,7 @@ since each started).
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -82,16 +83,30 @@ def summarize(result: SimResult, catalog: Catalog) -> dict[str, Any]:
 
 
 def write_summary(
-    out: Path, summaries: Mapping[str, dict[str, Any]], *, run: Mapping[str, Any] | None = None
+    out: Path,
+    summaries: Mapping[str, dict[str, Any]],
+    *,
+    run: Mapping[str, Any] | None = None,
+    several: bool = False,
+    pending: Sequence[str] = (),
 ) -> Path:
-    """summary.json: one policy's document, or ``{"policies": {name: document}}``; with
-    ``run`` (what reruns it: ``commands.simulate.rerun_record``) under the key ``run``."""
+    """summary.json: one policy's document, or ``{"policies": {name: document}}`` (always
+    with ``several``); with ``run`` (what reruns it: ``commands.simulate.rerun_record``)
+    under the key ``run``, and with ``pending`` (the policies still to run) under
+    ``pending``. Written to a temporary file renamed over it: a reader never sees half."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "summary.json"
-    doc = dict(next(iter(summaries.values()))) if len(summaries) == 1 else {"policies": summaries}
+    one = len(summaries) == 1 and not several
+    doc: dict[str, Any] = (
+        dict(next(iter(summaries.values()))) if one else {"policies": dict(summaries)}
+    )
     if run is not None:
         doc["run"] = dict(run)
-    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    if pending:
+        doc["pending"] = list(pending)
+    tmp = path.with_name(f".summary.json.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
     return path
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from icefrog_slurm.cli import main
+from icefrog_slurm.commands import simulate
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.settings import Settings, apply_overrides
 from icefrog_slurm.sim.calibration import shipped_calibration
@@ -149,3 +151,58 @@ def test_sim_options_noise_and_its_checks() -> None:
     assert (n.time, n.memory, n.util) == (0.25, 1.0, 1.0)
     with pytest.raises(InputError, match="time"):
         SimOptions(profile_noise=-1.0).noise()
+
+
+# ----- --out -----------------------------------------------------------------------------------
+
+
+def test_an_out_that_takes_no_files_is_refused_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def never(*_a: object, **_k: object) -> None:
+        raise AssertionError("simulated before --out was found unwritable")
+
+    monkeypatch.setattr(simulate.Engine, "run", never)
+    if os.geteuid() == 0:  # root writes through permission bits: a folder that takes no file
+        out = Path("/proc")
+    else:
+        out = tmp_path / "ro"
+        out.mkdir()
+        out.chmod(0o555)
+    argv = ["simulate", "--workload", str(_workload(tmp_path)), "--out", str(out), "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out}: cannot write there" in err
+
+
+def test_each_policy_is_kept_as_it_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--policy all rewrites summary.json after each policy (``pending``: those left), so
+    an interrupted run keeps what finished; the complete file has no ``pending``."""
+    real = simulate.Engine.run
+    ran: list[str] = []
+
+    def second_interrupted(self: simulate.Engine, *a: object, **k: object) -> object:
+        ran.append(self.policy.name)
+        if len(ran) == 2:
+            self.close()  # as run's own finally does
+            raise KeyboardInterrupt
+        return real(self, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(simulate.Engine, "run", second_interrupted)
+    out = tmp_path / "o"
+    argv = ["simulate", "--workload", str(_workload(tmp_path)), "--gpus", "4", "--out",
+            str(out), "--quiet", "--policy", "all"]  # fmt: skip
+    assert main(argv) == 130
+    doc = json.loads((out / "summary.json").read_text())
+    assert list(doc["policies"]) == ["icefrog"]
+    assert doc["pending"] == ["lucid+", "optimus+", "pollux+", "slurm"]
+    assert doc["policies"]["icefrog"]["totals"]["finished"] == 1
+    assert doc["run"]["argv"][:2] == ["icefrog", "simulate"]
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json"]  # no temporary file
+    monkeypatch.setattr(simulate.Engine, "run", real)
+    assert main(argv) == 0
+    doc = json.loads((out / "summary.json").read_text())
+    assert list(doc["policies"]) == list(simulate.ALL) and "pending" not in doc
+    assert not list(out.glob(".*"))
