@@ -54,6 +54,9 @@ MIN_ROUND_S = 1.0
 """Shortest simulated round (a shorter one makes a simulation of days take forever)."""
 MIN_POLL_S = 0.1
 """Shortest simulated wait while reconcile waits for checkpoints."""
+MAX_STEP_S = 86400.0
+"""Longest simulated round or reconcile wait (and never past ``max_sim_s``): a longer one
+leaves every job's times to a clock that cannot count in seconds any more."""
 MAX_NOISE_SD = 2.0
 """Largest noise sd of ``--profile-noise`` / ``--share-noise`` (on a log scale a factor
 e^2 a sd; far larger ones drive profiled times to zero)."""
@@ -172,7 +175,7 @@ class Engine:
         store_dir: str | None = None,
     ) -> None:
         options.check()  # before anything starts
-        _check_steps(settings)
+        check_steps(settings, options)
         self.noise = options.noise()
         self.catalog = catalog or shipped_catalog()
         self.truths = truths or build_truths(
@@ -426,16 +429,17 @@ class Engine:
                     tx.mark_finished(job_id=job_id, report=rep.finished, now=now)
 
 
-def _check_steps(settings: Settings) -> None:
-    """Rounds and reconcile polls long enough that a simulation of ``max_sim_s`` ends."""
+def check_steps(settings: Settings, options: SimOptions) -> None:
+    """Rounds and reconcile polls long enough that a simulation of ``max_sim_s`` ends, and
+    short enough that it counts time: within [MIN_ROUND_S, MAX_STEP_S] and [MIN_POLL_S,
+    MAX_STEP_S] s, neither past ``max_sim_s``; an InputError naming the setting."""
     c = settings.controller
-    if c.round_period_s < MIN_ROUND_S:
-        raise InputError(
-            f"controller.round_period_s: the simulator needs >= {MIN_ROUND_S:g} s, "
-            f"got {c.round_period_s:g}"
-        )
-    if c.reconcile_poll_s < MIN_POLL_S:
-        raise InputError(
-            f"controller.reconcile_poll_s: the simulator needs >= {MIN_POLL_S:g} s, "
-            f"got {c.reconcile_poll_s:g}"
-        )
+    longest = min(MAX_STEP_S, options.max_sim_s)
+    for key, value, least in (
+        ("round_period_s", c.round_period_s, MIN_ROUND_S),
+        ("reconcile_poll_s", c.reconcile_poll_s, MIN_POLL_S),
+    ):
+        if not least <= value <= longest:  # nan fails too
+            raise InputError(
+                f"controller.{key}: the simulator needs {least:g} to {longest:g} s, got {value:g}"
+            )

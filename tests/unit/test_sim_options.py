@@ -16,7 +16,7 @@ from icefrog_slurm.errors import InputError
 from icefrog_slurm.settings import Settings, apply_overrides
 from icefrog_slurm.sim.calibration import shipped_calibration
 from icefrog_slurm.sim.catalog import shipped_catalog
-from icefrog_slurm.sim.engine import SimOptions
+from icefrog_slurm.sim.engine import SimOptions, check_steps
 from icefrog_slurm.sim.truth import (
     MEMORY_NOISE,
     PROFILE_TIME_NOISE,
@@ -206,3 +206,31 @@ def test_each_policy_is_kept_as_it_finishes(
     doc = json.loads((out / "summary.json").read_text())
     assert list(doc["policies"]) == list(simulate.ALL) and "pending" not in doc
     assert not list(out.glob(".*"))
+
+
+@pytest.mark.parametrize(
+    ("pair", "needs"),
+    [
+        ("controller.round_period_s=86401", "controller.round_period_s: the simulator needs 1 to "
+         "86400 s, got 86401"),
+        ("controller.round_period_s=1e300", "controller.round_period_s: the simulator needs"),
+        ("controller.reconcile_poll_s=1e300", "controller.reconcile_poll_s: the simulator needs"),
+    ],
+)  # fmt: skip
+def test_a_round_or_poll_longer_than_a_day_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pair: str, needs: str
+) -> None:
+    """A step past a day left the jobs' times to a clock too coarse to count seconds (a
+    round of 1e300 s gave negative JCTs, exit 0)."""
+    argv = ["simulate", "--workload", str(_workload(tmp_path)), "--gpus", "4", "--policy",
+            "icefrog", "--out", str(tmp_path / "o"), "--quiet", "--set", pair]  # fmt: skip
+    assert main(argv) == 2
+    assert needs in capsys.readouterr().err
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
+def test_a_round_longer_than_the_simulation_is_refused() -> None:
+    settings = apply_overrides(Settings(), ["controller.round_period_s=7200"])
+    with pytest.raises(InputError, match="round_period_s: the simulator needs 1 to 3600 s"):
+        check_steps(settings, SimOptions(max_sim_s=3600.0))
+    check_steps(settings, SimOptions())  # the default 60 days: fine
