@@ -154,7 +154,8 @@ def make_policy(name: str) -> Policy:
     return factory()
 
 
-def run(args: argparse.Namespace) -> int:
+def sim_options(args: argparse.Namespace) -> SimOptions:
+    """The simulation options the arguments ask for, checked (InputError naming the option)."""
     options = SimOptions(
         gpus=args.gpus, gpus_per_node=args.gpus_per_node, seed=args.seed,
         freeze=not args.no_freeze, share=not args.no_share,
@@ -162,14 +163,26 @@ def run(args: argparse.Namespace) -> int:
         gpu_model=args.gpu_model,
     )  # fmt: skip
     options.check()
-    if not args.workload.is_file():
-        what = "is a folder" if args.workload.is_dir() else "no such file"
-        raise InputError(f"--workload {args.workload}: {what}")
-    _make_folder(args.out)
+    return options
+
+
+def sim_settings(args: argparse.Namespace) -> Settings:
+    """The settings in force: ``--config`` (else the defaults), each ``--set`` on top, then
+    ``--no-large-models`` (InputError naming a bad key or value)."""
     settings = load_settings(args.config) if args.config else Settings()
     settings = apply_overrides(settings, args.set)
     if args.no_large_models:
         settings = replace(settings, policy=replace(settings.policy, large_model_models=False))
+    return settings
+
+
+def run(args: argparse.Namespace) -> int:
+    options = sim_options(args)
+    if not args.workload.is_file():
+        what = "is a folder" if args.workload.is_dir() else "no such file"
+        raise InputError(f"--workload {args.workload}: {what}")
+    _make_folder(args.out)
+    settings = sim_settings(args)
     policies = _policies(args.policy)
     catalog = shipped_catalog()
     workload = read_workload(args.workload, catalog)

@@ -20,7 +20,7 @@ from icefrog_slurm.errors import InputError
 from icefrog_slurm.evaluation.runs import file_sha256
 from icefrog_slurm.limits import MAX_SEED
 from icefrog_slurm.sim.calibration import shipped_calibration
-from icefrog_slurm.sim.catalog import shipped_catalog
+from icefrog_slurm.sim.catalog import Catalog, shipped_catalog
 from icefrog_slurm.sim.trace import (
     BASE_JOBS,
     packaged_philly,
@@ -32,19 +32,39 @@ from icefrog_slurm.sim.trace import (
 from icefrog_slurm.sim.workload import by_task, write_workload
 from icefrog_slurm.userfiles import path_arg
 
+HOURS = "3-6"  # the paper's window: hours 3 to 6 of each day
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="trace_command", metavar="SUBCOMMAND", required=True)
     sp = sub.add_parser("sample", help="sample a workload from the Philly trace")
     sp.add_argument("--philly", type=path_arg, default=None,
                     help="philly.csv or .csv.gz (default: the packaged trace)")  # fmt: skip
-    sp.add_argument("--hours", default="3-6", help="hours of the day FIRST-LAST (default 3-6)")
+    sp.add_argument("--hours", default=HOURS, help=f"hours of the day FIRST-LAST (default {HOURS})")
     sp.add_argument("--jobs", type=int, default=BASE_JOBS, help="jobs at 1x load (120)")
     sp.add_argument("--load", type=float, default=1.0, help="load factor W: jobs x W are drawn")
     sp.add_argument("--seed", type=int, required=True, help="random seed (saved in the sidecar)")
     sp.add_argument("--tasks", default="", help="comma-separated catalog tasks to map to "
                     "(default: the paper's tasks available here)")  # fmt: skip
     sp.add_argument("--out", required=True, type=path_arg, help="workload CSV to write")
+
+
+def task_gpu_seconds(tasks: str, catalog: Catalog) -> dict[str, float]:
+    """``--tasks`` (comma-separated catalog tasks or aliases; empty: the paper's tasks that
+    load and are calibrated here) -> each task's reference GPU time; InputError naming an
+    unknown or uncalibrated task."""
+    calibration = shipped_calibration()
+    try:
+        names = [catalog.resolve(t.strip()) for t in tasks.split(",") if t.strip()]
+    except InputError as exc:
+        raise InputError(f"--tasks: {str(exc).removeprefix('task: ')}") from None
+    # default: the paper's tasks that load and are calibrated here (the LLaMA ones join once
+    # core.transformer_tables is merged and calibration.json regenerated)
+    names = names or [n for n in catalog.available("icefrog") if n in calibration]
+    missing = [n for n in names if n not in calibration]
+    if missing:
+        raise InputError(f"--tasks: no calibration for {', '.join(missing)}")
+    return {n: calibration[n].reference_gpu_seconds(catalog.get(n)) for n in names}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,15 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out.is_dir():
         raise InputError(f"--out: {args.out} is a folder")
     catalog = shipped_catalog()
-    calibration = shipped_calibration()
-    names = [catalog.resolve(t.strip()) for t in args.tasks.split(",") if t.strip()]
-    # default: the paper's tasks that load and are calibrated here (the LLaMA ones join once
-    # core.transformer_tables is merged and calibration.json regenerated)
-    names = names or [n for n in catalog.available("icefrog") if n in calibration]
-    missing = [n for n in names if n not in calibration]
-    if missing:
-        raise InputError(f"--tasks: no calibration for {', '.join(missing)}")
-    task_gpu_s = {n: calibration[n].reference_gpu_seconds(catalog.get(n)) for n in names}
+    task_gpu_s = task_gpu_seconds(args.tasks, catalog)
     count = round(args.jobs * args.load)
     philly = args.philly if args.philly is not None else packaged_philly()
     jobs, mapped = sample_workload(

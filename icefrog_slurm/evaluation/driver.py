@@ -28,7 +28,7 @@ from icefrog_slurm.evaluation.grid import (
     scale_runs,
     sharing_runs,
 )
-from icefrog_slurm.evaluation.runs import Runner
+from icefrog_slurm.evaluation.runs import Run, Runner
 from icefrog_slurm.evaluation.tables import (
     BATCH_ROWS,
     Table,
@@ -121,29 +121,45 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
         raise InputError(f"{flag}: not a comma-separated list of integers: {text!r}") from None
 
 
+def table_runs(table: str, g: Grid) -> list[Run]:
+    """The runs ``table`` is made from."""
+    if table in ("main", "size", "tta"):
+        return main_runs(g)
+    if table == "batch":
+        return main_runs(replace(g, policies=BATCH_ROWS))
+    if table == "scale":
+        return scale_runs(g)
+    if table == "solver":
+        return [*main_runs(g), *scale_runs(g)]
+    if table == "ablation":
+        return [r for _, runs in ablation_rows(g) for r in runs]
+    if table == "sharing":
+        return sharing_runs(g)
+    if table == "faithful":
+        return faithful_runs(g)
+    if table == "fidelity":
+        return fidelity_runs(g)
+    raise InputError(f"unknown table {table!r}; choose from {', '.join(TABLES)}, all")
+
+
 def build(table: str, g: Grid, runner: Runner) -> Table:
     """Run what ``table`` needs and make it."""
+    res = runner.ensure(table_runs(table, g))
     if table in ("main", "size", "tta"):
-        res = runner.ensure(main_runs(g))
         return {"main": table_main, "size": table_size, "tta": table_tta}[table](g, res)
     if table == "batch":
-        trio = replace(g, policies=BATCH_ROWS)
-        return table_batch(trio, runner.ensure(main_runs(trio)))
+        return table_batch(replace(g, policies=BATCH_ROWS), res)
     if table == "scale":
-        return table_scale(g, runner.ensure(scale_runs(g)))
+        return table_scale(g, res)
     if table == "solver":
-        return table_solver(g, runner.ensure([*main_runs(g), *scale_runs(g)]))
+        return table_solver(g, res)
     if table == "ablation":
-        rows = ablation_rows(g)
-        res = runner.ensure([r for _, runs in rows for r in runs])
-        return table_ablation(rows, res)
+        return table_ablation(ablation_rows(g), res)
     if table == "sharing":
-        return table_sharing(g, runner.ensure(sharing_runs(g)))
+        return table_sharing(g, res)
     if table == "faithful":
-        return table_faithful(g, runner.ensure(faithful_runs(g)))
-    if table == "fidelity":
-        return table_fidelity(g, runner.ensure(fidelity_runs(g)))
-    raise InputError(f"unknown table {table!r}; choose from {', '.join(TABLES)}, all")
+        return table_faithful(g, res)
+    return table_fidelity(g, res)
 
 
 def evaluate(tables: list[str], g: Grid, runner: Runner, *, out: Path, command: str) -> int:

@@ -69,6 +69,10 @@ class Trace:
         return f"philly-load{self.load:g}-seed{self.seed}-jobs{self.base_jobs}{tag}"
 
 
+GPUS_PER_NODE = 4
+"""The nodes of every simulated cluster (``--gpus-per-node``)."""
+
+
 @dataclass(frozen=True)
 class Run:
     """One ``icefrog simulate`` of one policy."""
@@ -83,8 +87,8 @@ class Run:
     def argv(self, workload: Path) -> list[str]:
         return [
             "simulate", "--workload", str(workload), "--gpus", str(self.gpus),
-            "--gpus-per-node", "4", "--policy", self.policy, "--seed", str(self.seed),
-            *self.extra,
+            "--gpus-per-node", str(GPUS_PER_NODE), "--policy", self.policy,
+            "--seed", str(self.seed), *self.extra,
         ]  # fmt: skip
 
     @property
@@ -117,6 +121,7 @@ class Runner:
     jobs: int
     run_missing: bool = True  # False: tables from the runs that exist (--no-run)
     log: Callable[[str], None] = field(default=lambda m: _stderr(m))
+    check: Callable[[Sequence[Run]], None] | None = None  # the runs to do, once sampled
     ran: int = 0
     reused: int = 0
     failed: list[str] = field(default_factory=list)
@@ -163,6 +168,8 @@ class Runner:
                             key=lambda t: t.name):  # fmt: skip
             self._sample(trace)
         todo = [r for r in unique if self.summary(r) is None]
+        if todo and self.check is not None:  # refuse a run that could not go before any goes
+            self.check(todo)
         done = [r for r in unique if r not in todo]
         self.reused += len(done)
         self._note_commits(done)

@@ -391,7 +391,7 @@ def test_another_philly_file_makes_new_traces_and_runs(
     first, other = _philly(tmp_path / "p.csv"), tmp_path / "half.csv"
     other.write_text(first.read_text().replace(",600,1,600,", ",900,2,1800,"))  # other jobs
     out = tmp_path / "eval"
-    argv = ["main", "--quick", "--policies", "icefrog", "--out", str(out)]
+    argv = ["main", "--quick", "--base-jobs", "8", "--policies", "icefrog", "--out", str(out)]
     assert _main([*argv, "--philly", str(first)]) == 0
     assert "1 run(s) now, 0 reused" in capsys.readouterr().out
     assert _main([*argv, "--philly", str(other)]) == 0
@@ -423,3 +423,24 @@ def test_a_sidecar_from_other_philly_bytes_is_refused(
     runner.trace_path(trace).with_suffix(".json").write_text('{"philly_sha256": "0" }')
     with pytest.raises(InputError, match="sampled from a Philly trace of sha256 0"):
         runner.ensure([runs.Run("x", trace, "icefrog", 16, 1)])
+
+
+def test_a_trace_job_lucid_or_slurm_could_never_start_is_refused_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Once the traces are sampled and before a simulation starts: a job asking for more
+    than --gpus is refused, naming the trace's row (Lucid+ and Slurm would leave it
+    waiting)."""
+    philly = tmp_path / "p.csv"
+    rows = ["timestamp,duration,num_gpus,gpu_time,cluster"]
+    rows += [f"2017-10-09 03:{i:02d}:00,3600,8,28800,c" for i in range(4)]
+    philly.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "eval"
+    argv = ["main", "--quick", "--gpus", "4", "--base-jobs", "4", "--loads", "1",
+            "--tasks", "resnet18-cifar10", "--policies", "icefrog,slurm", "--philly",
+            str(philly), "--out", str(out)]  # fmt: skip
+    assert _main(argv) == 2
+    err = capsys.readouterr().err
+    assert "philly-load1-seed1-jobs4-" in err and ".csv:2: num_replicas 8: more GPUs than " in err
+    assert "--gpus 4; slurm starts a job only on the GPUs it requests" in err
+    assert not (out / "runs").exists()
