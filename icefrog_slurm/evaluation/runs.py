@@ -5,8 +5,10 @@ Every simulation is one ``icefrog simulate`` process of one policy writing
 so a run whose summary.json exists is not rerun (RESUMABLE: rerun the same command after an
 interruption; a changed flag makes new runs). A run is written to ``KEY.tmp`` and renamed when
 it succeeded, so a killed run leaves no summary. ``run.json`` beside it records the command,
-the git commit and the wall time. Up to ``jobs`` runs go at once. Philly workloads come from
-``icefrog trace sample`` (``OUT/traces``, with the seed and the mapping in the JSON sidecar).
+the git commit and the wall time. Up to ``jobs`` runs go at once. A run or a trace is made
+holding ``OUT/.locks/NAME.lock``, so two commands on one ``--out`` do not undo each other's
+(the second waits, then reuses). Philly workloads come from ``icefrog trace sample``
+(``OUT/traces``, with the seed and the mapping in the JSON sidecar).
 
 A run is reused only when made from the same input bytes: a trace sampled from a ``--philly``
 file is named with the start of that file's sha256 (the packaged trace's names carry none),
@@ -17,6 +19,8 @@ its summary.json records that same sha256.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import json
@@ -25,7 +29,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,6 +192,10 @@ class Runner:
                 self.commits.add(json.loads(meta.read_text()).get("commit", "?"))
 
     def _sample(self, trace: Trace) -> None:
+        with self._lock(f"trace-{trace.name}"):
+            self._sample_unlocked(trace)
+
+    def _sample_unlocked(self, trace: Trace) -> None:
         csv = self.trace_path(trace)
         sidecar = csv.with_suffix(".json")
         if sidecar.is_file():
@@ -213,7 +221,30 @@ class Runner:
         if proc.returncode != 0:
             raise SystemExit(f"icefrog {' '.join(argv)} failed:\n{proc.stderr}")
 
+    @contextlib.contextmanager
+    def _lock(self, name: str) -> Iterator[None]:
+        """Hold ``OUT/.locks/NAME.lock`` (flock, exclusive): another command on the same
+        ``--out`` waits rather than delete a run or trace this one is making. The lock goes
+        with the process, so a killed command leaves none held."""
+        folder = self.out / ".locks"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / f"{name}.lock", "a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.log(f"waiting for {name}: another command is making it")
+                fcntl.flock(fh, fcntl.LOCK_EX)
+            yield
+
     def _simulate(self, run: Run) -> None:
+        with self._lock(run.key):
+            if self.folder(run) is not None:  # another command made it meanwhile
+                self.reused += 1
+                self._note_commits([run])
+                return
+            self._simulate_unlocked(run)
+
+    def _simulate_unlocked(self, run: Run) -> None:
         final = self.out / "runs" / run.key
         tmp = final.with_name(run.key + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)

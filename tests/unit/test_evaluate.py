@@ -444,3 +444,40 @@ def test_a_trace_job_lucid_or_slurm_could_never_start_is_refused_before_any_run(
     assert "philly-load1-seed1-jobs4-" in err and ".csv:2: num_replicas 8: more GPUs than " in err
     assert "--gpus 4; slurm starts a job only on the GPUs it requests" in err
     assert not (out / "runs").exists()
+
+
+def test_a_run_another_command_is_making_is_waited_for_not_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two commands on one --out: the second waits on the run the first is making (its
+    KEY.tmp left alone), then reuses it."""
+    import fcntl
+    import threading
+    import time
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(runs, "_icefrog", _fake_icefrog(calls))
+    work = tmp_path / "w" / "workload-1.csv"
+    work.parent.mkdir()
+    work.write_text("name,time,application,num_replicas,batch_size\nj,0,ncf,1,256\n")
+    run = runs.Run("faithful-64g-load0.5-w1-pollux+", work, "pollux+", 64, 1)
+    out = tmp_path / "eval"
+    (out / ".locks").mkdir(parents=True)
+    tmp = out / "runs" / f"{run.key}.tmp"
+    tmp.mkdir(parents=True)
+    (tmp / "log.txt").write_text("the other command's run, half made\n")
+    logged: list[str] = []
+    runner = runs.Runner(out, 1, log=logged.append)
+    with open(out / ".locks" / f"{run.key}.lock", "a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX)  # the other command holds the run
+        second = threading.Thread(target=runner.ensure, args=([run],))
+        second.start()
+        time.sleep(1.0)
+        assert (tmp / "log.txt").is_file() and second.is_alive()
+        assert any("waiting for" in m for m in logged)
+        (tmp / "summary.json").write_text(json.dumps(_doc(1.0)))
+        tmp.rename(out / "runs" / run.key)  # the other command finishes
+    second.join(timeout=30)
+    assert not second.is_alive()
+    assert calls == [] and runner.ran == 0 and runner.reused == 1
+    assert runner.summary(run) == _doc(1.0)
