@@ -33,6 +33,14 @@ from icefrog_slurm.sim.workload import by_task, write_workload
 from icefrog_slurm.userfiles import path_arg
 
 HOURS = "3-6"  # the paper's window: hours 3 to 6 of each day
+MAX_JOBS = 1_000_000
+"""Most jobs drawn (--jobs, and --jobs x --load; Philly's whole trace has 82,247)."""
+
+
+def _cut(value: int) -> str:
+    """An integer argument for an error message, cut to a readable length."""
+    text = str(value) if abs(value) < 10**40 else f"{str(value)[:20]}... ({len(str(value))} digits)"
+    return text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,10 +77,14 @@ def task_gpu_seconds(tasks: str, catalog: Catalog) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> int:
     hours = parse_hours(args.hours)
-    if args.jobs < 1:
-        raise InputError(f"--jobs: must be >= 1, got {args.jobs}")
+    if not 1 <= args.jobs <= MAX_JOBS:
+        raise InputError(f"--jobs: must be within [1, {MAX_JOBS}], got {_cut(args.jobs)}")
     if not (math.isfinite(args.load) and args.load > 0):
         raise InputError(f"--load: must be a finite number > 0, got {args.load}")
+    if args.jobs * args.load > MAX_JOBS:
+        raise InputError(
+            f"--load: --jobs {args.jobs} x --load {args.load:g} must be at most {MAX_JOBS} jobs"
+        )
     if not 0 <= args.seed <= MAX_SEED:
         raise InputError(f"--seed: must be within [0, {MAX_SEED}], got {args.seed}")
     if args.out.suffix != ".csv":

@@ -134,6 +134,8 @@ def test_cli_writes_workload_and_sidecar(tmp_path: Path, capsys) -> None:
     [
         (["--load", "0"], "--load"),
         (["--jobs", "0"], "--jobs"),
+        (["--load", "1e308", "--jobs", "2"], "--jobs 2 x --load 1e+308 must be at most"),
+        (["--jobs", "9" * 400], "--jobs: must be within [1, 1000000], got 99999"),
         (["--hours", "7-2"], "--hours"),
         (["--tasks", "alexnet"], "unknown task"),
     ],
