@@ -63,15 +63,17 @@ def grid_from(args: argparse.Namespace) -> Grid:
     scale = tuple(p for p in g.scale if p[1] <= args.max_scale)
     return check_grid(
         Grid(
-            loads=_floats("--loads", args.loads) if args.loads else g.loads,
-            seeds=_ints("--seeds", args.seeds) if args.seeds else g.seeds,
+            loads=_floats("--loads", args.loads) if args.loads is not None else g.loads,
+            seeds=_ints("--seeds", args.seeds) if args.seeds is not None else g.seeds,
             gpus=g.gpus if args.gpus is None else args.gpus,
-            policies=tuple(args.policies.split(",")) if args.policies else g.policies,
+            policies=_items("--policies", args.policies)
+            if args.policies is not None
+            else g.policies,
             base_jobs=args.base_jobs,
             tasks=args.tasks,
             ablation_load=g.ablation_load if args.ablation_load is None else args.ablation_load,
             ablation_seeds=_ints("--ablation-seeds", args.ablation_seeds)
-            if args.ablation_seeds
+            if args.ablation_seeds is not None
             else g.ablation_seeds,
             scale=scale,
             faithful_loads=g.faithful_loads,
@@ -107,16 +109,25 @@ def check_grid(g: Grid) -> Grid:
     return g
 
 
+def _items(flag: str, text: str) -> tuple[str, ...]:
+    """The comma-separated items of ``text``; an empty list or item is an InputError (an
+    empty option does not mean the default)."""
+    items = tuple(x.strip() for x in text.split(","))
+    if not all(items):
+        raise InputError(f"{flag}: an empty list or item in {text!r}")
+    return items
+
+
 def _floats(flag: str, text: str) -> tuple[float, ...]:
     try:
-        return tuple(float(x) for x in text.split(","))
+        return tuple(float(x) for x in _items(flag, text))
     except ValueError:
         raise InputError(f"{flag}: not a comma-separated list of numbers: {text!r}") from None
 
 
 def _ints(flag: str, text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(x) for x in text.split(","))
+        return tuple(int(x) for x in _items(flag, text))
     except ValueError:
         raise InputError(f"{flag}: not a comma-separated list of integers: {text!r}") from None
 

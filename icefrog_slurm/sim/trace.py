@@ -39,7 +39,7 @@ import numpy as np
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.jsonio import printable
 from icefrog_slurm.sim.catalog import Catalog, Task
-from icefrog_slurm.sim.workload import MAX_CSV_BYTES, TraceJob
+from icefrog_slurm.sim.workload import BOM, MAX_CSV_BYTES, TraceJob
 from icefrog_slurm.userfiles import read_bytes, read_text
 
 MIN_DURATION_S = 60.0
@@ -85,11 +85,13 @@ def packaged_philly() -> Path:
 
 def read_philly(path: str | Path) -> list[PhillyJob]:
     """Parse philly.csv (``timestamp,duration,num_gpus,gpu_time,cluster``); a name ending
-    in ``.gz`` is gunzipped first (at most MAX_CSV_BYTES either way)."""
+    in ``.gz`` is gunzipped first (at most MAX_CSV_BYTES either way); a leading UTF-8
+    byte-order mark is dropped."""
     if str(path).endswith(".gz"):
         text = _read_gzip_text(path)
     else:
         text = read_text(path, limit=MAX_CSV_BYTES, kind="CSV file")
+    text = text.removeprefix(BOM)
     jobs = []
     try:
         reader = csv.DictReader(io.StringIO(text, newline=""))

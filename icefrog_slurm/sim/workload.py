@@ -26,6 +26,8 @@ from icefrog_slurm.sim.catalog import Catalog
 from icefrog_slurm.userfiles import read_text
 
 COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
+BOM = "\ufeff"
+"""The byte-order mark a spreadsheet may put before a UTF-8 CSV's header: not part of it."""
 MAX_CSV_BYTES = 256 * 1024 * 1024
 """Largest workload or trace CSV read (Philly's whole trace is 3.4 MB)."""
 
@@ -43,8 +45,9 @@ class TraceJob:
 
 
 def read_workload(path: str | Path, catalog: Catalog) -> list[TraceJob]:
-    """Read a Pollux-format workload CSV; every error names the file, row and column."""
-    text = read_text(path, limit=MAX_CSV_BYTES, kind="CSV file")
+    """Read a Pollux-format workload CSV (a leading UTF-8 byte-order mark dropped); every
+    error names the file, row and column."""
+    text = read_text(path, limit=MAX_CSV_BYTES, kind="CSV file").removeprefix(BOM)
     try:
         reader = csv.DictReader(io.StringIO(text, newline=""))
         header = tuple(reader.fieldnames or ())

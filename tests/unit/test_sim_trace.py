@@ -252,3 +252,17 @@ def test_sampled_traces_pass_every_policy(tmp_path: Path) -> None:
         assert main(["trace", "sample", "--seed", str(seed), "--load", "3", "--out", str(out)]) == 0
         jobs = read_workload(out, catalog)
         check_requests(out, jobs, list(ALL), SimOptions(gpus=48), catalog, truths)
+
+
+def test_a_byte_order_mark_before_the_header_is_not_part_of_it(tmp_path: Path) -> None:
+    """A spreadsheet's UTF-8 CSV starts with a byte-order mark: it read as a column
+    ``\\ufeffname`` ("missing column(s) name")."""
+    body = "name,time,application,num_replicas,batch_size\nj1,5,cifar10,2,256\n"
+    plain, marked = tmp_path / "w.csv", tmp_path / "bom.csv"
+    plain.write_text(body)
+    marked.write_bytes(b"\xef\xbb\xbf" + body.encode())
+    assert read_workload(marked, shipped_catalog()) == read_workload(plain, shipped_catalog())
+    philly = "timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-01 03:00:00,100,1,100,x\n"
+    (tmp_path / "p.csv").write_text(philly)
+    (tmp_path / "pbom.csv").write_bytes(b"\xef\xbb\xbf" + philly.encode())
+    assert read_philly(tmp_path / "pbom.csv") == read_philly(tmp_path / "p.csv")
