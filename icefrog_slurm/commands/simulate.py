@@ -37,10 +37,12 @@ import argparse
 import hashlib
 import importlib
 import os
+import platform
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -344,8 +346,9 @@ def slurm_time_limits(
 def rerun_record(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     """What summary.json keeps to rerun this simulation: the command line (every option
     spelled out), the workload's path and sha256, the seed, the settings in force (after
-    ``--config`` and every ``--set``), the package version and the git commit of a source
-    checkout (None where there is none)."""
+    ``--config`` and every ``--set``), the package version, the git commit of a source
+    checkout (None where there is none) and the versions of Python and of the libraries
+    the figures depend on (:func:`dependency_versions`)."""
     argv = [
         "icefrog", "simulate", "--workload", str(args.workload), "--gpus", str(args.gpus),
         "--gpus-per-node", str(args.gpus_per_node), "--policy", args.policy,
@@ -371,7 +374,23 @@ def rerun_record(args: argparse.Namespace, settings: Settings) -> dict[str, Any]
         "settings": _set_values(asdict(settings)),
         "version": icefrog_slurm.__version__,
         "commit": None if commit == "?" else commit,
+        "versions": dependency_versions(),
     }
+
+
+DEPENDENCIES = ("numpy", "scipy", "mip")
+"""The distributions a simulation's figures depend on (mip: python-mip, the MIP solver)."""
+
+
+def dependency_versions() -> dict[str, str | None]:
+    """Python's version and each of DEPENDENCIES' (None where it is not installed)."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in DEPENDENCIES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def _set_values(table: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,8 @@ class (the task's class in the catalog), makespan (first submission to last fini
 hours, hours on a shared GPU and the jobs that ever shared one, scheduling rounds and solver
 time per round (mean and max: the policy's own ``solve_s``, else the tick's time), simulation
 wall time; under ``run``, what reruns it (the command line, the workload's path and sha256, the
-seed, the settings in force, the version and commit). Plots (matplotlib, the optional
+seed, the settings in force, the version and commit, the versions of Python, numpy, scipy and
+python-mip). Plots (matplotlib, the optional
 ``sim`` extra; skipped with a note when absent), each policy in its own colour, in
 ``--plot-format`` png, svg or pdf: ``jct_cdf`` (JCT CDF of every policy), ``gpus_in_use``
 (one panel a policy, with the capacity line) and ``frozen_fraction`` (one panel a policy:

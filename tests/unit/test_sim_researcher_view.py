@@ -110,6 +110,12 @@ def test_summary_records_what_reruns_it_and_the_rerun_gives_the_same(tmp_path: P
     )
     assert settings_from_mapping(run["settings"]) == want
     assert run["version"] and (run["commit"] is None or isinstance(run["commit"], str))
+    import numpy
+    import scipy
+
+    versions = run["versions"]
+    assert versions["numpy"] == numpy.__version__ and versions["scipy"] == scipy.__version__
+    assert versions["python"].count(".") == 2 and "mip" in versions
     # rerun from the recorded command line alone, into another folder
     again = list(run["argv"])
     assert again[:2] == ["icefrog", "simulate"]
