@@ -338,6 +338,15 @@ BREAKS = {
 }  # fmt: skip
 
 
+def _started(config: Path, state: Path) -> Path:
+    """A settings file naming ``state`` as the state folder, its store upgraded, first
+    started."""
+    config.write_text(f'[state]\ndir = "{state}"\n')
+    _upgrade(config)
+    preflight.first_start(load_settings(config), config=str(config))
+    return config
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="gives files to another uid")
 @pytest.mark.parametrize("case", sorted(BREAKS))
 def test_a_path_a_user_could_change_fails_the_check_and_stops_the_start(
@@ -352,10 +361,7 @@ def test_a_path_a_user_could_change_fails_the_check_and_stops_the_start(
     base.mkdir(mode=0o755)
     etc, state = tmp_path / "etc", base / "state"
     etc.mkdir(mode=0o755)
-    config = etc / "icefrog.toml"
-    config.write_text(f'[state]\ndir = "{state}"\n')
-    _upgrade(config)
-    preflight.first_start(load_settings(config), config=str(config))
+    config = _started(etc / "icefrog.toml", state)
     code, lines = _check(config, capsys)
     assert all(" ok: " in lines[k] for k in ("settings", "database", "state.dir")), lines
     breaks(etc, state)
@@ -375,10 +381,7 @@ def test_a_root_owned_sticky_folder_above_the_state_folder_is_fine(
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o1777)
-    config = tmp_path / "icefrog.toml"
-    config.write_text(f'[state]\ndir = "{shared}/state"\n')
-    _upgrade(config)
-    preflight.first_start(load_settings(config), config=str(config))
+    config = _started(tmp_path / "icefrog.toml", shared / "state")
     _code, lines = _check(config, capsys)
     assert all(" ok: " in lines[k] for k in ("settings", "database", "state.dir")), lines
 
