@@ -18,10 +18,13 @@ the controller's uid) and writable by nobody else, but for a root-owned folder w
 sticky bit (like /tmp); else a user could rewrite it or put another in its place.
 
 A missing folder is made, its missing parents mode 0755, and its mode set whatever the
-umask. An existing folder owned by another uid, a state folder others may write in or
-cannot pass through, or an archive on another filesystem is refused with the command that
-fixes it: the controller changes no mode of a folder it did not make, except the inbox's
-and the archive's, which it sets at every start (``ReportInbox.prepare``).
+umask, on a descriptor opened without following a link. A symbolic link at one of these
+paths (never followed: a user's link in a sticky folder would have root change the mode of
+the folder it points to), an existing folder owned by another uid, a state folder others
+may write in or cannot pass through, or an archive on another filesystem is refused with
+the command that fixes it: the controller changes no mode of a folder it did not make,
+except the inbox's and the archive's, which it sets at every start
+(``ReportInbox.prepare``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from pathlib import Path
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.jsonio import printable
 from icefrog_slurm.settings import Settings
+from icefrog_slurm.store.inbox_files import own_dir
 
 STATE_MODE = 0o755
 INBOX_MODE = 0o1733
@@ -66,7 +70,7 @@ def inspect(folder: Folder, *, inbox: Path | None = None) -> tuple[bool, str]:
     this folder's (when it exists)."""
     shown = printable(str(folder.path), 300)
     try:
-        st = os.stat(folder.path)
+        st = os.lstat(folder.path)
     except FileNotFoundError:
         above = unsafe_path(folder.path, itself=False)
         if above is not None:
@@ -79,6 +83,10 @@ def inspect(folder: Folder, *, inbox: Path | None = None) -> tuple[bool, str]:
         return True, f"absent: the first start makes it, mode {folder.mode:04o}"
     except OSError as exc:
         return False, f"{shown}: {exc.strerror}"
+    if stat.S_ISLNK(st.st_mode):
+        return False, (
+            f"{shown} is a symbolic link (never followed): set {folder.key} to the folder itself"
+        )
     if not stat.S_ISDIR(st.st_mode):
         return False, f"{shown} is not a folder: remove it, or set {folder.key} elsewhere"
     uid, mode = os.geteuid(), stat.S_IMODE(st.st_mode)
@@ -176,32 +184,41 @@ def _device(path: Path) -> int | None:
 
 def make(settings: Settings) -> None:
     """Refuse a folder :func:`inspect` refuses (InputError naming the fix); make the missing
-    ones with their modes."""
+    ones with their modes; then look again (a link a user put in place of one after the
+    first look, an archive made on another filesystem)."""
     state, inbox, archive = folders(settings)
-    for folder in (state, inbox, archive):
-        fine, why = inspect(folder, inbox=inbox.path if folder is archive else None)
-        if not fine:
-            raise InputError(f"{folder.key}: {why}")
-        make_folder(folder.path, folder.mode)
-    fine, why = inspect(archive, inbox=inbox.path)  # made on another filesystem just now?
-    if not fine:
-        raise InputError(f"{archive.key}: {why}")
+    for again in (False, True):
+        for folder in (state, inbox, archive):
+            fine, why = inspect(folder, inbox=inbox.path if folder is archive else None)
+            if not fine:
+                raise InputError(f"{folder.key}: {why}")
+            if not again:
+                make_folder(folder.path, folder.mode)
 
 
 def make_folder(path: Path, mode: int) -> None:
     """``path`` and its missing parents (mode 0755), ``path`` with ``mode``, whatever the
-    umask; an existing folder is left as it is."""
+    umask; an existing folder is left as it is. Each is made by ``mkdir`` and its mode set
+    on a descriptor (``inbox_files.own_dir``): a symbolic link or another uid's folder put
+    in place of one meanwhile (any user may, in a sticky folder like /tmp) is refused,
+    never followed."""
     missing = []
     for folder in (path, *path.parents):
         if os.path.lexists(folder):
             break
         missing.append(folder)
     for folder in reversed(missing):
+        shown = printable(str(folder), 300)
         try:
-            folder.mkdir()
-        except FileExistsError:  # made meanwhile by someone else: taken as it is
-            continue
+            folder.mkdir(mode=0o700)
+            made = True
+        except FileExistsError:  # made meanwhile: taken if it is root's own folder
+            made = False
         except OSError as exc:
-            shown = printable(str(folder), 300)
             raise InputError(f"{shown}: cannot make the folder: {exc.strerror}") from None
-        os.chmod(folder, mode if folder == path else STATE_MODE)
+        try:
+            with own_dir(folder) as fd:
+                if made:
+                    os.fchmod(fd, mode if folder == path else STATE_MODE)
+        except OSError as exc:
+            raise InputError(f"{shown}: {exc.strerror}") from None

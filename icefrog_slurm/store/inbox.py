@@ -77,7 +77,7 @@ from typing import Protocol
 
 from icefrog_slurm import protocol, security
 from icefrog_slurm.domain.records import ACTIVE_STATES
-from icefrog_slurm.errors import IcefrogError
+from icefrog_slurm.errors import IcefrogError, InputError
 from icefrog_slurm.jsonio import printable
 from icefrog_slurm.settings import InboxSettings
 from icefrog_slurm.store import inbox_files as files
@@ -224,23 +224,27 @@ class ReportInbox:
     def prepare(self) -> None:
         """Create the inbox (1733: drop-only, like /tmp) and the root-only archive: every
         folder of it 0700, also those an earlier version made 0755 (a junk folder moved in
-        from the inbox is its owner's: from inside it, its owner must reach nothing else)."""
-        self.inbox_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.inbox_dir, 0o1733)
-        self.archive_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.archive_dir, 0o700)
-        for sub in ("accepted", "rejected"):
-            folder = self.archive_dir / sub
-            folder.mkdir(exist_ok=True, mode=0o700)
-            os.chmod(folder, 0o700)
-            files.private_folders(folder)
+        from the inbox is its owner's: from inside it, its owner must reach nothing else).
+        Each mode is set on a descriptor (``inbox_files.own_dir``): a symbolic link or
+        another uid's folder at one of these paths is refused (InputError), never followed."""
+        modes = {self.inbox_dir: 0o1733, self.archive_dir: 0o700}
+        modes.update({self.archive_dir / sub: 0o700 for sub in ("accepted", "rejected")})
+        for folder, mode in modes.items():
+            try:
+                folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+                with files.own_dir(folder) as fd:
+                    os.fchmod(fd, mode)
+                if folder.parent == self.archive_dir:
+                    files.private_folders(folder)
+            except OSError as exc:
+                raise InputError(f"{printable(str(folder), 300)}: {exc.strerror}") from None
 
     def drain(self) -> DrainResult:
         """Process what is in the inbox now (a fair share of it, see the module docstring)."""
         counts: Counter[str] = Counter()
         now = self.clock()
         self._rejected_by = Counter[int]()
-        with files.dir_fd(self.inbox_dir, follow=True) as inbox_fd:
+        with files.own_dir(self.inbox_dir) as inbox_fd:
             found = files.scan(inbox_fd, stale_before=now - self.folder_grace_s)
             plan = files.fair_order(
                 found.items, per_owner=self.max_reports_per_owner, total=self.max_reports

@@ -176,12 +176,34 @@ def fair_order(items: Sequence[Item], *, per_owner: int, total: int) -> list[Ite
 
 
 @contextmanager
-def dir_fd(path: str | Path, *, at: int | None = None, follow: bool = False) -> Iterator[int]:
-    """A descriptor of the directory ``path`` (relative to ``at``); no symlink followed
-    unless ``follow`` (for the admin's own configured paths)."""
-    flags = _DIR_FLAGS & ~os.O_NOFOLLOW if follow else _DIR_FLAGS
-    fd = os.open(path, flags, dir_fd=at)
+def dir_fd(path: str | Path, *, at: int | None = None) -> Iterator[int]:
+    """A descriptor of the directory ``path`` (relative to ``at``); no symlink followed."""
+    fd = os.open(path, _DIR_FLAGS, dir_fd=at)
     try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def own_dir(path: str | Path) -> Iterator[int]:
+    """A descriptor of the folder ``path``, which must be this process's (root's) own and no
+    symbolic link: the last component is opened with ``O_NOFOLLOW`` and checked on the
+    descriptor, so a link or another uid's folder put in its place is refused (OSError),
+    never followed. The folders above it are the admin's, checked at start
+    (``state_folders.unsafe_path``)."""
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTDIR, errno.ELOOP):
+            why = "a symbolic link or no folder (never followed)"
+            raise OSError(exc.errno, why, str(path)) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            why = f"owned by uid {st.st_uid}, not by this process's"
+            raise OSError(errno.EPERM, why, str(path))
         yield fd
     finally:
         os.close(fd)
@@ -203,7 +225,7 @@ def archive(src_fd: int, name: str, target: Path, *, now: float) -> None:
     safe = name if _SAFE_NAME.fullmatch(name) else "unnamed"
     try:
         target.mkdir(exist_ok=True, mode=0o700)  # root's alone (umask only takes bits)
-        with dir_fd(target, follow=True) as dst_fd:
+        with own_dir(target) as dst_fd:
             os.rename(name, f"{int(now)}-{time.time_ns()}-{safe}", src_dir_fd=src_fd,
                       dst_dir_fd=dst_fd)  # fmt: skip
         return
@@ -284,8 +306,8 @@ def read_report(dir_fd: int, name: str, owner: int) -> tuple[bytes, int]:
 
 def private_folders(base: Path) -> None:
     """Make every folder directly in ``base`` (an archive's per-job folders) 0700."""
-    with dir_fd(base, follow=True) as base_fd:
-        for name in _listdir_path(base):
+    with own_dir(base) as base_fd:
+        for name in os.listdir(base_fd):
             with contextlib.suppress(OSError), dir_fd(name, at=base_fd) as fd:  # gone, no folder
                 if os.fstat(fd).st_uid == os.geteuid():
                     os.fchmod(fd, 0o700)
