@@ -10,9 +10,9 @@ over every legal depth, as before that bound.
 ``squeue``: one parse of a ``squeue --json`` document of JOBS running jobs (one node each,
 each with its per-node GPU allocation), the median of a few parses after a first one.
 
-``folder``: choosing the reports a drain reads first from one job folder of FILES report
-files in shuffled order (``inbox_files._first_names``: the listing and the bounded heap),
-the CPU time of one such choice.
+``folder``: a scan of an inbox of one job folder of FILES report files in shuffled order
+(``inbox_files.scan``: the listing, bounded by ``MAX_OWNER_LOOKS``, and the bounded heap
+that chooses the reports a drain reads first), the CPU time of one scan.
 
     .venv/bin/python -m benchmarks.hostile_costs declaration --gpus 1024 [--every-depth]
     .venv/bin/python -m benchmarks.hostile_costs squeue --jobs 2400
@@ -85,20 +85,22 @@ def squeue(jobs: int, runs: int = 5) -> None:
 
 def folder(files: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
+        job = os.path.join(tmp, "4242")
+        os.mkdir(job)
         seqs = list(range(1, files + 1))
         random.Random(7).shuffle(seqs)
         for seq in seqs:
-            with open(os.path.join(tmp, f"{seq}-progress.json"), "w"):
+            with open(os.path.join(job, f"{seq}-progress.json"), "w"):
                 pass
         fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
         try:
             started = time.process_time()
-            kept = inbox_files._first_names(fd, inbox_files.MAX_FOLDER_ENTRIES)
+            kept = inbox_files.scan(fd, stale_before=0.0).items
             cpu = time.process_time() - started
         finally:
             os.close(fd)
     print(f"a job folder of {files} reports: the first {len(kept)} chosen in {cpu:.2f} s of CPU "
-          f"(at most {inbox_files.MAX_FOLDER_LISTED} names listed)")  # fmt: skip
+          f"(at most {inbox_files.MAX_OWNER_LOOKS} names listed)")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -201,6 +201,7 @@ class ReportInbox:
         self._pruned_at: float | None = None
         self._db_fault = False  # the last file waits because the store failed
         self._idle_cursor = 0
+        self._turns: dict[int, str] = {}  # where each owner's folders are looked into next
         self._rejected_by = Counter[int]()  # this drain's rejected entries, by owner uid
 
     @classmethod
@@ -245,7 +246,8 @@ class ReportInbox:
         now = self.clock()
         self._rejected_by = Counter[int]()
         with files.own_dir(self.inbox_dir) as inbox_fd:
-            found = files.scan(inbox_fd, stale_before=now - self.folder_grace_s)
+            found = files.scan(inbox_fd, stale_before=now - self.folder_grace_s, turns=self._turns)
+            self._turns = found.turns
             plan = files.fair_order(
                 found.items, per_owner=self.max_reports_per_owner, total=self.max_reports
             )

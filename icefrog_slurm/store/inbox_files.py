@@ -15,6 +15,9 @@ it is looked at is simply not there.
   folder, the :data:`MAX_FOLDER_ENTRIES` that come first in a drain's order (junk, then
   reports by ``seq``), chosen from its listing alone (no file is looked at for it), so a
   folder that grew past the bound while the controller was away is still read in order.
+  It looks into one owner's job folders :data:`MAX_OWNER_LOOKS` times at most (folders
+  opened, names listed, dot files looked at), the folders in turns over the scans: a
+  user's millions of names (hard links of one file cost no inodes) slow no drain.
 - :func:`fair_order` picks what one drain reads: at most ``per_owner`` entries of each
   owner, taken in turn across owners, ``total`` in all, each job's reports in ``seq`` order.
 - :func:`read_report` reads a report file after checking what it is and who owns it.
@@ -35,7 +38,7 @@ import re
 import shutil
 import stat
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,9 +61,11 @@ gone); the scan itself goes over every entry, whoever owns it."""
 MAX_FOLDER_ENTRIES = 10_000
 """Entries of one job folder one scan keeps: the first in a drain's order (junk, then the
 lowest ``seq``); the rest wait for a later drain."""
-MAX_FOLDER_LISTED = 100_000
-"""Names of one job folder one scan lists to choose them (in the folder's own order): a
-user's million files cost a scan no more than this (about 0.2-0.3 s of CPU:
+MAX_OWNER_LOOKS = 100_000
+"""What one scan does in one owner's job folders, all of them together: each folder
+opened, each name listed and each dot file looked at (``lstat``) counts one. Past it the
+owner's other folders wait for the next scan, which starts after the folder where this one
+stopped (a user's million names cost a scan no more than this: about 0.2-0.3 s of CPU,
 ``benchmarks.hostile_costs folder``). A job with short epochs (about 500 reports an hour)
 fills it in a week of controller outage."""
 JUNK_FOLDER = "_inbox"
@@ -116,13 +121,18 @@ class Item:
 class Scan:
     folders: tuple[Folder, ...]
     items: tuple[Item, ...]
+    turns: dict[int, str]
+    """Of each owner whose folders took :data:`MAX_OWNER_LOOKS`: the folder after which
+    its next scan starts (``turns`` of :func:`scan`)."""
 
 
-def scan(inbox_fd: int, *, stale_before: float) -> Scan:
+def scan(inbox_fd: int, *, stale_before: float, turns: Mapping[int, str] | None = None) -> Scan:
     """The inbox now. Dot files are being written and are left alone, unless they were last
-    modified before ``stale_before`` (left behind by a writer that died): then they are
-    junk of their folder."""
-    folders: list[Folder] = []
+    changed before ``stale_before`` (their ``st_ctime``, which no user can set: left behind
+    by a writer that died): then they are junk of their folder. An owner's job folders are
+    looked into in the order of their names, starting after ``turns[uid]`` (the ``turns``
+    of the scan before), until :data:`MAX_OWNER_LOOKS` is taken."""
+    folders: dict[int, list[Folder]] = {}
     items: list[Item] = []
     kept: dict[int, int] = {}  # entries kept by owner
     for name in _names(inbox_fd):
@@ -137,25 +147,61 @@ def scan(inbox_fd: int, *, stale_before: float) -> Scan:
             items.append(Item(None, name, st.st_uid))
             continue
         folder = Folder(name, m.group(1), st.st_uid, (st.st_dev, st.st_ino))
-        try:
-            with open_folder(inbox_fd, folder) as job_fd:
-                inside = [
-                    Item(folder, n, folder.uid)
-                    for n in _first_names(job_fd, MAX_FOLDER_ENTRIES)
-                    if not n.startswith(".") or _stale(n, job_fd, stale_before)
-                ]
-        except OSError as exc:  # swapped or removed meanwhile: next drain
-            log.warning("inbox: cannot read folder %s: %s", printable(name), exc.strerror)
-            continue
-        folders.append(folder)
-        items.extend(inside)
+        folders.setdefault(st.st_uid, []).append(folder)
     for uid, count in kept.items():
         if count > MAX_OWNER_ENTRIES:
             log.warning(
                 "inbox: uid %d has %d entries; %d are looked at a drain, the rest wait",
                 uid, count, MAX_OWNER_ENTRIES,
             )  # fmt: skip
-    return Scan(tuple(folders), tuple(items))
+    next_turns: dict[int, str] = {}
+    for uid, owned in folders.items():
+        owned.sort(key=lambda f: f.name)
+        after = (turns or {}).get(uid, "")
+        start = next((i for i, f in enumerate(owned) if f.name > after), 0)
+        looks = _Looks(MAX_OWNER_LOOKS)
+        for folder in owned[start:] + owned[:start]:
+            if looks.left <= 0:
+                break
+            items.extend(_folder_items(inbox_fd, folder, stale_before, looks))
+        if looks.left <= 0:
+            next_turns[uid] = looks.last
+            log.warning(
+                "inbox: the job folders of uid %d hold more than a drain looks at (%d "
+                "names); the rest wait, its folders are looked into in turns",
+                uid, MAX_OWNER_LOOKS,
+            )  # fmt: skip
+    return Scan(tuple(f for owned in folders.values() for f in owned), tuple(items), next_turns)
+
+
+@dataclass
+class _Looks:
+    """What a scan may still do in one owner's folders, and the last folder it looked into."""
+
+    left: int
+    last: str = ""
+
+
+def _folder_items(inbox_fd: int, folder: Folder, stale_before: float, looks: _Looks) -> list[Item]:
+    """The entries of the folder a drain reads first (:func:`_first_names`), fresh dot files
+    left out; each look taken from ``looks``."""
+    looks.left -= 1
+    looks.last = folder.name
+    try:
+        with open_folder(inbox_fd, folder) as job_fd:
+            items = []
+            for n in _first_names(job_fd, MAX_FOLDER_ENTRIES, looks):
+                if n.startswith("."):
+                    if looks.left <= 0:
+                        continue
+                    looks.left -= 1
+                    if not _stale(n, job_fd, stale_before):
+                        continue
+                items.append(Item(folder, n, folder.uid))
+            return items
+    except OSError as exc:  # swapped or removed meanwhile: next drain
+        log.warning("inbox: cannot read folder %s: %s", printable(folder.name), exc.strerror)
+        return []
 
 
 def fair_order(items: Sequence[Item], *, per_owner: int, total: int) -> list[Item]:
@@ -342,17 +388,22 @@ def _names(fd: int) -> Iterator[str]:
         log.warning("inbox: cannot list a folder: %s", exc.strerror)
 
 
-def _first_names(fd: int, limit: int) -> list[str]:
+def _first_names(fd: int, limit: int, looks: _Looks) -> list[str]:
     """The ``limit`` names of a job folder that a drain reads first (:func:`_name_order`:
-    junk, then reports by ``seq``), from at most :data:`MAX_FOLDER_LISTED` names of its
-    listing; nothing but the listing is read, and only ``limit`` names are held. Taking
-    the first ``limit`` names in the folder's own order instead would read a folder grown
-    past the bound (a long controller outage) out of order, and an older report left for a
-    later drain would fall below the ledger's kept window and be refused as a replay."""
+    junk, then reports by ``seq``), from at most ``looks.left`` names of its listing (each
+    taken from it); nothing but the listing is read, and only ``limit`` names are held.
+    Taking the first ``limit`` names in the folder's own order instead would read a folder
+    grown past the bound (a long controller outage) out of order, and an older report left
+    for a later drain would fall below the ledger's kept window and be refused as a replay."""
+
+    def listed(entries: Iterator[os.DirEntry[str]]) -> Iterator[str]:
+        for entry in itertools.islice(entries, max(looks.left, 0)):
+            looks.left -= 1
+            yield entry.name
+
     try:
         with os.scandir(fd) as entries:
-            names = (e.name for e in itertools.islice(entries, MAX_FOLDER_LISTED))
-            return heapq.nsmallest(limit, names, key=_name_order)
+            return heapq.nsmallest(limit, listed(entries), key=_name_order)
     except OSError as exc:
         log.warning("inbox: cannot list a folder: %s", exc.strerror)
         return []
@@ -381,4 +432,4 @@ def _lstat(name: str, fd: int) -> os.stat_result | None:
 
 def _stale(name: str, fd: int, before: float) -> bool:
     st = _lstat(name, fd)
-    return st is not None and st.st_mtime < before
+    return st is not None and st.st_ctime < before

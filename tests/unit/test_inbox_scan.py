@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,13 +60,15 @@ def test_a_scan_keeps_the_lowest_seqs_of_a_folder_and_its_junk(
             (folder / f"{seq}-progress.json").write_bytes(b"{}")
     for junk in ("notes.txt", "7-progress.json.bak", "-1-x.json"):
         (inbox / junk).write_bytes(b"")
-    (inbox / ".1-progress.json.9.tmp").write_bytes(b"")  # being written
     stale = inbox / ".2-progress.json.9.tmp"
     stale.write_bytes(b"")
-    os.utime(stale, (100.0, 100.0))
+    os.utime(stale, (4e9, 4e9))  # dated ahead (touch -d): its last change is what counts
+    stale_before = stale.stat().st_ctime + 0.001
+    time.sleep(0.05)
+    (inbox / ".1-progress.json.9.tmp").write_bytes(b"")  # being written
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        found = inbox_files.scan(fd, stale_before=1000.0)
+        found = inbox_files.scan(fd, stale_before=stale_before)
     finally:
         os.close(fd)
     kept = {f.name: sorted(i.name for i in found.items if i.folder == f) for f in found.folders}
