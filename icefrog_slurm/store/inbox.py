@@ -246,7 +246,12 @@ class ReportInbox:
         now = self.clock()
         self._rejected_by = Counter[int]()
         with files.own_dir(self.inbox_dir) as inbox_fd:
-            found = files.scan(inbox_fd, stale_before=now - self.folder_grace_s, turns=self._turns)
+            found = files.scan(
+                inbox_fd,
+                stale_before=now - self.folder_grace_s,
+                per_owner=self.max_reports_per_owner,
+                turns=self._turns,
+            )
             self._turns = found.turns
             plan = files.fair_order(
                 found.items, per_owner=self.max_reports_per_owner, total=self.max_reports

@@ -10,14 +10,15 @@ it is looked at is simply not there.
 
 - :func:`scan` lists the inbox: job folders (``<job id>`` and ``<job id>.<token>``, see
   ``security.job_folder``) with their owner and report files, and junk entries; it looks at
-  every entry of the inbox but keeps at most :data:`MAX_OWNER_ENTRIES` of each owner (so
-  one user's million folders cannot push anyone else's out of a scan) and, of each job
-  folder, the :data:`MAX_FOLDER_ENTRIES` that come first in a drain's order (junk, then
-  reports by ``seq``), chosen from its listing alone (no file is looked at for it), so a
-  folder that grew past the bound while the controller was away is still read in order.
-  It looks into one owner's job folders :data:`MAX_OWNER_LOOKS` times at most (folders
-  opened, names listed, dot files looked at), the folders in turns over the scans: a
-  user's millions of names (hard links of one file cost no inodes) slow no drain.
+  every entry of the inbox but takes at most :data:`MAX_OWNER_ENTRIES` of each owner (so
+  one user's million folders cannot push anyone else's out of a scan) and keeps, of each
+  owner, only the entries one drain may read of him (``per_owner``), those that come first
+  in a drain's order (junk, then each job's reports by ``seq``): of each job folder they
+  are chosen from its listing alone (no file is looked at for it), so a folder that grew
+  past the bound while the controller was away is still read in order. It looks into one
+  owner's job folders :data:`MAX_OWNER_LOOKS` times at most (folders opened, names
+  listed, dot files looked at), the folders in turns over the scans: a user's millions of
+  names (hard links of one file cost no inodes) slow no drain and take no memory.
 - :func:`fair_order` picks what one drain reads: at most ``per_owner`` entries of each
   owner, taken in turn across owners, ``total`` in all, each job's reports in ``seq`` order.
 - :func:`read_report` reads a report file after checking what it is and who owns it.
@@ -58,9 +59,6 @@ FILE = re.compile(r"([0-9]{1,18})-([a-z_]{1,32})\.json")
 MAX_OWNER_ENTRIES = 10_000
 """Entries of the inbox of one owner (uid) one scan keeps (the rest wait until these are
 gone); the scan itself goes over every entry, whoever owns it."""
-MAX_FOLDER_ENTRIES = 10_000
-"""Entries of one job folder one scan keeps: the first in a drain's order (junk, then the
-lowest ``seq``); the rest wait for a later drain."""
 MAX_OWNER_LOOKS = 100_000
 """What one scan does in one owner's job folders, all of them together: each folder
 opened, each name listed and each dot file looked at (``lstat``) counts one. Past it the
@@ -126,14 +124,23 @@ class Scan:
     its next scan starts (``turns`` of :func:`scan`)."""
 
 
-def scan(inbox_fd: int, *, stale_before: float, turns: Mapping[int, str] | None = None) -> Scan:
-    """The inbox now. Dot files are being written and are left alone, unless they were last
-    changed before ``stale_before`` (their ``st_ctime``, which no user can set: left behind
-    by a writer that died): then they are junk of their folder. An owner's job folders are
-    looked into in the order of their names, starting after ``turns[uid]`` (the ``turns``
-    of the scan before), until :data:`MAX_OWNER_LOOKS` is taken."""
+def scan(
+    inbox_fd: int,
+    *,
+    stale_before: float,
+    per_owner: int,
+    turns: Mapping[int, str] | None = None,
+) -> Scan:
+    """The inbox now: of each owner, the ``per_owner`` entries a drain reads first
+    (:attr:`Item.order`: junk, then each job's reports by ``seq``), chosen with a heap of
+    that size, so a scan holds no more whatever users put there. Dot files are being
+    written and are left alone, unless they were last changed before ``stale_before``
+    (their ``st_ctime``, which no user can set: left behind by a writer that died): then
+    they are junk of their folder. An owner's job folders are looked into in the order of
+    their names, starting after ``turns[uid]`` (the ``turns`` of the scan before), until
+    :data:`MAX_OWNER_LOOKS` is taken."""
     folders: dict[int, list[Folder]] = {}
-    items: list[Item] = []
+    junk: dict[int, list[Item]] = {}
     kept: dict[int, int] = {}  # entries kept by owner
     for name in _names(inbox_fd):
         st = _lstat(name, inbox_fd)
@@ -144,26 +151,26 @@ def scan(inbox_fd: int, *, stale_before: float, turns: Mapping[int, str] | None 
             continue
         m = FOLDER.fullmatch(name)
         if m is None or not is_slurm_job_id(m.group(1)) or not stat.S_ISDIR(st.st_mode):
-            items.append(Item(None, name, st.st_uid))
+            junk.setdefault(st.st_uid, []).append(Item(None, name, st.st_uid))
             continue
         folder = Folder(name, m.group(1), st.st_uid, (st.st_dev, st.st_ino))
         folders.setdefault(st.st_uid, []).append(folder)
+    items: list[Item] = []
+    next_turns: dict[int, str] = {}
     for uid, count in kept.items():
         if count > MAX_OWNER_ENTRIES:
             log.warning(
                 "inbox: uid %d has %d entries; %d are looked at a drain, the rest wait",
                 uid, count, MAX_OWNER_ENTRIES,
             )  # fmt: skip
-    next_turns: dict[int, str] = {}
-    for uid, owned in folders.items():
-        owned.sort(key=lambda f: f.name)
+        owned = sorted(folders.get(uid, []), key=lambda f: f.name)
         after = (turns or {}).get(uid, "")
         start = next((i for i, f in enumerate(owned) if f.name > after), 0)
-        looks = _Looks(MAX_OWNER_LOOKS)
-        for folder in owned[start:] + owned[:start]:
-            if looks.left <= 0:
-                break
-            items.extend(_folder_items(inbox_fd, folder, stale_before, looks))
+        looks = _Looks(MAX_OWNER_LOOKS, per_owner)
+        inside = _owner_items(inbox_fd, owned[start:] + owned[:start], stale_before, looks)
+        items += heapq.nsmallest(
+            per_owner, itertools.chain(junk.get(uid, []), inside), key=lambda i: i.order
+        )
         if looks.left <= 0:
             next_turns[uid] = looks.last
             log.warning(
@@ -176,10 +183,23 @@ def scan(inbox_fd: int, *, stale_before: float, turns: Mapping[int, str] | None 
 
 @dataclass
 class _Looks:
-    """What a scan may still do in one owner's folders, and the last folder it looked into."""
+    """What a scan may still do in one owner's folders, the entries it keeps of each, and
+    the last folder it looked into."""
 
     left: int
+    per_folder: int
     last: str = ""
+
+
+def _owner_items(
+    inbox_fd: int, folders: list[Folder], stale_before: float, looks: _Looks
+) -> Iterator[Item]:
+    """The entries of each folder a drain reads first, folder after folder while
+    ``looks`` lasts."""
+    for folder in folders:
+        if looks.left <= 0:
+            return
+        yield from _folder_items(inbox_fd, folder, stale_before, looks)
 
 
 def _folder_items(inbox_fd: int, folder: Folder, stale_before: float, looks: _Looks) -> list[Item]:
@@ -190,7 +210,7 @@ def _folder_items(inbox_fd: int, folder: Folder, stale_before: float, looks: _Lo
     try:
         with open_folder(inbox_fd, folder) as job_fd:
             items = []
-            for n in _first_names(job_fd, MAX_FOLDER_ENTRIES, looks):
+            for n in _first_names(job_fd, looks):
                 if n.startswith("."):
                     if looks.left <= 0:
                         continue
@@ -388,13 +408,14 @@ def _names(fd: int) -> Iterator[str]:
         log.warning("inbox: cannot list a folder: %s", exc.strerror)
 
 
-def _first_names(fd: int, limit: int, looks: _Looks) -> list[str]:
-    """The ``limit`` names of a job folder that a drain reads first (:func:`_name_order`:
-    junk, then reports by ``seq``), from at most ``looks.left`` names of its listing (each
-    taken from it); nothing but the listing is read, and only ``limit`` names are held.
-    Taking the first ``limit`` names in the folder's own order instead would read a folder
-    grown past the bound (a long controller outage) out of order, and an older report left
-    for a later drain would fall below the ledger's kept window and be refused as a replay."""
+def _first_names(fd: int, looks: _Looks) -> list[str]:
+    """The ``looks.per_folder`` names of a job folder that a drain reads first
+    (:func:`_name_order`: junk, then reports by ``seq``), from at most ``looks.left`` names
+    of its listing (each taken from it); nothing but the listing is read, and only those
+    names are held. Taking the first names in the folder's own order instead would read a
+    folder grown past the bound (a long controller outage) out of order, and an older
+    report left for a later drain would fall below the ledger's kept window and be refused
+    as a replay."""
 
     def listed(entries: Iterator[os.DirEntry[str]]) -> Iterator[str]:
         for entry in itertools.islice(entries, max(looks.left, 0)):
@@ -403,7 +424,7 @@ def _first_names(fd: int, limit: int, looks: _Looks) -> list[str]:
 
     try:
         with os.scandir(fd) as entries:
-            return heapq.nsmallest(limit, listed(entries), key=_name_order)
+            return heapq.nsmallest(looks.per_folder, listed(entries), key=_name_order)
     except OSError as exc:
         log.warning("inbox: cannot list a folder: %s", exc.strerror)
         return []

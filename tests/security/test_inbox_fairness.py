@@ -221,15 +221,10 @@ def test_folder_names_cannot_break_or_blow_up_the_slurm_lookup(site: Site) -> No
     assert sum(len(c) for c in site.slurm.calls) <= 1 + 1000  # his folder and one window
 
 
-def test_a_drain_lists_a_bounded_part_of_a_huge_folder(
-    site: Site, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A folder of more files than a scan looks at (bound lowered to 20 here): one drain
-    reads at most that many; the next drains take the rest."""
-    from icefrog_slurm.store import inbox_files
-
-    monkeypatch.setattr(inbox_files, "MAX_FOLDER_ENTRIES", 20)
-    site.inbox.max_reports_per_owner = site.inbox.max_reports = 1000
+def test_a_drain_lists_a_bounded_part_of_a_huge_folder(site: Site) -> None:
+    """A folder of more files than a scan keeps of its owner (the reports a drain reads of
+    him, 20 here): one drain reads at most that many; the next drains take the rest."""
+    site.inbox.max_reports_per_owner, site.inbox.max_reports = 20, 1000
     site.register(ALICE, ALICE_JOB)
     assert site.drain() == DrainResult(accepted=1)
     for seq in range(1, 51):

@@ -1,6 +1,6 @@
-"""Which entries of a job folder a scan keeps (icefrog_slurm.store.inbox_files.scan), and
-a folder grown past that bound while the controller was away, drained in order: the store
-on SQLite, a stand-in for munge (the credential is the body's digest) and for Slurm."""
+"""Which entries of an owner's job folders a scan keeps (``inbox_files.scan``), and a
+folder grown past that bound while the controller was away, drained in order: the store on
+SQLite, a stand-in for munge (the credential is the body's digest) and for Slurm."""
 
 from __future__ import annotations
 
@@ -45,19 +45,20 @@ def inbox(tmp_path: Path) -> Iterator[ReportInbox]:
         yield box
 
 
-def test_a_scan_keeps_the_lowest_seqs_of_a_folder_and_its_junk(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Of a folder of more entries than the bound (lowered to 10), the scan keeps the ten
-    a drain reads first: its junk (names that are no ``<seq>-<kind>.json``), then the
-    lowest seqs; whatever the folder's own order. A fresh dot file is not kept, a stale
-    one is junk. Another owner's folder of the same job keeps its own ten."""
-    monkeypatch.setattr(inbox_files, "MAX_FOLDER_ENTRIES", 10)
-    inbox, other = tmp_path / JOB, tmp_path / f"{JOB}.{'ab' * 8}"
-    for folder in (inbox, other):
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives a folder to another uid")
+def test_a_scan_keeps_the_lowest_seqs_of_an_owner_and_his_junk(tmp_path: Path) -> None:
+    """Of an owner's folders of more entries than a drain reads of him (10 here), the scan
+    keeps the ten a drain reads first: his junk (names that are no
+    ``<seq>-<kind>.json``), then the lowest seqs of the job across its folders; whatever
+    the folders' own order. A fresh dot file is not kept, a stale one is junk. Another
+    owner's folder of the same job keeps its own ten."""
+    inbox, second = tmp_path / JOB, tmp_path / f"{JOB}.{'ef' * 8}"
+    other = tmp_path / f"{JOB}.{'ab' * 8}"
+    for folder in (inbox, second, other):
         folder.mkdir()
         for seq in _shuffled(40):
             (folder / f"{seq}-progress.json").write_bytes(b"{}")
+    os.chown(other, 65534, 65534)
     for junk in ("notes.txt", "7-progress.json.bak", "-1-x.json"):
         (inbox / junk).write_bytes(b"")
     stale = inbox / ".2-progress.json.9.tmp"
@@ -68,26 +69,26 @@ def test_a_scan_keeps_the_lowest_seqs_of_a_folder_and_its_junk(
     (inbox / ".1-progress.json.9.tmp").write_bytes(b"")  # being written
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        found = inbox_files.scan(fd, stale_before=stale_before)
+        found = inbox_files.scan(fd, stale_before=stale_before, per_owner=10)
     finally:
         os.close(fd)
     kept = {f.name: sorted(i.name for i in found.items if i.folder == f) for f in found.folders}
     assert kept[JOB] == sorted(
         ["-1-x.json", ".2-progress.json.9.tmp", "7-progress.json.bak", "notes.txt"]
-        + [f"{seq}-progress.json" for seq in range(1, 6)]
-    )  # 10 taken: 5 junk (the fresh dot file among them, then left out), seqs 1 to 5
+        + [f"{seq}-progress.json" for seq in range(1, 4)]
+    )  # of ten: his four junk, the job's seqs 1 to 3 of each of his two folders
+    assert kept[second.name] == sorted(f"{seq}-progress.json" for seq in range(1, 4))
     assert kept[other.name] == sorted(f"{seq}-progress.json" for seq in range(1, 11))
 
 
 def test_more_reports_than_a_scan_keeps_are_all_accepted_in_order(
     inbox: ReportInbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A folder of 100 honest reports (the scan's bound lowered to 40, the ledger's kept
-    window to 8, a drain taking 15 of an owner: as 12,000 reports against 10,000, 1,024
-    and 1,000): drained over several drains, every one is accepted, in seq order, none
-    refused as a replay (before, the first 40 in the folder's own order were kept, and a
-    lower seq read later fell below the ledger's window)."""
-    monkeypatch.setattr(inbox_files, "MAX_FOLDER_ENTRIES", 40)
+    """A folder of 100 honest reports (the ledger's kept window lowered to 8, a drain and a
+    scan taking 15 of an owner: as 12,000 reports against 1,024 and 1,000): drained over
+    several drains, every one is accepted, in seq order, none refused as a replay (a scan
+    that kept the first in the folder's own order read a lower seq later, below the
+    ledger's window)."""
     monkeypatch.setattr(ledger, "KEPT_REPORTS", 8)
     folder = inbox.inbox_dir / JOB
     folder.mkdir()
@@ -108,3 +109,35 @@ def test_more_reports_than_a_scan_keeps_are_all_accepted_in_order(
     assert [int(p.name.split("-")[2]) for p in archived] == list(range(101))
     with inbox.store.transaction() as tx:
         assert tx.rejected_reports() == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives files to another uid")
+def test_a_scan_holds_no_more_of_an_owner_than_a_drain_reads_of_him(
+    inbox: ReportInbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nobody's 30 job folders of 300 report names each (hard links of one file: no
+    inodes), 9000 entries a scan kept (10,000 a folder, 10,000 folders: 10^8 kept and then
+    sorted, 2 million took 745 MiB and 14-18 s a drain); a scan keeps 15 of his, those a
+    drain reads first (the lowest job, its lowest seqs), and only those are ordered."""
+    for n in range(30):
+        folder = inbox.inbox_dir / f"{100 + n}.{'cd' * 8}"
+        folder.mkdir(mode=0o700)
+        seed = folder / "0-progress.json"
+        seed.write_bytes(b"{}")
+        for seq in range(1, 300):
+            os.link(seed, folder / f"{seq}-progress.json")
+        os.chown(seed, 65534, 65534)
+        os.chown(folder, 65534, 65534)
+    ordered: list[int] = []
+    fair_order = inbox_files.fair_order
+
+    def counting(items: Any, **kwargs: int) -> list[inbox_files.Item]:
+        ordered.append(len(items))
+        return fair_order(items, **kwargs)
+
+    monkeypatch.setattr(inbox_files, "fair_order", counting)
+    assert inbox.drain() == DrainResult(rejected=15)  # hard links: rejected
+    assert ordered == [15]
+    with inbox.store.transaction() as tx:
+        read = [r.file for r in tx.rejected_reports()]
+    assert read == [f"100.{'cd' * 8}/{seq}-progress.json" for seq in range(15)]
