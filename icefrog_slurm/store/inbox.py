@@ -28,24 +28,26 @@ and rejects it otherwise with a logged and recorded reason, changing nothing els
 Owners come from one batched lookup a drain (``slurm_jobs``: the Slurm backend's poll; the
 module ``inbox_apply`` applies what is accepted), for the folders of the files the drain
 reads and, in turns, up to 1000 folders with nothing to read (calls of at most 1000 ids); a
-job Slurm has forgotten falls back to the owner the store recorded at register. Every file
-read is moved to ``<archive>/accepted|rejected/<job id>/``
-(entries that are no job folder to ``rejected/_inbox``); if a move fails the file is
-deleted, so nothing is ever processed twice. All file operations go through directory file
-descriptors with ``O_NOFOLLOW`` (``inbox_files``). Each log line about a report starts
-``job=<icefrog job id> slurm_job=<Slurm job id>:`` (as far as they are known), and
-:meth:`ReportInbox.drain` returns the counts by outcome (the controller's metrics).
+job Slurm has forgotten falls back to the owner the store recorded at register. Every
+report read, a plain file of at most ``MAX_REPORT_BYTES``, is moved to
+``<archive>/accepted|rejected/<job id>/``; anything else (no plain file, larger, an entry
+that is no job folder, a claimed folder) is deleted, and so is a report whose move fails:
+nothing is ever processed twice, and no user's junk is kept in the archive. All file
+operations go through directory file descriptors with ``O_NOFOLLOW`` (``inbox_files``).
+Each log line about a report starts ``job=<icefrog job id> slurm_job=<Slurm job id>:`` (as
+far as they are known), and :meth:`ReportInbox.drain` returns the counts by outcome (the
+controller's metrics).
 
 Guarantees:
 
 - **A drain cannot be stopped by a report.** Each file is handled under one catch-all:
-  anything but a transient fault (below) quarantines it, archived as rejected with a reason
-  made printable (``jsonio.printable``) before it is logged or stored, and the drain goes
+  anything but a transient fault (below) quarantines it, rejected with a reason made
+  printable (``jsonio.printable``) before it is logged or stored, and the drain goes
   on. An owner's first :data:`LOGGED_REJECTIONS` rejections a drain (claimed folders
   included) are logged one by one, the rest in one line. A job folder's name is a Slurm
   job id by regex (ASCII digits, no leading zero, below 2^31: squeue refuses more, failing
   the whole lookup); anything else,
-  a name that is not UTF-8 included, is junk and quarantined whole.
+  a name that is not UTF-8 included, is junk, rejected and deleted whole.
 - **A transient fault loses nothing.** Slurm's lookup failing, the database unreachable
   (``OperationalError``, ``InterfaceError``, a dropped connection) or munged unreachable
   leaves the files in the inbox for a later drain. munged is judged unreachable only when a
@@ -54,9 +56,8 @@ Guarantees:
   faults in a row end the drain.
 - **A claimed folder blocks nobody.** A folder owned by anyone but the job's owner (or
   root) is logged naming the squatter (uid and user name); the files the drain reads in it
-  are rejected, then it is moved whole into the archive (``rejected/<job id>/``), with what
-  the drain did not read (dot files, whatever their dates), and the job side writes to a
-  token folder instead.
+  are rejected, then it is deleted whole, with what the drain did not read (dot files,
+  whatever their dates), and the job side writes to a token folder instead.
 - **Fair and bounded.** At most ``max_reports_per_owner`` files of each folder owner a
   drain, taken in turns across owners, ``max_reports`` in all. An emptied folder is removed
   ``folder_grace_s`` after its last change once its job has ended (or nobody knows it).
@@ -94,7 +95,7 @@ _LOOKUP_CHUNK = 1000  # job ids a Slurm lookup call
 _IDLE_FOLDERS_A_DRAIN = 1000  # folders with nothing to read looked up a drain
 LOGGED_REJECTIONS = 20
 """Rejected entries and claimed folders of one owner a drain logged one by one; the rest
-are counted in one line (each entry is still recorded and archived): a user's junk cannot
+are counted in one line (each entry is still recorded and taken out): a user's junk cannot
 flood the journal."""
 
 
@@ -322,22 +323,22 @@ class ReportInbox:
                 self._log_rejection(
                     f.uid,
                     "slurm_job=%s: inbox: folder %s is held by uid %d (%s), not by uid %d who "
-                    "owns Slurm job %s: its files are rejected and the folder archived",
+                    "owns Slurm job %s: its files are rejected and the folder deleted",
                     f.job_id, f.name, f.uid, printable(user_name(f.uid)), owner, f.job_id,
                 )  # fmt: skip
 
     def _remove_folders(
         self, inbox_fd: int, folders: list[Folder], owners: dict[str, _Owner]
     ) -> None:
-        """Archive claimed folders whole (what a drain does not read in them, dot files
-        dated ahead included, would keep them for ever); remove the emptied folders of
-        ended jobs after the grace."""
+        """Delete claimed folders whole (what a drain does not read in them, dot files
+        included, would keep them for ever); remove the emptied folders of ended jobs after
+        the grace."""
         grace_end = self.clock() - self.folder_grace_s
         for f in folders:
             owner = owners[f.job_id]
             if owner.uid is not None and f.uid not in (owner.uid, 0):
                 target = self.archive_dir / "rejected" / f.job_id
-                files.archive_folder(inbox_fd, f, target, now=self.clock())
+                files.discard_folder(inbox_fd, f, target, now=self.clock())
             elif owner.ended:
                 files.remove_folder(inbox_fd, f, modified_before=grace_end)
 
@@ -475,7 +476,8 @@ class ReportInbox:
     def _quarantine(
         self, src_fd: int, item: Item, reason: str, size: int, claim: Claim | None
     ) -> None:
-        """Record the rejection (a transient store fault defers it) and archive the entry."""
+        """Record the rejection (a transient store fault defers it) and take the entry out of
+        the inbox (:meth:`_move`)."""
         reason = printable(reason, MAX_DETAIL)
         env = None if claim is None else claim.envelope
         uid = None if claim is None or claim.uid > protocol.INT32_MAX else claim.uid
@@ -516,8 +518,11 @@ class ReportInbox:
             log.warning(message, *args)
 
     def _move(self, src_fd: int, item: Item, outcome: str) -> None:
+        """Archive the entry if it is a report of a job folder, else delete it
+        (``inbox_files.archive``)."""
         folder = files.JUNK_FOLDER if item.folder is None else item.folder.job_id
-        files.archive(src_fd, item.name, self.archive_dir / outcome / folder, now=self.clock())
+        target = self.archive_dir / outcome / folder
+        files.archive(src_fd, item.name, target, now=self.clock(), keep=item.folder is not None)
 
     def _prune(self, now: float) -> None:
         """Delete archived files and ledger rows older than the retention, once an hour."""

@@ -22,9 +22,10 @@ it is looked at is simply not there.
 - :func:`fair_order` picks what one drain reads: at most ``per_owner`` entries of each
   owner, taken in turn across owners, ``total`` in all, each job's reports in ``seq`` order.
 - :func:`read_report` reads a report file after checking what it is and who owns it.
-- :func:`archive` moves an entry into the archive (deleting it if it cannot be moved),
-  :func:`archive_folder` a claimed job folder with all it holds;
-  :func:`prune_archive` deletes archived files older than the retention.
+- :func:`archive` moves a report read into the archive and deletes anything else (no
+  plain file, larger than a report, no job folder's), :func:`discard_folder` deletes a
+  claimed job folder with all it holds; :func:`prune_archive` deletes archived files older
+  than the retention. Deleting goes by descriptors and follows no link (:func:`delete`).
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ stopped (a user's million names cost a scan no more than this: about 0.2-0.3 s o
 ``benchmarks.hostile_costs folder``). A job with short epochs (about 500 reports an hour)
 fills it in a week of controller outage."""
 JUNK_FOLDER = "_inbox"
-"""The archive folder of entries that are no job folder (``archive/rejected/_inbox``)."""
+"""The archive folder of entries that are no job folder and could not be deleted
+(``archive/rejected/_inbox``)."""
 
 TRANSIENT_ERRNOS = frozenset(
     {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EIO, errno.ESTALE, errno.EINTR,
@@ -285,23 +287,56 @@ def open_folder(inbox_fd: int, folder: Folder) -> Iterator[int]:
         yield fd
 
 
-def archive(src_fd: int, name: str, target: Path, *, now: float) -> None:
-    """Move the entry ``name`` of ``src_fd`` into the folder ``target`` (made if missing),
-    as ``<now>-<ns>-<name>``; if that fails, delete it, so it is never read twice."""
+def archive(src_fd: int, name: str, target: Path, *, now: float, keep: bool = True) -> None:
+    """Take the entry ``name`` of ``src_fd`` out of the inbox, so it is never read twice: a
+    report worth keeping (``keep``, and a plain file of one link and at most
+    ``MAX_REPORT_BYTES``) is moved into the folder ``target`` (made if missing) as
+    ``<now>-<ns>-<name>``; anything else is deleted (:func:`delete`: junk of any size kept
+    ``retention_days`` in root's archive would fill the filesystem out of its owner's
+    reach), and so is a report that cannot be moved. What cannot be deleted either (a
+    folder nested past Python's recursion limit) is moved all the same."""
+    st = _lstat(name, src_fd)
+    if st is None:  # gone
+        return
+    small = st.st_size <= protocol.MAX_REPORT_BYTES
+    report = keep and stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and small
+    if report and _move(src_fd, name, target, now):
+        return
+    if not delete(src_fd, name):
+        _move(src_fd, name, target, now)
+
+
+def _move(src_fd: int, name: str, target: Path, now: float) -> bool:
+    """Move the entry into the archive folder ``target``; False (logged) when it cannot be."""
     safe = name if _SAFE_NAME.fullmatch(name) else "unnamed"
     try:
         target.mkdir(exist_ok=True, mode=0o700)  # root's alone (umask only takes bits)
         with own_dir(target) as dst_fd:
             os.rename(name, f"{int(now)}-{time.time_ns()}-{safe}", src_dir_fd=src_fd,
                       dst_dir_fd=dst_fd)  # fmt: skip
-        return
     except OSError as exc:
-        log.error("inbox: cannot archive %s (%s); deleting it", printable(name), exc.strerror)
+        log.error("inbox: cannot archive %s: %s", printable(name), exc.strerror)
+        return False
+    return True
+
+
+def delete(dir_fd: int, name: str) -> bool:
+    """Delete the entry ``name`` of the folder ``dir_fd``, a folder with all it holds, by
+    descriptors (``shutil.rmtree`` with ``dir_fd``: no symbolic link is followed, also
+    inside); True when it is gone. What cannot be deleted is logged and left (a user's junk
+    folder nested thousands deep makes ``shutil.rmtree`` recurse past Python's limit)."""
     try:
-        os.unlink(name, dir_fd=src_fd)
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:
-            log.error("inbox: cannot delete %s either: %s", printable(name), exc.strerror)
+        if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            shutil.rmtree(name, dir_fd=dir_fd)
+        else:
+            os.unlink(name, dir_fd=dir_fd)
+    except (OSError, RecursionError) as exc:
+        if _lstat(name, dir_fd) is None:  # gone meanwhile
+            return True
+        why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else "nested too deep"
+        log.warning("inbox: cannot delete %s: %s; left", printable(name), printable(why))
+        return False
+    return True
 
 
 def remove_folder(inbox_fd: int, folder: Folder, *, modified_before: float) -> bool:
@@ -318,31 +353,31 @@ def remove_folder(inbox_fd: int, folder: Folder, *, modified_before: float) -> b
     return True
 
 
-def archive_folder(inbox_fd: int, folder: Folder, target: Path, *, now: float) -> None:
-    """Move the folder, with whatever is in it, into the archive folder ``target`` (as
-    :func:`archive` does an entry) if it is still the scanned one."""
-    try:
-        st = os.stat(folder.name, dir_fd=inbox_fd, follow_symlinks=False)
-    except OSError:  # gone
-        return
-    if (st.st_dev, st.st_ino) == folder.ident:
-        archive(inbox_fd, folder.name, target, now=now)
+def discard_folder(inbox_fd: int, folder: Folder, target: Path, *, now: float) -> None:
+    """Delete the folder with whatever is in it if it is still the scanned one (moved into
+    the archive folder ``target`` if it cannot be: :func:`archive`)."""
+    st = _lstat(folder.name, inbox_fd)
+    if st is not None and (st.st_dev, st.st_ino) == folder.ident:
+        archive(inbox_fd, folder.name, target, now=now, keep=False)
 
 
 def prune_archive(archive_dir: Path, *, before: float) -> int:
-    """Delete archived files whose name says they were archived before ``before``, and the
-    folders left empty; returns how many files went."""
+    """Delete archived entries whose name says they were archived before ``before``, and
+    the folders left empty; returns how many went."""
     removed = 0
     for outcome in ("accepted", "rejected"):
         base = archive_dir / outcome
         for sub in _listdir_path(base):
-            folder = base / sub
-            for name in _listdir_path(folder):
-                head = name.split("-", 1)[0]
-                if head.isascii() and head.isdigit() and int(head) < before:
-                    removed += _delete(folder / name)
+            try:
+                with dir_fd(base / sub) as fd:
+                    for name in os.listdir(fd):
+                        head = name.split("-", 1)[0]
+                        if head.isascii() and head.isdigit() and int(head) < before:
+                            removed += delete(fd, name)
+            except OSError:  # no folder, or gone
+                continue
             with contextlib.suppress(OSError):  # not empty
-                os.rmdir(folder)
+                os.rmdir(base / sub)
     return removed
 
 
@@ -377,25 +412,6 @@ def private_folders(base: Path) -> None:
             with contextlib.suppress(OSError), dir_fd(name, at=base_fd) as fd:  # gone, no folder
                 if os.fstat(fd).st_uid == os.geteuid():
                     os.fchmod(fd, 0o700)
-
-
-def _delete(path: Path) -> int:
-    """Delete an archived entry (a junk folder with all it holds); 1 when it is gone. What
-    cannot be deleted is logged and left (a user's junk folder nested thousands deep makes
-    ``shutil.rmtree`` recurse past Python's limit): the other entries are pruned all the
-    same."""
-    try:
-        if stat.S_ISDIR(os.lstat(path).st_mode):
-            shutil.rmtree(path)  # fd-based on Linux: follows no symlink inside
-        else:
-            os.unlink(path)
-    except OSError as exc:
-        log.warning("inbox: cannot prune %s: %s", printable(str(path)), exc.strerror)
-        return 0
-    except RecursionError:
-        log.warning("inbox: cannot prune %s: nested too deep; left", printable(str(path)))
-        return 0
-    return 1
 
 
 def _names(fd: int) -> Iterator[str]:

@@ -5,9 +5,9 @@ surrogates and control characters, wrong types, missing and unknown fields, cut 
 bytes) under random and hostile names (Unicode digits, bytes that are not UTF-8, tokens).
 Properties: ``parse_envelope`` raises nothing but the project's own ``InputError``; a drain
 raises nothing, defers nothing (no fault is transient here) and leaves no file in the inbox:
-every entry ends archived, every recorded reason printable. The credential check is a
-stand-in (``FAKE:<digest>``; the munge path is tested for real elsewhere); the store, the
-files and the inbox are real. Derandomized and bounded (about a minute in all).
+every entry ends archived or deleted, every recorded reason printable. The credential check
+is a stand-in (``FAKE:<digest>``; the munge path is tested for real elsewhere); the store,
+the files and the inbox are real. Derandomized and bounded (about a minute in all).
 """
 
 from __future__ import annotations

@@ -94,11 +94,11 @@ def test_archive_and_ledgers_are_pruned_after_the_retention(site: Site, clock: C
     site.drop(ALICE, "finished", {"reason": "max_epochs", "epoch": 3, "final_metric": 0.9},
               seq=1, job=ALICE_JOB)  # fmt: skip
     site.put(BOB, BOB_JOB, "9-metric.json", b"junk")
-    site.put(ALICE, "junk", "a", b"x")  # a junk folder: quarantined whole
+    site.put(ALICE, "junk", "a", b"x")  # a junk folder: rejected, deleted whole
     assert site.drain() == DrainResult(accepted=3, rejected=2)
     clock.now += 29 * DAY  # within the retention: nothing goes
     site.drain()
-    assert (site.archived("accepted"), site.archived("rejected"), _rows(site)) == (3, 2, (3, 2))
+    assert (site.archived("accepted"), site.archived("rejected"), _rows(site)) == (3, 1, (3, 2))
     clock.now += 2 * DAY
     site.drop(BOB, "metric", METRIC, seq=2, job=BOB_JOB, name="bobs")
     assert site.drain() == DrainResult(accepted=1)

@@ -31,8 +31,9 @@ def test_a_squatters_thousands_of_folders_neither_flood_the_log_nor_stay(
 ) -> None:
     """1000 claimed folders with a junk file and a dot file dated a century ahead, and 1000
     empty ones: one drain logs the squatter's first LOGGED_REJECTIONS lines and one summary
-    (it logged a line per folder, 2000 a drain), and archives every folder whole (those
-    with a dot file stayed, and were logged again at every drain)."""
+    (it logged a line per folder, 2000 a drain), archives each junk file it read as
+    rejected and deletes every folder whole (those with a dot file stayed, and were logged
+    again at every drain; then they were moved whole into the archive)."""
     with trusting_inbox(tmp_path, owner=OWNER) as box:
         for i in range(2000):
             folder = box.inbox_dir / f"{JOB}.{i:016x}"
@@ -50,8 +51,8 @@ def test_a_squatters_thousands_of_folders_neither_flood_the_log_nor_stay(
             lines = [r.getMessage() for r in caplog.records]
             assert len(lines) <= inbox_module.LOGGED_REJECTIONS + 1, len(lines)
             assert os.listdir(box.inbox_dir) == []
-        archived = box.archive_dir / "rejected" / JOB
-        assert sum(p.is_dir() for p in archived.iterdir()) == 2000  # with 1000 junk files
+        archived = list((box.archive_dir / "rejected" / JOB).iterdir())
+        assert len(archived) == 1000 and all(p.name.endswith("-junk") for p in archived)
 
 
 def test_squatter_lines_and_rejections_share_one_budget(
