@@ -27,7 +27,9 @@ and rejects it otherwise with a logged and recorded reason, changing nothing els
 
 Owners come from one batched lookup a drain (``slurm_jobs``: the Slurm backend's poll; the
 module ``inbox_apply`` applies what is accepted), for the folders of the files the drain
-reads and, in turns, up to 1000 folders with nothing to read (calls of at most 1000 ids); a
+reads and, in turns, up to 1000 folders with nothing to read (one call a drain, whatever
+the number of ids: the backends read all of Slurm's jobs each call, one ``squeue --json``,
+and keep those asked for); a
 job Slurm has forgotten falls back to the owner the store recorded at register. Every
 report read, a plain file of at most ``MAX_REPORT_BYTES``, is moved to
 ``<archive>/accepted|rejected/<job id>/``; anything else (no plain file, larger, an entry
@@ -91,7 +93,6 @@ log = logging.getLogger(__name__)
 
 _MAX_TRANSIENT_IN_A_ROW = 3
 _PRUNE_EVERY_S = 3600.0
-_LOOKUP_CHUNK = 1000  # job ids a Slurm lookup call
 _IDLE_FOLDERS_A_DRAIN = 1000  # folders with nothing to read looked up a drain
 LOGGED_REJECTIONS = 20
 """Rejected entries and claimed folders of one owner a drain logged one by one; the rest
@@ -300,10 +301,7 @@ class ReportInbox:
     def _owners(self, job_ids: set[str]) -> dict[str, _Owner]:
         if not job_ids:
             return {}
-        ids = sorted(job_ids, key=int)
-        facts: dict[str, SlurmJobFacts] = {}
-        for start in range(0, len(ids), _LOOKUP_CHUNK):  # bounded command lines
-            facts.update(self.slurm_jobs(ids[start : start + _LOOKUP_CHUNK]))
+        facts = self.slurm_jobs(job_ids)  # one call: each reads all of Slurm's jobs
         with self.store.transaction() as tx:
             recorded = tx.slurm_job_owners(slurm_job_ids=job_ids)
         owners = {}

@@ -78,7 +78,7 @@ TRANSIENT_ERRNOS = frozenset(
 """Errors reading a report that no user's file causes (descriptors or memory run out, a
 disk or NFS fault): the report waits for the next drain instead of being rejected."""
 
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SAFE_NAME = re.compile(r"\.?[0-9A-Za-z_.-]{1,100}")
 
@@ -298,8 +298,7 @@ def archive(src_fd: int, name: str, target: Path, *, now: float, keep: bool = Tr
     st = _lstat(name, src_fd)
     if st is None:  # gone
         return
-    small = st.st_size <= protocol.MAX_REPORT_BYTES
-    report = keep and stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and small
+    report = keep and _plain(st) and st.st_size <= protocol.MAX_REPORT_BYTES
     if report and _move(src_fd, name, target, now):
         return
     if not delete(src_fd, name):
@@ -382,10 +381,15 @@ def prune_archive(archive_dir: Path, *, before: float) -> int:
 
 
 def read_report(dir_fd: int, name: str, owner: int) -> tuple[bytes, int]:
-    """The file's bytes, after checking what it is and who owns it (before reading)."""
+    """The file's bytes, after checking what it is and who owns it (before reading). Only
+    a plain file is opened (a device, a FIFO or a socket never: ``lstat`` first), without
+    blocking and never as a controlling terminal, and checked again on its descriptor (it
+    may have been swapped between)."""
     if not FILE.fullmatch(name):
         raise Rejected(f"file name {printable(name, 300)!r} is not <seq>-<kind>.json")
     try:
+        if not _plain(os.stat(name, dir_fd=dir_fd, follow_symlinks=False)):
+            raise Rejected("not a plain file with one link")
         fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno in TRANSIENT_ERRNOS:
@@ -393,7 +397,7 @@ def read_report(dir_fd: int, name: str, owner: int) -> tuple[bytes, int]:
         raise Rejected(f"cannot open: {exc.strerror}") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        if not _plain(st):
             raise Rejected("not a plain file with one link")
         if st.st_uid != owner:
             raise Rejected(f"file owned by uid {st.st_uid}, not by the job's owner uid {owner}")
@@ -465,6 +469,11 @@ def _lstat(name: str, fd: int) -> os.stat_result | None:
         return os.stat(name, dir_fd=fd, follow_symlinks=False)
     except OSError:
         return None
+
+
+def _plain(st: os.stat_result) -> bool:
+    """A plain file of one link (no hard link of another file), as a report must be."""
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
 
 
 def _stale(name: str, fd: int, before: float) -> bool:
