@@ -64,7 +64,7 @@ MAX_OWNER_LOOKS = 100_000
 """What one scan does in one owner's job folders, all of them together: each folder
 opened, each name listed and each dot file looked at (``lstat``) counts one. Past it the
 owner's other folders wait for the next scan, which starts after the folder where this one
-stopped (a user's million names cost a scan no more than this: about 0.2-0.3 s of CPU,
+stopped (a user's million names cost a scan no more than this: about 0.15-0.25 s of CPU,
 ``benchmarks.hostile_costs folder``). A job with short epochs (about 500 reports an hour)
 fills it in a week of controller outage."""
 JUNK_FOLDER = "_inbox"
