@@ -34,7 +34,6 @@ Bad arguments exit with code 2.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
 import os
 import platform
@@ -49,7 +48,7 @@ from typing import Any
 import icefrog_slurm
 from icefrog_slurm.domain.plan import Policy
 from icefrog_slurm.errors import InputError
-from icefrog_slurm.evaluation.runs import source_commit
+from icefrog_slurm.evaluation.runs import sha256_of, source_commit
 from icefrog_slurm.protocol import fixed_per_gpu_batch
 from icefrog_slurm.settings import Settings, apply_overrides, load_settings
 from icefrog_slurm.sim.calibration import GPU_MODELS, shipped_calibration
@@ -192,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
     truths = build_truths(catalog, shipped_calibration(options.gpu_model), seed=options.seed)
     check_requests(args.workload, workload, [p.name for p in policies], options, catalog, truths)
     results: list[SimResult] = []
+    summaries: dict[str, dict[str, Any]] = {}
     for policy in policies:
         if policy.name == SLURM:
             from icefrog_slurm.policies.plain_slurm import PlainSlurmPolicy  # as make_policy
@@ -210,11 +210,10 @@ def run(args: argparse.Namespace) -> int:
         if progress is not None:
             end = results[-1]
             progress.close(end.end_time, sum(j.finish is not None for j in end.jobs))
-        if len(policies) > 1:  # what is done is kept if a later policy is interrupted
-            done = {r.policy: summarize(r, catalog) for r in results}
-            pending = [p.name for p in policies[len(results) :]]
-            write_summary(args.out, done, run=record, several=True, pending=pending)
-    summaries = {r.policy: summarize(r, catalog) for r in results}
+        summaries[results[-1].policy] = summarize(results[-1], catalog)
+        pending = [p.name for p in policies[len(results) :]]
+        if pending:  # what is done is kept if a later policy is interrupted
+            write_summary(args.out, summaries, run=record, several=True, pending=pending)
     path = write_summary(args.out, summaries, run=record, several=len(policies) > 1)
     plots = write_plots(args.out, results, catalog, fmt=args.plot_format)
     for name, s in summaries.items():
@@ -367,7 +366,7 @@ def rerun_record(args: argparse.Namespace, settings: Settings) -> dict[str, Any]
     commit = source_commit()
     return {
         "argv": argv,
-        "workload": {"path": str(args.workload), "sha256": _sha256(args.workload)},
+        "workload": {"path": str(args.workload), "sha256": sha256_of(args.workload)},
         "seed": args.seed,
         "sets": list(args.set),
         "config": None if args.config is None else str(args.config),
@@ -401,11 +400,3 @@ def _set_values(table: Mapping[str, Any]) -> dict[str, Any]:
         for k, v in table.items()
         if v is not None
     }
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -103,18 +103,19 @@ class Run:
         checkout of the same bytes is reused, and one made from other bytes is not)."""
         w = self.workload
         if isinstance(w, Trace):
-            return f"{self.label}-{_hash(' '.join(self.argv(Path(w.name))))}"
-        name = f"{w.parent.name}/{w.name}@{file_sha256(w)}"
-        return f"{self.label}-{_hash(' '.join(self.argv(Path(name))))}"
+            return self._key(w.name)
+        return self._key(f"{w.parent.name}/{w.name}@{file_sha256(w)}")
 
     @property
     def legacy_key(self) -> str | None:
         """The key a workload file's run had before the key held the file's sha256 (folder
         and name alone); None for a Philly trace, whose key did not change."""
         w = self.workload
-        if isinstance(w, Trace):
-            return None
-        return f"{self.label}-{_hash(' '.join(self.argv(Path(f'{w.parent.name}/{w.name}'))))}"
+        return None if isinstance(w, Trace) else self._key(f"{w.parent.name}/{w.name}")
+
+    def _key(self, workload: str) -> str:
+        """The label and a hash of the arguments with the workload named ``workload``."""
+        return f"{self.label}-{_hash(' '.join(self.argv(Path(workload))))}"
 
 
 @dataclass
@@ -304,23 +305,28 @@ def source_commit() -> str:
     return proc.stdout.strip() or "?"
 
 
+def sha256_of(path: Path) -> str:
+    """The sha256 (hex) of the file's bytes, read now (OSError when it cannot be read)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def file_sha256(path: Path) -> str:
-    """The sha256 (hex) of the file's bytes, read once a process (an evaluation names its
-    inputs by what they held when it started); "" when it cannot be read (the run that
-    needs it then fails, naming the file)."""
+    """:func:`sha256_of`, read once a process (an evaluation names its inputs by what they
+    held when it started); "" when it cannot be read (the run that needs it then fails,
+    naming the file)."""
     return _file_sha256(str(Path(path).resolve()))
 
 
 @functools.cache
 def _file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
     try:
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
+        return sha256_of(Path(path))
     except OSError:
         return ""
-    return digest.hexdigest()
 
 
 def _source_sha256(trace: Trace) -> str:
