@@ -15,9 +15,16 @@ each with its per-node GPU allocation), the median of a few parses after a first
 that chooses the 1000 reports a drain reads first, ``inbox.max_reports_per_owner``'s
 default), the CPU time of one scan.
 
+``dots``: a scan of an inbox where one user (uid 65534) holds FOLDERS job folders, each
+with NAMES hard links of a few empty files named as files still being written (``.x<n>``),
+dated ahead to 2096 (a user sets a file's mtime, not its ctime): the CPU time, the peak of
+the Python memory it allocates (tracemalloc) and what it kept, of two scans in a row (the
+second starts after the folder where the first stopped). Run as root.
+
     .venv/bin/python -m benchmarks.hostile_costs declaration --gpus 1024 [--every-depth]
     .venv/bin/python -m benchmarks.hostile_costs squeue --jobs 2400
     .venv/bin/python -m benchmarks.hostile_costs folder --files 100000
+    .venv/bin/python -m benchmarks.hostile_costs dots --folders 100 --names 10000
 """
 
 from __future__ import annotations
@@ -104,6 +111,45 @@ def folder(files: int) -> None:
           f"(at most {inbox_files.MAX_OWNER_LOOKS} names listed)")  # fmt: skip
 
 
+def dots(folders: int, names: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        inbox, sources = os.path.join(tmp, "inbox"), os.path.join(tmp, "sources")
+        os.mkdir(inbox)
+        os.mkdir(sources)  # beside the inbox, on its filesystem
+        links = 0
+        for f in range(folders):
+            job = os.path.join(inbox, f"{4242 + f}")
+            os.mkdir(job)
+            for n in range(names):
+                if links % 60_000 == 0:  # below a filesystem's links to one file (ext4: 65,000)
+                    source = os.path.join(sources, str(links))
+                    open(source, "w").close()
+                    os.utime(source, (4_000_000_000, 4_000_000_000))  # 2096: mtime, not ctime
+                os.link(source, os.path.join(job, f".x{n}"))
+                links += 1
+            os.chown(job, 65534, 65534)
+        fd = os.open(inbox, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            turns: dict[int, str] = {}
+            for nth in (1, 2):
+                tracemalloc.start()
+                started = time.process_time()
+                found = inbox_files.scan(
+                    fd, stale_before=time.time() - 3600, per_owner=1000, turns=turns
+                )
+                cpu = time.process_time() - started
+                peak = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+                turns = found.turns
+                print(
+                    f"scan {nth}: {folders} folders x {names} dot names of one owner: "
+                    f"{cpu:.2f} s of CPU, {peak / 2**20:.1f} MiB at peak, "
+                    f"{len(found.items)} entries kept, next turn after {turns.get(65534)}"
+                )
+        finally:
+            os.close(fd)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -115,13 +161,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--jobs", type=int, default=2400)
     f = sub.add_parser("folder")
     f.add_argument("--files", type=int, default=100_000)
+    t = sub.add_parser("dots")
+    t.add_argument("--folders", type=int, default=100)
+    t.add_argument("--names", type=int, default=10_000)
     args = ap.parse_args(argv)
     if args.what == "declaration":
         declaration(args.layers, args.gpus, args.every_depth)
     elif args.what == "squeue":
         squeue(args.jobs)
-    else:
+    elif args.what == "folder":
         folder(args.files)
+    else:
+        dots(args.folders, args.names)
     return 0
 
 
