@@ -308,13 +308,13 @@ class Reconciler:
                 if (
                     target.gres is not None
                     and matches(state, target)
-                    and self._signalled_at(intent) is None
+                    and self._unanswered_signal(intent, state) is None
                     and not intent.params.get("overreach")
                 ):
                     self._released_unlogged(intent, job_id, sid)
                     return f"running as {target.gres} on {state.num_nodes} node(s)"
                 # (a signalled job is checkpointing to exit: see it through the requeue)
-                self._checkpoint_then_requeue(intent, job_id, sid, result)
+                self._checkpoint_then_requeue(intent, job_id, sid, state, result)
             elif not state.held and (target.gres is None or _kind_changes(state, target)):
                 # released, not started yet: it must not start now (told to wait), and
                 # Slurm cannot change a pending job's GRES kind; held, the next pass goes on
@@ -375,7 +375,7 @@ class Reconciler:
         self._do(intent, job_id, old_sid, "cancel", r, partial(self.cluster.cancel, job_id=old_sid))
 
     def _checkpoint_then_requeue(
-        self, intent: Intent, job_id: int, sid: str, r: ReconcileResult
+        self, intent: Intent, job_id: int, sid: str, state: SlurmJobState, r: ReconcileResult
     ) -> None:
         if intent.params.get("overreach"):  # its owner took more than the plan gave
             msg = "job=%d slurm_job=%s: holds more than it was released with; requeued at once"
@@ -387,7 +387,7 @@ class Reconciler:
             log.warning(msg, job_id, sid)
             self._do(intent, job_id, sid, "requeue_hold", r, partial(self._requeue_hold, sid))
             return
-        since = self._signalled_at(intent)
+        since = self._unanswered_signal(intent, state)
         if since is None:
             self._do(
                 intent, job_id, sid, "signal", r, lambda: self.cluster.signal_batch(job_id=sid)
@@ -535,9 +535,17 @@ class Reconciler:
             log.info("job=%d slurm_job=%s: %s, was Slurm job %s", job_id, new, reason, old)
         self.after_step("link:logged")
 
-    def _signalled_at(self, intent: Intent) -> float | None:
+    def _unanswered_signal(self, intent: Intent, state: SlurmJobState) -> float | None:
+        """When the running job was asked to checkpoint for this move (``signalled_at``),
+        while that is still to be answered; None when it was not asked, or when Slurm dates
+        its current run after the signal: it was requeued since (by a step killed before
+        its log, or by its owner), and what runs now is a restart, not a job checkpointing
+        to exit."""
         with self.store.transaction() as tx:
-            return signalled_at(tx, intent)
+            since = signalled_at(tx, intent)
+        if since is not None and state.started_at is not None and state.started_at > since:
+            return None
+        return since
 
     def _finish(self, tx: StoreTx, intent: Intent, status: str, detail: str) -> None:
         tx.finish_intent(intent_id=intent.id, status=status, now=self.clock.now(), detail=detail)

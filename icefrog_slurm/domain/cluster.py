@@ -111,6 +111,10 @@ class SlurmJobState:
     compound: bool = False
     """An array job (or one of its tasks) or a part of a heterogeneous job: Slurm acts on
     every part of it by this id, so it is never managed."""
+    started_at: float | None = None
+    """When its current run began (Unix time, by slurmctld's clock: whole seconds), while
+    it holds resources; None when it does not, or the backend does not say. A requeued job
+    that runs again has a start after its requeue."""
 
     def gpus_on(self, node: str) -> int | None:
         """GPUs held on ``node`` by Slurm's allocation (None: not known)."""

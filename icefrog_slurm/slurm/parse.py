@@ -181,6 +181,7 @@ def _job_from_json(r: Mapping[str, Any]) -> SlurmJobDetail:
         ),
         gpus_otherwise=gres is None
         and any(_GPU_ASKED.search(_text(r.get(k))) for k in _OTHER_GPU_REQUESTS),
+        start_time=float(_number(r.get("start_time")) or 0) or None,
         **_host_share(r),
     )
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from icefrog_slurm.domain.cluster import (
+    HOLDING_STATES,
     Gres,
     IcefrogTag,
     PartitionCapacity,
@@ -85,6 +86,7 @@ class SlurmJobDetail:
     gpus_otherwise: bool = False  # SlurmJobState's
     gres_detail: tuple[str, ...] = ()  # squeue's per-node allocation text (parse.py)
     compound: bool = False  # SlurmJobState's
+    start_time: float | None = None  # Slurm's: the current run's start, or a pending estimate
 
     def state_view(self) -> SlurmJobState:
         """The same job as a poll sees it."""
@@ -104,6 +106,7 @@ class SlurmJobDetail:
             gpus_by_node=self.gpus_by_node,
             gpus_otherwise=self.gpus_otherwise,
             compound=self.compound,
+            started_at=self.start_time if self.state in HOLDING_STATES else None,
         )
 
 

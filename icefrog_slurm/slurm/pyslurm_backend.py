@@ -184,6 +184,7 @@ class SlurmPyslurmBackend:
             tag=parse.parse_tag(comment),
             priority=int(job.priority or 0),
             compound=bool(getattr(job, "array_id", None) or getattr(job, "het_job_id", None)),
+            start_time=float(job.start_time or 0) or None,
         )
 
     def _live(self) -> list[Any]:

@@ -136,17 +136,20 @@ class ClusterSemantics:
         h = harness
         jid = h.port.submit_held(request=h.request("cycle", Gres("gpu", 1)))
         h.port.release(job_id=jid)
-        running(h, jid)
+        first = running(h, jid).started_at
         h.port.signal_batch(job_id=jid, signal="USR1")
         h.wait("the checkpoint signal", lambda: h.checkpointed(jid), timeout=15)
         h.port.requeue_hold(job_id=jid)
         h.wait("requeued and held", lambda: state(h, jid).held)
         requeued = state(h, jid)
         assert requeued.state == "PENDING" and not requeued.holds_resources
+        assert requeued.started_at is None and first is not None
         h.port.update_pending(job_id=jid, gres=Gres("gpu", 2))
         h.after_requeue()
         h.port.release_now(job_id=jid)
-        assert running(h, jid).gres == Gres("gpu", 2)
+        again = running(h, jid)
+        assert again.gres == Gres("gpu", 2)
+        assert again.started_at is not None and again.started_at > first  # dated anew
         assert h.port.job_detail(job_id=jid).restarts == 1
 
     def test_a_released_job_that_waits_can_be_held_again(self, harness: ClusterHarness) -> None:

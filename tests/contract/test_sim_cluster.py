@@ -25,9 +25,10 @@ class SimHarness:
 
     def __init__(self) -> None:
         self.signalled: list[str] = []
+        self.time = 0.0  # a scheduler pass is a second later than the last
         self.sim = SimCluster(
             nodes=4, gpus_per_node=self.gpus_per_node, shards_per_gpu=2,
-            partition=self.partition, on_signal=self.signalled.append,
+            partition=self.partition, on_signal=self.signalled.append, clock=lambda: self.time,
         )  # fmt: skip
         self.port: ClusterPort = self.sim
         self.nodes = self.sim.node_names
@@ -41,12 +42,13 @@ class SimHarness:
         )  # fmt: skip
 
     def wait(self, what: str, fn: Callable[[], T | None], timeout: float = 30.0) -> T:
-        self.sim.schedule()
+        self.settle()
         value = fn()
         assert value, f"after a scheduler pass, still waiting for {what}"
         return value
 
     def settle(self) -> None:
+        self.time += 1.0
         self.sim.schedule()
 
     def after_requeue(self) -> None:

@@ -85,10 +85,11 @@ class World:
         )
         migrate.upgrade(self.settings.store.url)
         self.signals: list[str] = []
-        self.cluster = SimCluster(
-            nodes=3, gpus_per_node=4, shards_per_gpu=2, user_id=UID, on_signal=self.signals.append
-        )
         self.clock = SimClock(1_000_000.0)
+        self.cluster = SimCluster(
+            nodes=3, gpus_per_node=4, shards_per_gpu=2, user_id=UID,
+            on_signal=self.signals.append, clock=self.clock.now,
+        )  # fmt: skip
         self.files, self.policy = Files(), Fixed()
         self.kill_at: Callable[[str], bool] | None = None
         self.stores: list[SqlStore] = []
@@ -190,9 +191,10 @@ def test_a_job_that_ended_on_its_own_seen_first_by_a_round_does_not_stop_every_r
     assert world.slurm(sid_a)[0] == "RUNNING"  # and the next round started it again
 
 
-def _moved_and_killed_after_release(world: World) -> tuple[int, str]:
+def _moved_and_killed_after(world: World, *points: str) -> tuple[int, str]:
     """A job on 1 GPU moved to 2: asked to checkpoint, checkpointed, requeued, updated and
-    released; the controller killed before the move's intent was recorded done."""
+    released by controllers killed at each of ``points`` in turn (each one restarted after
+    the one before); the last one killed before the move's intent was recorded done."""
     job, sid = world.submit("j")
     world.policy.decisions = {job: (1, "sim0000")}
     world.ticks(3)
@@ -200,19 +202,29 @@ def _moved_and_killed_after_release(world: World) -> tuple[int, str]:
     world.ticks(1)
     assert world.signals == [sid]
     world.files.marks["/sim/j"] = world.clock.now()  # it checkpointed and exits
-    world.kill_at = lambda point: point == "release:logged"
-    assert not all(world.tick() for _ in range(4))  # killed within four ticks
+    for n, point in enumerate(points):
+        if n:
+            world.restart()
+        world.kill_at = lambda at, point=point: at == point
+        assert not all(world.tick() for _ in range(4))  # killed within four ticks
     assert world.slurm(sid)[:2] == ("RUNNING", "gpu:2")
     del world.files.marks["/sim/j"]  # the restarted launcher removes its marker
     return job, sid
 
 
-def test_a_move_killed_after_its_release_is_not_requeued_again(world: World) -> None:
+@pytest.mark.parametrize(
+    "points", [("release:logged",), ("requeue_hold:done", "release:done")], ids=["one", "two"]
+)
+def test_a_move_killed_after_its_release_is_not_requeued_again(
+    world: World, points: tuple[str, ...]
+) -> None:
     """After the restart, the still-open move finds the job running as it was to be: its
     checkpoint signal was answered by the requeue, so the job is not taken for one still
     checkpointing and requeued again without a signal (its progress since the restart
-    lost)."""
-    job, sid = _moved_and_killed_after_release(world)
+    lost). ``two``: killed after the requeue took effect, before its log; the next
+    controller updates and releases the job and is killed before that log; the job
+    starts: the signal was answered by a restart Slurm dates after it."""
+    job, sid = _moved_and_killed_after(world, *points)
     world.restart()
     world.ticks(80)  # 160 s: past checkpoint_timeout_s since the signal
     assert world.slurm(sid)[:2] == ("RUNNING", "gpu:2")
@@ -224,7 +236,7 @@ def test_a_move_killed_after_its_release_is_not_requeued_again(world: World) -> 
 def test_a_new_round_after_a_move_killed_after_its_release_signals_again(world: World) -> None:
     """A new round moves the restarted job again (3 GPUs): it is asked to checkpoint anew,
     never requeued on the old signal's time."""
-    job, sid = _moved_and_killed_after_release(world)
+    job, sid = _moved_and_killed_after(world, "release:logged")
     world.next_round({job: (3, "sim0000")})
     world.restart()
     world.ticks(3)
@@ -238,7 +250,7 @@ def test_a_round_finding_a_killed_move_converged_records_what_the_job_holds(
     """A new round wants the restarted job on other nodes only (not worth a restart): the
     move's intent ends done, as what the job was released with, so the job is not taken
     for one holding more than it was given and requeued at once."""
-    job, sid = _moved_and_killed_after_release(world)
+    job, sid = _moved_and_killed_after(world, "release:logged")
     world.next_round({job: (2, "sim0001")})
     world.restart()
     world.ticks(3)

@@ -55,6 +55,12 @@ def test_squeue_json_golden(version: str) -> None:
     run = live_by_key(jobs, "golden-run")
     assert run.state_view().holds_resources and run.nodelist == "node[1-2]"
     assert run.num_nodes == 2 and run.restarts == 0 and run.name == "icefrog-run"
+    start = json.loads(golden(version, "squeue.json"))["jobs"]
+    [raw] = [r for r in start if str(r["job_id"]) == run.job_id]
+    number = raw["start_time"]  # 22.05: a number; later: {"set", "infinite", "number"}
+    number = number["number"] if isinstance(number, dict) else number
+    assert run.state_view().started_at == float(number) > 1.7e9  # when this run began
+    assert view.started_at is None  # pending: start_time is Slurm's estimate (0)
     shard = live_by_key(jobs, "golden-shard")
     assert shard.gres == Gres("shard", 1) and shard.req_nodes == "node3"
     assert shard.tag == IcefrogTag("golden-shard", previous_id=held.job_id)

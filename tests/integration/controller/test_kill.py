@@ -191,6 +191,9 @@ def test_killed_again_while_recovering_converges(
     jobs = two_jobs(tmp_path, job_dir, cluster, tag)
     killed(jobs.config, RECONCILE_STEPS, first)
     killed(jobs.config, RECONCILE_STEPS, second)  # the restarted one, while recovering
+    a = cluster.poll(job_ids=[jobs.sid_a])[jobs.sid_a]
+    if a.state == "PENDING" and not a.held:  # released: the next one finds it restarted
+        running(cluster, jobs.sid_a)
     restarted_converges(jobs, cluster)
 
 

@@ -86,6 +86,15 @@ def _gres_dict(tres: str | None) -> dict[str, int]:
     return out
 
 
+def _epoch(stamp: str | None) -> int | None:
+    """scontrol's local ``2026-12-04T23:40:00`` -> Unix seconds (pyslurm's ``int``);
+    ``Unknown``/``None`` -> None."""
+    try:
+        return int(datetime.datetime.fromisoformat(stamp or "").timestamp())
+    except ValueError:
+        return None
+
+
 def _minutes(limit: str) -> int | None:
     """``[D-]HH:MM:SS`` -> minutes; UNLIMITED -> None."""
     if limit in ("UNLIMITED", "Partition_Limit", ""):
@@ -204,6 +213,7 @@ class Job:
     state = property(lambda self: self._f.get("JobState"))
     state_reason = property(lambda self: _null(self._f.get("Reason")))
     requeue_count = property(lambda self: int(self._f.get("Restarts", "0")))
+    start_time = property(lambda self: _epoch(self._f.get("StartTime")))
     num_nodes = property(lambda self: int(self._f.get("NumNodes", "0").split("-")[0]))
     max_nodes = property(
         lambda self: int(n.split("-")[1]) if "-" in (n := self._f.get("NumNodes", "")) else None
