@@ -66,6 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="split clusters larger than N GPUs into partitions (0: never)",
     )
     parser.add_argument("--workers", type=int, default=1, help="processes for partitions")
+    parser.add_argument(
+        "--fairness-floor",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="stage 2 keeps every job at F x stage 1's max-min share, in (0, 1] (1: the paper)",
+    )
 
 
 def _option(raw: Any, where: str) -> Option:
@@ -165,6 +172,8 @@ def _check_options(args: argparse.Namespace) -> None:
         raise InputError(f"--time-limit: must be a finite number > 0, got {args.time_limit}")
     if not 1 <= args.workers <= MAX_WORKERS:
         raise InputError(f"--workers: must be within [1, {MAX_WORKERS}], got {args.workers}")
+    if not (math.isfinite(args.fairness_floor) and 0 < args.fairness_floor <= 1):
+        raise InputError(f"--fairness-floor: must be within (0, 1], got {args.fairness_floor}")
     if not 0 <= args.partition_gpus <= MAX_CLUSTER_GPUS:
         raise InputError(
             f"--partition-gpus: must be within [0, {MAX_CLUSTER_GPUS}], got {args.partition_gpus}"
@@ -179,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
         time_limit_s=args.time_limit,
         partition_gpus=args.partition_gpus,
         workers=args.workers,
+        fairness_floor=args.fairness_floor,
     )
     began = time.perf_counter()
     solution, placement, final = solve_and_place(problem, lambda p: solve(p, settings))

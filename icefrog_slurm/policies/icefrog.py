@@ -96,6 +96,7 @@ class IcefrogPolicy:
             time_limit_s=settings.solver.time_limit_s,
             partition_gpus=settings.solver.partition_gpus,
             workers=settings.solver.workers,
+            fairness_floor=settings.solver.fairness_floor,
         )
         started = time.perf_counter()
         fast = replace(solver, method="fast")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 
 from hypothesis import strategies as st
 
 from icefrog_slurm.core.solver import WAIT, Cluster, Holding, JobRequest, Option, Problem
+from icefrog_slurm.core.solver.problem import stage2_threshold
 
 
 def max_matching(edges: list[tuple[int, int]], nodes: frozenset[int]) -> int:
@@ -19,11 +21,10 @@ def max_matching(edges: list[tuple[int, int]], nodes: frozenset[int]) -> int:
     return max(without, 1 + max_matching(live[1:], nodes - {a, b}))
 
 
-def brute_force(problem: Problem) -> tuple[int, int, int]:
-    """The lexicographic optimum (min score, sum score, -changes) over every assignment."""
+def _assignments(problem: Problem) -> Iterator[tuple[list[int], int]]:
+    """(each job's score, running jobs changed) of every assignment that fits."""
     jobs = problem.jobs
     menus = [[WAIT] + [i for i in range(len(j.options)) if problem.usable(j, i)] for j in jobs]
-    best = (-1, -1, 0)
     for combo in itertools.product(*menus):
         shared = [k for k, i in enumerate(combo) if i != WAIT and jobs[k].options[i].shared]
         excl = sum(jobs[k].options[i].gpus for k, i in enumerate(combo) if i != WAIT)
@@ -36,9 +37,17 @@ def brute_force(problem: Problem) -> tuple[int, int, int]:
         if need > 0 and max_matching(edges, frozenset(shared)) < need:
             continue
         scores = [j.score(i) for j, i in zip(jobs, combo, strict=True)]
-        changes = sum(0 if j.keeps(i) else 1 for j, i in zip(jobs, combo, strict=True))
-        best = max(best, (min(scores), sum(scores), -changes))
-    return best
+        yield scores, sum(0 if j.keeps(i) else 1 for j, i in zip(jobs, combo, strict=True))
+
+
+def brute_force(problem: Problem, fairness_floor: float = 1.0) -> tuple[int, int, int]:
+    """The lexicographic optimum (least score, sum of scores, -changes) over every
+    assignment; with ``fairness_floor`` below 1, stage 2 and 3's optimum over the
+    assignments whose least score reaches the floored stage-1 optimum (its least score is
+    then that threshold, not the assignment's)."""
+    found = list(_assignments(problem))
+    t = stage2_threshold(max(min(sc) for sc, _ in found), fairness_floor)
+    return max((t, sum(sc), -ch) for sc, ch in found if min(sc) >= t)
 
 
 @st.composite

@@ -125,6 +125,30 @@ BAD = [
 ]
 
 
+def test_a_fairness_floor_gives_the_fast_scaling_job_more(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """8 GPUs, five jobs: the max-min gives C, D and E two GPUs each; held to half of that
+    minimum instead, stage 2 gives D (16 min on 4 GPUs, 64 on 1) four and the sum of shares
+    grows from 3.02 to 3.48."""
+    minutes = {"A": (100, 95, 86), "B": (86, 83, 78), "C": (90, 85, 30), "D": (64, 40, 16),
+               "E": (64, 48, 24)}  # fmt: skip
+    jobs = [{"id": k, "options": [{"gpus": g, "tta_s": m * MIN}
+                                  for g, m in zip((1, 2, 4), v, strict=True)]}
+            for k, v in minutes.items()]  # fmt: skip
+    doc = {"gpus": 8, "gpus_per_node": 8, "gpu_mem_gb": 80, "jobs": jobs}
+    gpus = {}
+    for floor in ("1", "0.5"):
+        code, out, _ = _solve(tmp_path, doc, capsys, "--fairness-floor", floor)
+        assert code == 0 and out["status"] == "optimal"
+        gpus[floor] = ({j: v["gpus"] for j, v in out["jobs"].items()}, round(out["sum_share"], 2))
+    assert gpus["1"] == ({"A": 1, "B": 1, "C": 2, "D": 2, "E": 2}, 3.02)
+    assert gpus["0.5"] == ({"A": 1, "B": 1, "C": 1, "D": 4, "E": 1}, 3.48)
+    for bad in ("0", "1.5", "nan"):
+        code, _, err = _solve(tmp_path, doc, capsys, "--fairness-floor", bad)
+        assert code == 2 and "--fairness-floor" in err
+
+
 @pytest.mark.parametrize(("edit", "message"), BAD)
 def test_bad_input_exits_2_naming_the_problem(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: Any, message: str

@@ -16,6 +16,7 @@ from icefrog_slurm.core.solver import (
     JobRequest,
     Option,
     Problem,
+    Solution,
     SolveOptions,
     check_solution,
     solve,
@@ -24,6 +25,7 @@ from icefrog_slurm.core.solver.fast import max_min_threshold, solve_fast
 from icefrog_slurm.core.solver.matching import max_pairs
 from icefrog_slurm.core.solver.mip import solve_mip
 from icefrog_slurm.core.solver.problem import SCORE_SCALE
+from icefrog_slurm.errors import InputError
 from tests.unit.solver_cases import brute_force, max_matching, problems
 
 FAST = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -68,6 +70,49 @@ def test_mip_matches_brute_force(problem: Problem) -> None:
     assert sol.status == "optimal"
     assert check_solution(problem, sol) == []
     assert _key(problem, sol) == brute_force(problem)
+
+
+def _floored(problem: Problem, sol: Solution) -> tuple[int, int, int]:
+    """(stage 2's threshold, sum of scores, -changes), every job's score checked to reach
+    that threshold."""
+    scores = [j.score(sol.choices[j.id].index) for j in problem.jobs]
+    t = round(sol.floor_share * SCORE_SCALE)
+    assert min(scores) >= t
+    return (t, sum(scores), -sol.changes)
+
+
+@FAST
+@given(problems(), st.sampled_from([0.3, 0.5, 0.8]))
+def test_a_fairness_floor_trades_the_least_share_for_the_sum_like_brute_force(
+    problem: Problem, floor: float
+) -> None:
+    """Stage 2 held to ``floor`` x stage 1's optimum: the best sum of shares (then the
+    fewest changes) over the assignments that give every job that much, as the fast path
+    (when it proves it) and auto find it; never a smaller sum than the paper's objective."""
+    best = brute_force(problem, floor)
+    assert best[1] >= brute_force(problem)[1]
+    auto = solve(problem, SolveOptions(method="auto", time_limit_s=10, fairness_floor=floor))
+    assert check_solution(problem, auto) == []
+    assert auto.status == "optimal" and _floored(problem, auto) == best
+    fast = solve_fast(problem, fairness_floor=floor)
+    assert check_solution(problem, fast) == []
+    assert _floored(problem, fast)[:2] <= best[:2]
+    if fast.status == "optimal":
+        assert _floored(problem, fast) == best
+
+
+@SLOW
+@given(problems(max_jobs=4))
+def test_the_mip_with_a_fairness_floor_matches_brute_force(problem: Problem) -> None:
+    sol = solve_mip(problem, time_limit_s=10, fairness_floor=0.5)
+    assert sol.status == "optimal" and check_solution(problem, sol) == []
+    assert _floored(problem, sol) == brute_force(problem, 0.5)
+
+
+def test_a_fairness_floor_outside_0_to_1_is_refused() -> None:
+    for floor in (0.0, -0.5, 1.5):
+        with pytest.raises(InputError, match="fairness_floor"):
+            SolveOptions(fairness_floor=floor)
 
 
 def _random_problem(rng: random.Random, n_jobs: int, nodes: int) -> Problem:

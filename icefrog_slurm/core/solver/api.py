@@ -29,18 +29,23 @@ class SolveOptions:
     ``method``: auto | mip | fast (module docstring). ``time_limit_s``: the MIP's limit for
     one (sub)problem. ``partition_gpus``: 0 never splits; otherwise the target GPUs a group.
     ``workers``: processes solving groups at once (1 = in this process).
+    ``fairness_floor``: stage 2 keeps the choices scoring at least this fraction of stage
+    1's optimum (:func:`.problem.stage2_threshold`; 1: the paper's objective).
     """
 
     method: str = "auto"
     time_limit_s: float = 30.0
     partition_gpus: int = 0
     workers: int = 1
+    fairness_floor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise InputError(f"solver: must be one of {', '.join(METHODS)}, got {self.method}")
         if self.time_limit_s <= 0 or self.partition_gpus < 0 or self.workers < 1:
             raise InputError("solver: time limit > 0, partition_gpus >= 0, workers >= 1")
+        if not 0 < self.fairness_floor <= 1:
+            raise InputError(f"solver: fairness_floor must be in (0, 1], got {self.fairness_floor}")
 
 
 def picks_of(solution: Solution) -> tuple[dict[str, int], list[tuple[str, str]]]:
@@ -52,22 +57,24 @@ def picks_of(solution: Solution) -> tuple[dict[str, int], list[tuple[str, str]]]
     return picks, pairs
 
 
-def _rank(s: Solution) -> tuple[float, float, int]:
-    return (s.min_share, s.sum_share, -s.changes)
+def _rank(s: Solution) -> tuple[float, int]:
+    """Stages 2 and 3 of two answers held to the same stage-2 threshold."""
+    return (s.sum_share, -s.changes)
 
 
 def solve_one(problem: Problem, settings: SolveOptions) -> Solution:
     """Solve ``problem`` whole (no partitioning) with ``settings.method``."""
+    floor = settings.fairness_floor
     if settings.method == "mip":
-        return solve_mip(problem, time_limit_s=settings.time_limit_s)
-    fast = solve_fast(problem)
+        return solve_mip(problem, time_limit_s=settings.time_limit_s, fairness_floor=floor)
+    fast = solve_fast(problem, fairness_floor=floor)
     if settings.method == "fast" or fast.status == "optimal":
         return fast
     exact = solve_mip(
         problem,
         time_limit_s=settings.time_limit_s,
         start=picks_of(fast),
-        threshold=round(fast.min_share * SCORE_SCALE),
+        threshold=round(fast.floor_share * SCORE_SCALE),
     )
     best = max((exact, fast), key=_rank)
     if exact.status == "optimal" and _rank(exact) == _rank(best):

@@ -12,7 +12,8 @@ with ``S(t)`` the jobs whose shared option qualifies and ``nu`` the maximum matc
 their admissible pairs (:mod:`.matching`). ``t`` is feasible iff ``need(t) <= M``; that is
 monotone in ``t``, so a binary search over the distinct option scores finds ``t*`` exactly.
 
-Stages 2 and 3 keep only choices scoring ``>= t*`` (and "wait" only when ``t* = 0``) and
+Stages 2 and 3 keep only choices scoring ``>= t*`` (and "wait" only when ``t* = 0``; with
+``fairness_floor`` below 1, ``>= fairness_floor * t*``: :func:`.problem.stage2_threshold`) and
 maximize ``sum_k w_k * IceShare_k``, then the number of running jobs kept unchanged, as one
 integer key ``score * (N + 1) + keep``. That is a multiple-choice knapsack, solved by dynamic
 programming over capacity in half-GPU units with a parity bit: an exclusive option costs
@@ -40,6 +41,7 @@ from icefrog_slurm.core.solver.problem import (
     Problem,
     Solution,
     evaluate,
+    stage2_threshold,
 )
 
 IntArray = npt.NDArray[np.int64]
@@ -255,9 +257,10 @@ def _repair(
     return bound, None
 
 
-def solve_fast(problem: Problem, *, max_repairs: int = 8) -> Solution:
+def solve_fast(problem: Problem, *, max_repairs: int = 8, fairness_floor: float = 1.0) -> Solution:
     """Stage 1 exactly, then stages 2-3 by the relaxed DP (see the module docstring)."""
-    t, witness, witness_pairs = max_min_threshold(problem)
+    t_star, witness, witness_pairs = max_min_threshold(problem)
+    t = stage2_threshold(t_star, fairness_floor)
     mult = len(problem.jobs) + 1
     bound_key, found = _repair(problem, t, max_repairs)
     bound = math.inf if bound_key is None else (bound_key // mult) / SCORE_SCALE
@@ -269,12 +272,13 @@ def solve_fast(problem: Problem, *, max_repairs: int = 8) -> Solution:
         solver="fast",
         bound=bound,
         notes=("stage 2 kept stage 1's witness",),
+        threshold=t,
     )
     if found is None:
         return fallback
     key, picks, pairs = found
     status = "optimal" if key == bound_key else "feasible"
-    sol = evaluate(problem, picks, pairs, status=status, solver="fast", bound=bound)
+    sol = evaluate(problem, picks, pairs, status=status, solver="fast", bound=bound, threshold=t)
     if (sol.sum_share, -sol.changes) >= (fallback.sum_share, -fallback.changes):
         return sol
     return fallback

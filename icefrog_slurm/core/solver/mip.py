@@ -9,7 +9,9 @@ admissible pair (eq 8). Constraints: each job exactly one choice
 Three solves, each warm-started (mip start) from the one before, the first from ``start``
 (last round's solution or the fast path's):
 1. maximize ``z`` subject to ``z <= v_k`` for every k;
-2. drop every choice scoring below ``z*`` (and waiting when ``z* > 0``), maximize ``sum v_k``;
+2. drop every choice scoring below ``z*`` (and waiting when ``z* > 0``; below
+   ``fairness_floor * z*`` with a floor under 1: :func:`.problem.stage2_threshold`),
+   maximize ``sum v_k``;
 3. add ``sum v_k >= sum*``, minimize the running jobs whose allocation changes.
 Scores are the shared integer scores (:mod:`.problem`), so the stages hold exactly.
 The time limit is split 40/40/20 over the stages (the core has no clock).
@@ -30,6 +32,7 @@ from icefrog_slurm.core.solver.problem import (
     Problem,
     Solution,
     evaluate,
+    stage2_threshold,
 )
 
 Picks = dict[str, int]
@@ -196,10 +199,11 @@ def solve_mip(
     start: tuple[Picks, Pairs] | None = None,
     threads: int = 1,
     threshold: int | None = None,
+    fairness_floor: float = 1.0,
 ) -> Solution:
     """The three lexicographic stages (module docstring); ``start`` defaults to the current
-    allocation when it fits. With ``threshold`` (stage 1's optimum, proven elsewhere, and a
-    ``start`` reaching it) stage 1 is skipped."""
+    allocation when it fits. With ``threshold`` (stage 2's, from stage 1's optimum proven
+    elsewhere, and a ``start`` reaching it) stage 1 is skipped."""
     start = start if start is not None else current_picks(problem)
     if not problem.jobs:
         return evaluate(problem, {}, [], status="optimal", solver="mip", bound=0.0)
@@ -211,13 +215,14 @@ def solve_mip(
         picks, pairs = start or ({j.id: WAIT for j in problem.jobs}, [])
         return evaluate(problem, picks, pairs, status="feasible", solver="mip")
     picks, pairs, proven = first
-    t = min(j.score(picks[j.id]) for j in problem.jobs)
+    t_star = min(j.score(picks[j.id]) for j in problem.jobs)
+    t = stage2_threshold(t_star, fairness_floor) if threshold is None else threshold
     m2 = _build(problem, _allowed(problem, t), threads)
     m2.model.objective = mip.maximize(mip.xsum(m2.value.values()))
     _start(m2, picks, pairs)
     st = _run(m2, 0.4 * time_limit_s, 0.5)
     if st not in _GOOD:
-        return evaluate(problem, picks, pairs, status="feasible", solver="mip")
+        return evaluate(problem, picks, pairs, status="feasible", solver="mip", threshold=t)
     proven &= st == mip.OptimizationStatus.OPTIMAL
     bound = m2.model.objective_bound / SCORE_SCALE
     picks, pairs = _read(m2)
@@ -231,4 +236,4 @@ def solve_mip(
         picks, pairs = _read(m2)
     proven &= st == mip.OptimizationStatus.OPTIMAL
     status = "optimal" if proven else "feasible"
-    return evaluate(problem, picks, pairs, status=status, solver="mip", bound=bound)
+    return evaluate(problem, picks, pairs, status=status, solver="mip", bound=bound, threshold=t)

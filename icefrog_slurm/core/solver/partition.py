@@ -100,4 +100,5 @@ def merge(problem: Problem, parts: Sequence[Solution]) -> Solution:
         solver="+".join(sorted({s.solver for s in parts})),
         bound=math.inf,
         notes=(f"partitioned into {len(parts)} groups", *(n for s in parts for n in s.notes)),
+        floor_share=min((s.floor_share for s in parts), default=0.0),
     )

@@ -26,6 +26,13 @@ SCORE_SCALE = 1_000_000
 WAIT = -1  # the choice index that means "wait" (0 GPUs, share 0)
 
 
+def stage2_threshold(t_star: int, fairness_floor: float) -> int:
+    """The least score stage 2 keeps: stage 1's optimum ``t_star`` (eq 18, the paper's
+    objective) times ``fairness_floor`` in (0, 1], rounded up; never below 1 when every
+    job can run (``t_star > 0``), so every job still runs; 0 (waiting allowed) when not."""
+    return 0 if t_star <= 0 else max(1, math.ceil(fairness_floor * t_star))
+
+
 @dataclass(frozen=True)
 class Option:
     """One way to run a job: ``gpus`` exclusive GPUs, or one shared GPU when ``shared``.
@@ -221,7 +228,8 @@ class Solution:
     ``status``: ``optimal`` (every stage proven), ``feasible`` (a time limit, a partition or
     an uncertified fast step), or ``infeasible`` (no solution found within the limit).
     ``min_share``/``sum_share``: the weighted objective (eq 18) and stage 2's sum.
-    ``bound``: a proven upper bound on ``sum_share`` given ``min_share`` (== when optimal).
+    ``bound``: a proven upper bound on ``sum_share`` given ``floor_share`` (== when optimal).
+    ``floor_share``: the least share stage 2 held every job to (:func:`stage2_threshold`).
     """
 
     status: str
@@ -233,6 +241,7 @@ class Solution:
     solver: str
     bound: float = math.inf
     notes: tuple[str, ...] = field(default=())
+    floor_share: float = 0.0
 
 
 def evaluate(
@@ -244,6 +253,7 @@ def evaluate(
     solver: str,
     bound: float = math.inf,
     notes: tuple[str, ...] = (),
+    threshold: int = 0,
 ) -> Solution:
     """Build a :class:`Solution` from choice indices and the shared pairs, computing totals.
 
@@ -283,6 +293,7 @@ def evaluate(
         solver=solver,
         bound=bound,
         notes=notes,
+        floor_share=threshold / SCORE_SCALE,
     )
 
 
