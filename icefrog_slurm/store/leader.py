@@ -206,22 +206,36 @@ def _lead_postgres(engine: Engine) -> SqlLease | None:
 
 
 def _lead_sqlite(engine: Engine, path: str) -> SqlLease | None:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        _require_own_file(fd, path)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if not _same_file(fd, path):  # replaced between open and flock: try again later
-            os.close(fd)
-            return None
-        epoch = _bump(engine)
-    except BlockingIOError:
-        os.close(fd)
+    fd = lock_file(path)
+    if fd is None:
         return None
+    try:
+        epoch = _bump(engine)
     except BaseException:
         os.close(fd)
         raise
     assert epoch is not None  # under the flock nothing else holds the row
     return _FileLease(engine, epoch, fd, path)
+
+
+def lock_file(path: str) -> int | None:
+    """The lock file at ``path`` (made 0600 when missing, never through a link), locked:
+    its descriptor, or None while another process holds it (or it was replaced between
+    the open and the lock: try again later). IcefrogError for a file this user does not
+    own (:func:`_require_own_file`)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        _require_own_file(fd, path)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if _same_file(fd, path):
+            return fd
+    except BlockingIOError:
+        pass
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return None
 
 
 def _bump(engine: Engine) -> int | None:

@@ -19,7 +19,6 @@ server may be down: try again later).
 
 from __future__ import annotations
 
-import fcntl
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -153,7 +152,7 @@ def leader_locked(url: str) -> Iterator[None]:
     own."""
     from sqlalchemy import text
 
-    from icefrog_slurm.store.leader import ADVISORY_KEY, lock_path
+    from icefrog_slurm.store.leader import ADVISORY_KEY, lock_file, lock_path
     from icefrog_slurm.store.sql import make_engine
 
     engine = make_engine(url)  # InputError for a malformed URL
@@ -175,12 +174,10 @@ def leader_locked(url: str) -> Iterator[None]:
         if lock is None or not os.path.exists(lock.removesuffix(".leader")):
             yield
             return
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fd = lock_file(lock)  # as the controller takes it
+        if fd is None:
+            _refuse_led(parsed)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                _refuse_led(parsed)
             yield
         finally:
             os.close(fd)  # lets go of the lock

@@ -204,24 +204,28 @@ def test_the_lease_row_is_one_row(db_url: str) -> None:
 
 def test_a_lock_file_made_by_someone_else_is_refused(tmp_path: Path, sqlite_template: Path) -> None:
     """A user who can write the state folder plants the lock file (to hold its flock for
-    ever, or to point it elsewhere): the controller names it and takes no lead."""
+    ever, or to point it elsewhere): the controller, and a migration taking the same
+    lock, name it and take no lead."""
+    from icefrog_slurm.store import migrate
+
     db = tmp_path / "icefrog.db"
     shutil.copyfile(sqlite_template, db)
     store = SqlStore(f"sqlite:///{db}")
     lock = Path(f"{db}.leader")
+    planted = r"icefrog.db.leader is not a plain file of uid \d+ \(a -rw-.* file of uid 4242\)"
     try:
         lock.write_text("")
         os.chown(lock, 4242, 4242)
-        with pytest.raises(
-            IcefrogError,
-            match=r"icefrog.db.leader is not a plain file of uid \d+ "
-            r"\(a -rw-.* file of uid 4242\)",
-        ):
+        with pytest.raises(IcefrogError, match=planted):
             store.try_lead()
+        with pytest.raises(IcefrogError, match=planted), migrate.leader_locked(store.url):
+            pass
         lock.unlink()
         lock.symlink_to(tmp_path / "elsewhere")
         with pytest.raises(OSError):  # never followed
             store.try_lead()
+        with pytest.raises(OSError), migrate.leader_locked(store.url):
+            pass
         assert not (tmp_path / "elsewhere").exists()
         lock.unlink()
         lease = store.try_lead()  # the folder is the controller's again
