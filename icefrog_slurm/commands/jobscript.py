@@ -39,9 +39,13 @@ _MANAGED = (
 _OWN = "ICEFROG_SUBMIT_SCRIPT= "
 """Before the declared launcher: the launcher's SUBMIT_SCRIPT_ENV, emptied for it alone."""
 _FORWARD = (
-    "# USR1/TERM go to the launcher, which makes the trainers checkpoint and exit.\n"
+    "# USR1/TERM go to the launcher, which makes the trainers checkpoint and exit; a USR1\n"
+    "# before the launcher started (nothing trained since the last checkpoint) ends the job\n"
+    "# with 75 at once: requeue it.\n"
     "pid=\n"
-    "trap 'kill -USR1 \"$pid\" 2>/dev/null || :' USR1\n"
+    "trap 'if [ -n \"$pid\" ]; then kill -USR1 \"$pid\" 2>/dev/null || :; else "
+    "echo \"icefrog: asked to checkpoint before the launch: exit 75 (requeue)\" >&2; "
+    "exit 75; fi' USR1\n"
     "trap 'kill -TERM \"$pid\" 2>/dev/null || :' TERM\n"
 )
 _SUBSHELL = (

@@ -400,6 +400,33 @@ def test_a_checkpointed_launch_ends_the_job_with_75_at_once(tmp_path: Path, body
     assert "after the launch" not in out
 
 
+def test_a_checkpoint_signal_before_the_launch_line_ends_the_job_with_75(tmp_path: Path) -> None:
+    """The controller's USR1 comes while the body still stages its data, before its launch
+    line: the job ends with 75 at once (requeue it: nothing trained since the last
+    checkpoint) and never starts the launcher. The signal was lost, and the training ran
+    until the controller's checkpoint timeout requeued it anyway."""
+    fake = tmp_path / "fake_launch.py"
+    fake.write_text(FAKE_LAUNCH)
+    got, staging = tmp_path / "got.txt", tmp_path / "staging"
+    body = f'touch {staging}\nsleep 1\nicefrog launch -- "$@"\n'
+    text = batch_script(
+        launch=[sys.executable, str(fake)], env={}, body=body, rundir=str(tmp_path),
+        args=[str(got), "3"],
+    )  # fmt: skip
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    proc = subprocess.Popen(["bash", str(script)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not staging.exists():
+        assert time.monotonic() < deadline, "the body did not start"
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGUSR1)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 75
+    assert not got.with_suffix(".ready").exists()  # the launcher never ran
+    assert "asked to checkpoint before the launch" in err
+
+
 def test_a_launch_that_finished_goes_on_with_the_script(tmp_path: Path) -> None:
     proc, got = _body_job(tmp_path, 'icefrog launch -- "$@"\necho "after the launch"\n', 0.2)
     out, _ = proc.communicate(timeout=20)
