@@ -43,8 +43,8 @@ _FORWARD = (
     "# before the launcher started (nothing trained since the last checkpoint) ends the job\n"
     "# with 75 at once: requeue it.\n"
     "pid=\n"
-    "trap 'if [ -n \"$pid\" ]; then kill -USR1 \"$pid\" 2>/dev/null || :; else "
-    "echo \"icefrog: asked to checkpoint before the launch: exit 75 (requeue)\" >&2; "
+    'trap \'if [ -n "$pid" ]; then kill -USR1 "$pid" 2>/dev/null || :; else '
+    'echo "icefrog: asked to checkpoint before the launch: exit 75 (requeue)" >&2; '
     "exit 75; fi' USR1\n"
     "trap 'kill -TERM \"$pid\" 2>/dev/null || :' TERM\n"
 )
