@@ -280,13 +280,15 @@ def _stderr(message: str) -> None:
 
 
 def _icefrog(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    """``icefrog ARGV`` in a child process that imports this very package."""
+    """``icefrog ARGV`` in a child process that imports this very package: ``-P`` keeps
+    ``-m`` from putting the current folder first on its path, where another checkout's
+    ``icefrog_slurm`` would run while ``run.json`` names this one's commit."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(PACKAGE_PARENT), env.get("PYTHONPATH")) if p
     )
     return subprocess.run(
-        [sys.executable, "-m", "icefrog_slurm", *argv],
+        [sys.executable, "-P", "-m", "icefrog_slurm", *argv],
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
 

@@ -481,3 +481,20 @@ def test_a_run_another_command_is_making_is_waited_for_not_deleted(
     assert not second.is_alive()
     assert calls == [] and runner.ran == 0 and runner.reused == 1
     assert runner.summary(run) == _doc(1.0)
+
+
+def test_a_run_imports_the_runners_package_not_the_current_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run from a folder holding another ``icefrog_slurm`` (another checkout, an older
+    commit's worktree): each simulation's child process runs the runner's own package, the
+    one whose commit ``run.json`` names, never the current folder's."""
+    other = tmp_path / "icefrog_slurm"
+    other.mkdir()
+    (other / "__init__.py").write_text("")
+    (other / "__main__.py").write_text("print('the current folder s package')\n")
+    monkeypatch.chdir(tmp_path)
+    done = runs._icefrog(["--version"])
+    assert done.returncode == 0, done.stderr
+    assert "current folder" not in done.stdout
+    assert done.stdout.strip()  # the real package's version line
