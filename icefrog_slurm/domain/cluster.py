@@ -111,10 +111,9 @@ class SlurmJobState:
     compound: bool = False
     """An array job (or one of its tasks) or a part of a heterogeneous job: Slurm acts on
     every part of it by this id, so it is never managed."""
-    started_at: float | None = None
-    """When its current run began (Unix time, by slurmctld's clock: whole seconds), while
-    it holds resources; None when it does not, or the backend does not say. A requeued job
-    that runs again has a start after its requeue."""
+    start_time: float | None = None
+    """Slurm's start time (Unix time, by slurmctld's clock: whole seconds): of its current
+    run while it holds resources, else an estimate; None when the backend does not say."""
 
     def gpus_on(self, node: str) -> int | None:
         """GPUs held on ``node`` by Slurm's allocation (None: not known)."""
@@ -127,6 +126,12 @@ class SlurmJobState:
     @property
     def holds_resources(self) -> bool:
         return self.state in HOLDING_STATES
+
+    @property
+    def started_at(self) -> float | None:
+        """When its current run began, while it holds resources (None otherwise): a
+        requeued job that runs again has a start after its requeue."""
+        return self.start_time if self.holds_resources else None
 
     @property
     def finished(self) -> bool:

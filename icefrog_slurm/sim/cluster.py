@@ -25,7 +25,6 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from icefrog_slurm.domain.cluster import (
-    HOLDING_STATES,
     Gres,
     IcefrogTag,
     NodeCapacity,
@@ -70,7 +69,7 @@ class _Job:
     state: str = "PENDING"
     reason: str = HELD_REASON
     restarts: int = 0
-    started_at: float | None = None  # when its current run began (clock given)
+    start_time: float | None = None  # when its last run began (clock given)
     held_on: list[tuple[str, int]] = field(default_factory=list)  # (node, GPU index)
     whole_memory: bool = False  # holds its nodes' whole memory (``--mem=0``)
 
@@ -107,7 +106,7 @@ class SimCluster:
         self._memory_taken: set[str] = set()  # nodes a running job holds the whole memory of
         self._next_id = 1
         self.on_signal = on_signal or (lambda _sid: None)
-        self.clock = clock  # dates each start (SlurmJobState.started_at) when given
+        self.clock = clock  # dates each start (SlurmJobState.start_time) when given
 
     # ----- what the engine reads -----------------------------------------------------------
     @property
@@ -370,7 +369,7 @@ class SimCluster:
             job_id=job.job_id, state=job.state, gres=job.gres, num_nodes=job.num_nodes,
             nodelist=self._nodelist(job), reason=job.reason, priority=1, user_id=job.user_id,
             partition=self.partition, comment=_comment(job), tag=job.tag, name=job.name,
-            started_at=job.started_at if job.state in HOLDING_STATES else None,
+            start_time=job.start_time,
         )  # fmt: skip
 
     def _nodelist(self, job: _Job) -> str:
@@ -409,7 +408,7 @@ class SimCluster:
         if job.whole_memory:
             self._memory_taken.update(n for n, _ in taken)
         job.state, job.reason = "RUNNING", "None"
-        job.started_at = None if self.clock is None else self.clock()
+        job.start_time = None if self.clock is None else self.clock()
         return True
 
     def _fit_gpus(self, pool: list[str], job: _Job) -> list[tuple[str, int]] | None:

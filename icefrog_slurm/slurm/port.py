@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from icefrog_slurm.domain.cluster import (
-    HOLDING_STATES,
     Gres,
     IcefrogTag,
     PartitionCapacity,
@@ -106,7 +105,7 @@ class SlurmJobDetail:
             gpus_by_node=self.gpus_by_node,
             gpus_otherwise=self.gpus_otherwise,
             compound=self.compound,
-            started_at=self.start_time if self.state in HOLDING_STATES else None,
+            start_time=self.start_time,
         )
 
 
