@@ -26,6 +26,7 @@ from icefrog_slurm.core.solver import (
 )
 from icefrog_slurm.errors import InputError
 from icefrog_slurm.limits import MAX_CLUSTER_GPUS, MAX_GPUS_PER_NODE, MAX_JOB_GPUS
+from icefrog_slurm.settings import SolverSettings
 from icefrog_slurm.userfiles import load_json_file
 
 TOP = ("gpus", "gpus_per_node", "gpu_mem_gb", "nodes", "max_jobs_per_gpu", "mem_safety", "jobs")
@@ -69,9 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fairness-floor",
         type=float,
-        default=1.0,
+        default=SolverSettings().fairness_floor,
         metavar="F",
-        help="stage 2 keeps every job at F x stage 1's max-min share, in (0, 1] (1: the paper)",
+        help="stage 2 keeps every job at F x stage 1's max-min share, in (0, 1] (1: the paper;"
+        " default: the controller's, %(default)s)",
     )
 
 
