@@ -39,14 +39,16 @@ _MANAGED = (
 _OWN = "ICEFROG_SUBMIT_SCRIPT= "
 """Before the declared launcher: the launcher's SUBMIT_SCRIPT_ENV, emptied for it alone."""
 _FORWARD = (
-    "# USR1/TERM go to the launcher, which makes the trainers checkpoint and exit; a USR1\n"
-    "# before the launcher started (nothing trained since the last checkpoint) ends the job\n"
-    "# with 75 at once: requeue it.\n"
+    "# USR1/TERM go to the launcher, which makes the trainers checkpoint and exit; before\n"
+    "# the launcher started (nothing trained since the last checkpoint) a USR1 ends the job\n"
+    "# with 75 at once (requeue it), a TERM with 143 (as bash would without the trap).\n"
     "pid=\n"
     'trap \'if [ -n "$pid" ]; then kill -USR1 "$pid" 2>/dev/null || :; else '
     'echo "icefrog: asked to checkpoint before the launch: exit 75 (requeue)" >&2; '
     "exit 75; fi' USR1\n"
-    "trap 'kill -TERM \"$pid\" 2>/dev/null || :' TERM\n"
+    'trap \'if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || :; else '
+    'echo "icefrog: terminated before the launch: exit 143" >&2; '
+    "exit 143; fi' TERM\n"
 )
 _SUBSHELL = (
     "icefrog launch: write it as a command of the batch script itself, not in a pipeline, "

@@ -400,11 +400,19 @@ def test_a_checkpointed_launch_ends_the_job_with_75_at_once(tmp_path: Path, body
     assert "after the launch" not in out
 
 
-def test_a_checkpoint_signal_before_the_launch_line_ends_the_job_with_75(tmp_path: Path) -> None:
-    """The controller's USR1 comes while the body still stages its data, before its launch
-    line: the job ends with 75 at once (requeue it: nothing trained since the last
-    checkpoint) and never starts the launcher. The signal was lost, and the training ran
-    until the controller's checkpoint timeout requeued it anyway."""
+@pytest.mark.parametrize(
+    ("sig", "code", "says"),
+    [(signal.SIGUSR1, 75, "asked to checkpoint before the launch"),
+     (signal.SIGTERM, 143, "terminated before the launch")],
+)  # fmt: skip
+def test_a_signal_before_the_launch_line_ends_the_job_at_once(
+    tmp_path: Path, sig: signal.Signals, code: int, says: str
+) -> None:
+    """The controller's USR1, or Slurm's TERM (a cancel, a time limit), comes while the body
+    still stages its data, before its launch line: the job ends at once, with 75 (requeue
+    it: nothing trained since the last checkpoint) or 143, and never starts the launcher.
+    The signals were lost: after a USR1 the training ran until the controller's checkpoint
+    timeout requeued it anyway, after a TERM the launcher started only to be killed."""
     fake = tmp_path / "fake_launch.py"
     fake.write_text(FAKE_LAUNCH)
     got, staging = tmp_path / "got.txt", tmp_path / "staging"
@@ -420,11 +428,11 @@ def test_a_checkpoint_signal_before_the_launch_line_ends_the_job_with_75(tmp_pat
     while not staging.exists():
         assert time.monotonic() < deadline, "the body did not start"
         time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGUSR1)
+    os.kill(proc.pid, sig)
     _, err = proc.communicate(timeout=20)
-    assert proc.returncode == 75
+    assert proc.returncode == code
     assert not got.with_suffix(".ready").exists()  # the launcher never ran
-    assert "asked to checkpoint before the launch" in err
+    assert says in err
 
 
 def test_a_launch_that_finished_goes_on_with_the_script(tmp_path: Path) -> None:
