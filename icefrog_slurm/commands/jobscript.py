@@ -38,17 +38,24 @@ _MANAGED = (
 )
 _OWN = "ICEFROG_SUBMIT_SCRIPT= "
 """Before the declared launcher: the launcher's SUBMIT_SCRIPT_ENV, emptied for it alone."""
+
+
+def _trap(signal: str, code: int, said: str) -> str:
+    """The trap passing ``signal`` on to the launcher; before it started, the job ends at
+    once with ``code``, saying why (``said``) on stderr."""
+    return (
+        f'trap \'if [ -n "$pid" ]; then kill -{signal} "$pid" 2>/dev/null || :; else '
+        f'echo "icefrog: {said}" >&2; exit {code}; fi\' {signal}\n'
+    )
+
+
 _FORWARD = (
     "# USR1/TERM go to the launcher, which makes the trainers checkpoint and exit; before\n"
     "# the launcher started (nothing trained since the last checkpoint) a USR1 ends the job\n"
     "# with 75 at once (requeue it), a TERM with 143 (as bash would without the trap).\n"
     "pid=\n"
-    'trap \'if [ -n "$pid" ]; then kill -USR1 "$pid" 2>/dev/null || :; else '
-    'echo "icefrog: asked to checkpoint before the launch: exit 75 (requeue)" >&2; '
-    "exit 75; fi' USR1\n"
-    'trap \'if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || :; else '
-    'echo "icefrog: terminated before the launch: exit 143" >&2; '
-    "exit 143; fi' TERM\n"
+    + _trap("USR1", 75, "asked to checkpoint before the launch: exit 75 (requeue)")
+    + _trap("TERM", 143, "terminated before the launch: exit 143")
 )
 _SUBSHELL = (
     "icefrog launch: write it as a command of the batch script itself, not in a pipeline, "
