@@ -152,6 +152,51 @@ def test_a_smuggled_header_is_refused_at_resubmission(job_dir: Path, smuggled: s
         backend.cancel(job_id=jid)
 
 
+STAGING = """#!/bin/bash
+#SBATCH --time=10
+echo "staging"
+sleep 300
+echo "staged"
+icefrog launch -- train.py
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_term_while_the_script_stages_ends_the_job_before_its_launch(job_dir: Path) -> None:
+    """Slurm's TERM to the batch step and its children (a time limit, ``scancel --full``)
+    while the script still stages its data: the staging command dies, the job ends with 143
+    at once, saying why, and its launch line never runs. Before, the script went on past
+    the staging to its launch line, and the launcher started only to be killed when
+    ``KillWait`` ran out."""
+    inbox, workdir = job_dir / "inbox", job_dir / "staging"
+    inbox.mkdir(mode=0o1733)
+    (job_dir / "stage.sbatch").write_text(STAGING)
+    done = _icefrog(
+        "submit", "--gpus", "1", "--batch", "8", "--inbox", str(inbox), "--partition", "gpu",
+        "--workdir", str(workdir), "stage.sbatch", cwd=job_dir,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.split()[-1]
+    backend = SlurmCliBackend()
+    out = workdir / f"slurm-{job_id}.out"
+    try:
+        backend.release(job_id=job_id)
+        wait_for("the script to stage", lambda: out.exists() and "staging" in out.read_text(), 60)
+        subprocess.run(["scancel", "--full", "--signal=TERM", job_id], check=True, timeout=30)
+        wait_for(
+            "the job to end",
+            lambda: (s := backend.poll(job_ids=[job_id]).get(job_id)) and s.finished,
+            timeout=60,
+            every=0.5,
+        )
+        log = out.read_text()
+        assert "icefrog: terminated before the launch: exit 143" in log, log
+        assert "staged" not in log  # the script stopped where the TERM found it
+        assert _show(job_id)["ExitCode"] == "143:0"
+    finally:
+        backend.cancel(job_id=job_id)
+
+
 def _reports(inbox: Path, job_id: str, kind: str) -> list[object]:
     return [
         parse_payload(kind, parse_envelope(p.read_bytes()).payload)
