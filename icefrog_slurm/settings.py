@@ -475,12 +475,13 @@ def _value(hint: Any, data: Mapping[str, Any], f: dataclasses.Field[Any], where:
         return jsonio.get_number(data, name, where, **bounds)
     if hint is str:
         text = jsonio.get_str(data, name, where)
-        shown = jsonio.printable(text, 60)
         if not text.isprintable():  # a NUL in a path or URL fails far from here
-            raise InputError(f"{where}.{name}: must be printable text, got {shown!r}")
-        if bounds.get("absolute") and not Path(text).is_absolute():
-            raise InputError(f"{where}.{name}: must be an absolute path, got {shown!r}")
-        return text
+            fault = "must be printable text"
+        elif bounds.get("absolute") and not Path(text).is_absolute():
+            fault = "must be an absolute path"
+        else:
+            return text
+        raise InputError(f"{where}.{name}: {fault}, got {jsonio.printable(text, 60)!r}")
     raise TypeError(f"settings field {name}: unsupported type {hint!r}")  # a bug, not input
 
 

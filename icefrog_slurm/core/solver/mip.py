@@ -215,8 +215,10 @@ def solve_mip(
         picks, pairs = start or ({j.id: WAIT for j in problem.jobs}, [])
         return evaluate(problem, picks, pairs, status="feasible", solver="mip")
     picks, pairs, proven = first
-    t_star = min(j.score(picks[j.id]) for j in problem.jobs)
-    t = stage2_threshold(t_star, fairness_floor) if threshold is None else threshold
+    if threshold is None:
+        t = stage2_threshold(min(j.score(picks[j.id]) for j in problem.jobs), fairness_floor)
+    else:
+        t = threshold
     m2 = _build(problem, _allowed(problem, t), threads)
     m2.model.objective = mip.maximize(mip.xsum(m2.value.values()))
     _start(m2, picks, pairs)
