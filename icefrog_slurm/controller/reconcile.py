@@ -305,16 +305,17 @@ class Reconciler:
             elif state.state in _SETTLING:
                 raise _Waiting  # between two states: look again next pass
             elif state.holds_resources:
+                since = self._unanswered_signal(intent, state)
                 if (
                     target.gres is not None
                     and matches(state, target)
-                    and self._unanswered_signal(intent, state) is None
+                    and since is None
                     and not intent.params.get("overreach")
                 ):
                     self._released_unlogged(intent, job_id, sid)
                     return f"running as {target.gres} on {state.num_nodes} node(s)"
                 # (a signalled job is checkpointing to exit: see it through the requeue)
-                self._checkpoint_then_requeue(intent, job_id, sid, state, result)
+                self._checkpoint_then_requeue(intent, job_id, sid, since, result)
             elif not state.held and (target.gres is None or _kind_changes(state, target)):
                 # released, not started yet: it must not start now (told to wait), and
                 # Slurm cannot change a pending job's GRES kind; held, the next pass goes on
@@ -375,8 +376,11 @@ class Reconciler:
         self._do(intent, job_id, old_sid, "cancel", r, partial(self.cluster.cancel, job_id=old_sid))
 
     def _checkpoint_then_requeue(
-        self, intent: Intent, job_id: int, sid: str, state: SlurmJobState, r: ReconcileResult
+        self, intent: Intent, job_id: int, sid: str, since: float | None, r: ReconcileResult
     ) -> None:
+        """Requeue the running job held, once it has checkpointed: signal it first
+        (``since``: when it was signalled for this move, :meth:`_unanswered_signal`), then
+        wait for its checkpoint mark or ``checkpoint_timeout_s``."""
         if intent.params.get("overreach"):  # its owner took more than the plan gave
             msg = "job=%d slurm_job=%s: holds more than it was released with; requeued at once"
             log.warning(msg, job_id, sid)
@@ -387,7 +391,6 @@ class Reconciler:
             log.warning(msg, job_id, sid)
             self._do(intent, job_id, sid, "requeue_hold", r, partial(self._requeue_hold, sid))
             return
-        since = self._unanswered_signal(intent, state)
         if since is None:
             self._do(
                 intent, job_id, sid, "signal", r, lambda: self.cluster.signal_batch(job_id=sid)
