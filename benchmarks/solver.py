@@ -2,7 +2,7 @@
 
 Usage: .venv/bin/python -m benchmarks.solver [--sizes 48,240,480,960] [--rounds N] [--seeds N]
        [--mip-limit S] [--partition-gpus N] [--workers N] [--no-mip] [--shared P]
-       [--whole-max-gpus N]
+       [--whole-max-gpus N] [--fairness-floor F]
 
 Instances. Jobs are sampled (seeded) from the repository's data/pollux/traces/philly.csv like
 the paper's trace: submissions in hours 3-6 of a day, duration >= 60 s, < 1000 GPU-hours;
@@ -28,6 +28,8 @@ counts the rounds ``auto`` answered by the fast path alone (proven optimal, no C
 ``cpu`` columns are the process CPU time of the solves (median; the partitions' with
 ``--workers 1``: in this process), less noisy than wall time on a shared machine. Above
 ``--whole-max-gpus`` the whole problem is not solved (only the partitions, without a gap).
+Every solve holds stage 2 to ``--fairness-floor`` times stage 1's optimum (default: the
+controller's, ``solver.fairness_floor``; 1 is the paper's objective).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from icefrog_slurm.core.solver import (
     check_solution,
     solve,
 )
+from icefrog_slurm.settings import SolverSettings
 
 TRACE = POLLUX / "traces" / "philly.csv"
 
@@ -168,12 +171,12 @@ def run_size(
     gpus: int, load: float, args: argparse.Namespace, trace: list[tuple[float, int]]
 ) -> None:
     n_jobs = round(gpus * 120 / 48 * load)
-    fast = SolveOptions(method="auto", time_limit_s=args.mip_limit)
-    parted = replace(fast, partition_gpus=args.partition_gpus, workers=args.workers)
-    mip_parted = SolveOptions(
-        method="mip", time_limit_s=args.mip_limit, partition_gpus=48, workers=args.workers
+    fast = SolveOptions(
+        method="auto", time_limit_s=args.mip_limit, fairness_floor=args.fairness_floor
     )
-    mip_whole = SolveOptions(method="mip", time_limit_s=args.mip_limit)
+    parted = replace(fast, partition_gpus=args.partition_gpus, workers=args.workers)
+    mip_parted = replace(fast, method="mip", partition_gpus=48, workers=args.workers)
+    mip_whole = replace(fast, method="mip")
     t: dict[str, list[float]] = {k: [] for k in ("fast", "part", "mpart", "mip")}
     CPU.clear()
     proven = 0
@@ -237,8 +240,15 @@ def main() -> None:
     parser.add_argument(
         "--whole-max-gpus", type=int, default=4800, help="largest whole (unpartitioned) solve"
     )
+    parser.add_argument(
+        "--fairness-floor",
+        type=float,
+        default=SolverSettings().fairness_floor,
+        help="stage 2 keeps this fraction of stage 1's optimum (default: the controller's)",
+    )
     args = parser.parse_args()
     trace = load_trace()
+    print(f"fairness floor {args.fairness_floor:g}")
     print("times in s (median max); gap = (auto whole - other)/auto whole, min_share and")
     print("sum_share, worst over runs (negative: the other is better)")
     print(
