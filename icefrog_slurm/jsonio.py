@@ -109,6 +109,8 @@ def _check_strings(value: Any, where: str) -> None:
 def printable(text: str, limit: int = 500) -> str:
     """``text`` safe to log and to store: valid UTF-8, no control character, no NUL, no lone
     surrogate (each such character written as ``\\xNN`` / ``\\uNNNN``), cut to ``limit``."""
+    if len(text) <= limit and text.isprintable():  # (a lone surrogate is not printable)
+        return text
     return _printable(text, limit)
 
 
