@@ -40,22 +40,35 @@ _OWN = "ICEFROG_SUBMIT_SCRIPT= "
 """Before the declared launcher: the launcher's SUBMIT_SCRIPT_ENV, emptied for it alone."""
 
 
-def _trap(signal: str, code: int, said: str) -> str:
-    """The trap passing ``signal`` on to the launcher; before it started, the job ends at
-    once with ``code``, saying why (``said``) on stderr."""
+def _trap(signal: str, before: str, after: str) -> str:
+    """The trap passing ``signal`` on to the launcher while it runs; ``before`` it started
+    and ``after`` it ended, the commands run instead."""
     return (
-        f'trap \'if [ -n "$pid" ]; then kill -{signal} "$pid" 2>/dev/null || :; else '
-        f'echo "icefrog: {said}" >&2; exit {code}; fi\' {signal}\n'
+        f'trap \'if [ -n "$pid" ]; then kill -{signal} "$pid" 2>/dev/null || :; '
+        f'elif [ -n "$launched" ]; then {after}; else {before}; fi\' {signal}\n'
     )
+
+
+def _ends(said: str, code: int) -> str:
+    return f'echo "icefrog: {said}" >&2; exit {code}'
 
 
 _FORWARD = (
     "# USR1/TERM go to the launcher, which makes the trainers checkpoint and exit; before\n"
     "# the launcher started (nothing trained since the last checkpoint) a USR1 ends the job\n"
-    "# with 75 at once (requeue it), a TERM with 143 (as bash would without the trap).\n"
-    "pid=\n"
-    + _trap("USR1", 75, "asked to checkpoint before the launch: exit 75 (requeue)")
-    + _trap("TERM", 143, "terminated before the launch: exit 143")
+    "# with 75 at once (requeue it), a TERM with 143 (as bash would without the trap); after\n"
+    "# it ended (the script goes on) a USR1 has nothing to checkpoint, a TERM ends the job.\n"
+    "pid=\nlaunched=\n"
+    + _trap(
+        "USR1",
+        _ends("asked to checkpoint before the launch: exit 75 (requeue)", 75),
+        'echo "icefrog: asked to checkpoint after the launch ended: nothing to checkpoint" >&2',
+    )
+    + _trap(
+        "TERM",
+        _ends("terminated before the launch: exit 143", 143),
+        _ends("terminated after the launch: exit 143", 143),
+    )
 )
 _SUBSHELL = (
     "icefrog launch: write it as a command of the batch script itself, not in a pipeline, "
@@ -128,6 +141,7 @@ def batch_script(
         f"{indented}"
         "    local status=0\n"
         '    wait "$pid" || status=$?\n'
+        "    pid= launched=1  # its pid may be another process's from now on\n"
         "    # 75 (checkpointed, requeue me) ends the job at once, whatever the body does next\n"
         '    [ "$status" -ne 75 ] || exit 75\n'
         '    return "$status"\n'

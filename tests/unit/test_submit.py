@@ -361,7 +361,9 @@ def _body_job(
     )  # fmt: skip
     script = tmp_path / "job.sbatch"
     script.write_text(text)
-    proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 20
     while not got.with_suffix(".ready").exists():
         assert proc.poll() is None, "the job ended before the launcher started"
@@ -433,6 +435,33 @@ def test_a_signal_before_the_launch_line_ends_the_job_at_once(
     assert proc.returncode == code
     assert not got.with_suffix(".ready").exists()  # the launcher never ran
     assert says in err
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "says"),
+    [(signal.SIGUSR1, 0, "asked to checkpoint after the launch ended: nothing to checkpoint"),
+     (signal.SIGTERM, 143, "terminated after the launch: exit 143")],
+)  # fmt: skip
+def test_a_signal_after_the_launch_ended_is_not_sent_to_its_old_pid(
+    tmp_path: Path, sig: signal.Signals, code: int, says: str
+) -> None:
+    """The launcher has ended and the body goes on (its evaluation, a copy of results): a
+    TERM (a cancel, the time limit) ends the job with 143 at once, as bash would; a USR1
+    (the controller's, sent before it read the job's ``finished`` report) has nothing to
+    checkpoint, and the body goes on to its end. Both were sent to the launcher's old pid,
+    which by then may be another process of the user's, and the TERM was swallowed."""
+    post, done = tmp_path / "post", tmp_path / "done"
+    body = f'icefrog launch -- "$@"\ntouch {post}\nsleep 1\ntouch {done}\n'
+    proc, _ = _body_job(tmp_path, body, seconds=0.2)
+    deadline = time.monotonic() + 20
+    while not post.exists():
+        assert time.monotonic() < deadline, "the body did not go on after the launch"
+        time.sleep(0.02)
+    os.kill(proc.pid, sig)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == code
+    assert says in err
+    assert done.exists() == (code == 0)
 
 
 def test_a_launch_that_finished_goes_on_with_the_script(tmp_path: Path) -> None:
