@@ -36,7 +36,9 @@ importlint: $(VENV)/.installed
 
 # The Slurm version matrix: the dev cluster itself, the ClusterPort contract, the controller
 # on the real cluster (release, resize through requeue, gpu<->shard, foreign jobs, slurmctld
-# frozen, killed controllers) and the end-to-end resize, on the host's Slurm (22.05 on
+# frozen, killed controllers), icefrog submit's jobs (their sbatch options kept across
+# moves, a TERM while they stage, one trained to its target) and the end-to-end resize,
+# on the host's Slurm (22.05 on
 # Debian 12) and on 24.11 and 26.05 (each from a Debian root: slurm_conf/dev/cluster.sh
 # --slurm, built the first time, about a minute each), in one pytest session listing each
 # test once a version (test_x[host], test_x[24.11], test_x[26.05]); pytest orders them so
@@ -48,6 +50,7 @@ comma := ,
 SLURM_MATRIX := tests/integration/test_cluster.py tests/integration/test_slurm_contract.py \
 	tests/integration/controller/test_controller_slurm.py \
 	tests/integration/controller/test_slurm_outage.py tests/integration/controller/test_kill.py \
+	tests/integration/test_submit_sbatch.py tests/integration/test_submit_slurm.py \
 	tests/e2e/test_resize.py
 
 pytest: setup
