@@ -402,6 +402,14 @@ def test_a_checkpointed_launch_ends_the_job_with_75_at_once(tmp_path: Path, body
     assert "after the launch" not in out
 
 
+def _appears(path: Path, what: str) -> None:
+    """Wait until the job's body makes ``path``; fail with ``what`` after 20 s."""
+    deadline = time.monotonic() + 20
+    while not path.exists():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
 @pytest.mark.parametrize(
     ("sig", "code", "says"),
     [(signal.SIGUSR1, 75, "asked to checkpoint before the launch"),
@@ -426,10 +434,7 @@ def test_a_signal_before_the_launch_line_ends_the_job_at_once(
     script = tmp_path / "job.sbatch"
     script.write_text(text)
     proc = subprocess.Popen(["bash", str(script)], stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 20
-    while not staging.exists():
-        assert time.monotonic() < deadline, "the body did not start"
-        time.sleep(0.02)
+    _appears(staging, "the body did not start")
     os.kill(proc.pid, sig)
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == code
@@ -453,10 +458,7 @@ def test_a_signal_after_the_launch_ended_is_not_sent_to_its_old_pid(
     post, done = tmp_path / "post", tmp_path / "done"
     body = f'icefrog launch -- "$@"\ntouch {post}\nsleep 1\ntouch {done}\n'
     proc, _ = _body_job(tmp_path, body, seconds=0.2)
-    deadline = time.monotonic() + 20
-    while not post.exists():
-        assert time.monotonic() < deadline, "the body did not go on after the launch"
-        time.sleep(0.02)
+    _appears(post, "the body did not go on after the launch")
     os.kill(proc.pid, sig)
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == code
