@@ -50,6 +50,7 @@ def _trap(signal: str, before: str, after: str) -> str:
 
 
 def _ends(said: str, code: int) -> str:
+    """The commands ending the job with ``code``, saying why on stderr."""
     return f'echo "icefrog: {said}" >&2; exit {code}'
 
 
