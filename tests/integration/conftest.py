@@ -29,6 +29,9 @@ from typing import TypeVar
 
 import pytest
 
+from icefrog_slurm.domain.cluster import SlurmJobState
+from icefrog_slurm.slurm.port import ClusterPort
+
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "slurm_conf" / "dev" / "cluster.sh"
 T = TypeVar("T")
@@ -154,6 +157,18 @@ def wait_for(
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(every)
+
+
+def wait_ended(
+    backend: ClusterPort, job_id: str, timeout: float, every: float = 1.0
+) -> SlurmJobState:
+    """The Slurm job's state once Slurm says it ended; fail after ``timeout``."""
+
+    def ended() -> SlurmJobState | None:
+        state = backend.poll(job_ids=[job_id]).get(job_id)
+        return state if state is not None and state.finished else None
+
+    return wait_for(f"Slurm job {job_id} to end", ended, timeout=timeout, every=every)
 
 
 @pytest.fixture

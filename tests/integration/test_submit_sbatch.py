@@ -31,7 +31,7 @@ from icefrog_slurm.domain.cluster import Gres
 from icefrog_slurm.protocol import parse_envelope, parse_payload
 from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
 from icefrog_slurm.slurm.port import SlurmRejected
-from tests.integration.conftest import REPO, wait_for
+from tests.integration.conftest import REPO, wait_ended, wait_for
 
 pytestmark = [pytest.mark.slurm]
 
@@ -116,12 +116,7 @@ def test_sbatch_options_and_environment_survive_moves(job_dir: Path) -> None:
         assert '#SBATCH "--qos=normal"\n' in _batch_script(back)
 
         backend.release(job_id=back)
-        final = wait_for(
-            "the job to finish",
-            lambda: (s := backend.poll(job_ids=[back]).get(back)) and s.finished and s,
-            timeout=120,
-            every=1.0,
-        )
+        final = wait_ended(backend, back, timeout=120)
         out = workdir / f"slurm-{back}.out"
         log = out.read_text() if out.exists() else ""
         assert final.state == "COMPLETED", log[-3000:] or _show(back).get("Reason")
@@ -183,12 +178,7 @@ def test_a_term_while_the_script_stages_ends_the_job_before_its_launch(job_dir: 
         backend.release(job_id=job_id)
         wait_for("the script to stage", lambda: out.exists() and "staging" in out.read_text(), 60)
         subprocess.run(["scancel", "--full", "--signal=TERM", job_id], check=True, timeout=30)
-        wait_for(
-            "the job to end",
-            lambda: (s := backend.poll(job_ids=[job_id]).get(job_id)) and s.finished,
-            timeout=60,
-            every=0.5,
-        )
+        wait_ended(backend, job_id, timeout=60, every=0.5)
         log = out.read_text()
         assert "icefrog: terminated before the launch: exit 143" in log, log
         assert "staged" not in log  # the script stopped where the TERM found it
@@ -223,12 +213,7 @@ def test_the_user_guide_example_trains(job_dir: Path) -> None:
         assert _kept(job_id)["TimeLimit"] == "00:30:00"
         assert backend.job_detail(job_id=job_id).name == "digits"
         backend.release(job_id=job_id)
-        final = wait_for(
-            "the job to finish",
-            lambda: (s := backend.poll(job_ids=[job_id]).get(job_id)) and s.finished and s,
-            timeout=260,
-            every=1.0,
-        )
+        final = wait_ended(backend, job_id, timeout=260)
         out = workdir / f"slurm-{job_id}.out"
         log = out.read_text() if out.exists() else ""
         assert final.state == "COMPLETED", log[-3000:] or _show(job_id).get("Reason")

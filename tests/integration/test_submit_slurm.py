@@ -13,7 +13,7 @@ import pytest
 
 from icefrog_slurm.protocol import parse_envelope, parse_payload
 from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
-from tests.integration.conftest import REPO, wait_for
+from tests.integration.conftest import REPO, wait_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
@@ -63,12 +63,7 @@ def test_submit_held_then_train_to_target(job_dir: Path) -> None:
         assert spec.layer_flops == (1.0,)  # type: ignore[attr-defined]  # unknown until it runs
 
         backend.release(job_id=job_id)
-        final = wait_for(
-            "the job to finish",
-            lambda: (s := backend.poll(job_ids=[job_id]).get(job_id)) and s.finished and s,
-            timeout=200,
-            every=1.0,
-        )
+        final = wait_ended(backend, job_id, timeout=200)
         log = (workdir / f"slurm-{job_id}.out").read_text()
         assert final.state == "COMPLETED", log[-3000:]
         assert "finished: target_reached" in log

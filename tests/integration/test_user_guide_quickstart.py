@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from icefrog_slurm.slurm.cli_backend import SlurmCliBackend
-from tests.integration.conftest import REPO, wait_for
+from tests.integration.conftest import REPO, wait_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 
@@ -49,12 +49,7 @@ def test_the_quickstart_trains_as_the_guide_says(job_dir: Path) -> None:
     backend = SlurmCliBackend()
     try:
         backend.release(job_id=job_id)
-        final = wait_for(
-            "the quickstart job to finish",
-            lambda: (s := backend.poll(job_ids=[job_id]).get(job_id)) and s.finished and s,
-            timeout=260,
-            every=1.0,
-        )
+        final = wait_ended(backend, job_id, timeout=260)
         out = workdir / f"slurm-{job_id}.out"
         log = out.read_text() if out.exists() else ""
         assert final.state == "COMPLETED", log[-3000:]
