@@ -347,11 +347,12 @@ icefrog launch -- "$@"
 
 
 def _body_job(
-    tmp_path: Path, body: str, seconds: float = 60, shell: str = ""
+    tmp_path: Path, body: str, seconds: float = 60, shell: str = "", until: Path | None = None
 ) -> tuple[subprocess.Popen[str], Path]:
     """The script ``icefrog submit`` writes for a batch script ``body``, run by bash, whose
     ``icefrog launch -- "$@"`` starts the stand-in launcher (its arguments: where it writes
-    the signal it got, how long it runs); returned once the stand-in runs."""
+    the signal it got, how long it runs); returned once the stand-in runs, or with
+    ``until`` once the body made that file."""
     fake = tmp_path / "fake_launch.py"
     fake.write_text(FAKE_LAUNCH)
     got = tmp_path / "got.txt"
@@ -364,12 +365,21 @@ def _body_job(
     proc = subprocess.Popen(
         ["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    deadline = time.monotonic() + 20
-    while not got.with_suffix(".ready").exists():
-        assert proc.poll() is None, "the job ended before the launcher started"
-        assert time.monotonic() < deadline, "the launcher did not start"
-        time.sleep(0.05)
+    if until is None:
+        _appears(got.with_suffix(".ready"), proc, "the launcher did not start")
+    else:
+        _appears(until, proc, f"the body did not make {until.name}")
     return proc, got
+
+
+def _appears(path: Path, proc: subprocess.Popen[str], what: str) -> None:
+    """Wait until the running job makes ``path``; fail with ``what`` after 20 s or when the
+    job ended first."""
+    deadline = time.monotonic() + 20
+    while not path.exists():
+        assert proc.poll() is None, f"the job ended first: {what}"
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
 
 
 def test_a_batch_scripts_launch_line_gets_the_signal(tmp_path: Path) -> None:
@@ -402,14 +412,6 @@ def test_a_checkpointed_launch_ends_the_job_with_75_at_once(tmp_path: Path, body
     assert "after the launch" not in out
 
 
-def _appears(path: Path, what: str) -> None:
-    """Wait until the job's body makes ``path``; fail with ``what`` after 20 s."""
-    deadline = time.monotonic() + 20
-    while not path.exists():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
-
-
 @pytest.mark.parametrize(
     ("sig", "code", "says"),
     [(signal.SIGUSR1, 75, "asked to checkpoint before the launch"),
@@ -423,18 +425,9 @@ def test_a_signal_before_the_launch_line_ends_the_job_at_once(
     it: nothing trained since the last checkpoint) or 143, and never starts the launcher.
     The signals were lost: after a USR1 the training ran until the controller's checkpoint
     timeout requeued it anyway, after a TERM the launcher started only to be killed."""
-    fake = tmp_path / "fake_launch.py"
-    fake.write_text(FAKE_LAUNCH)
-    got, staging = tmp_path / "got.txt", tmp_path / "staging"
+    staging = tmp_path / "staging"
     body = f'touch {staging}\nsleep 1\nicefrog launch -- "$@"\n'
-    text = batch_script(
-        launch=[sys.executable, str(fake)], env={}, body=body, rundir=str(tmp_path),
-        args=[str(got), "3"],
-    )  # fmt: skip
-    script = tmp_path / "job.sbatch"
-    script.write_text(text)
-    proc = subprocess.Popen(["bash", str(script)], stderr=subprocess.PIPE, text=True)
-    _appears(staging, "the body did not start")
+    proc, got = _body_job(tmp_path, body, seconds=3, until=staging)
     os.kill(proc.pid, sig)
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == code
@@ -457,8 +450,7 @@ def test_a_signal_after_the_launch_ended_is_not_sent_to_its_old_pid(
     which by then may be another process of the user's, and the TERM was swallowed."""
     post, done = tmp_path / "post", tmp_path / "done"
     body = f'icefrog launch -- "$@"\ntouch {post}\nsleep 1\ntouch {done}\n'
-    proc, _ = _body_job(tmp_path, body, seconds=0.2)
-    _appears(post, "the body did not go on after the launch")
+    proc, _ = _body_job(tmp_path, body, seconds=0.2, until=post)
     os.kill(proc.pid, sig)
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == code
