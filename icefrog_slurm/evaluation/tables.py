@@ -118,39 +118,72 @@ def table_main(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
 
 
 def table_size(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
+    """Per load and policy: each size class's JCT, and what makes it (the class's wait
+    before its first start, its hours from first start to finish and its GPUs there, the
+    seed means of :func:`_job_means`), and the GPU-hours and span of the whole run."""
     sizes = sorted(
         {k for d in res.values() if d for k in d["totals"]["jct_by_size_s"]},
         key=lambda k: SIZES.index(k) if k in SIZES else len(SIZES),
     )  # fmt: skip
-    header = ["load", "policy", *[f"{k} JCT h (jobs)" for k in sizes]]
+    header = ["load", "policy", *[f"{k} JCT h (jobs)" for k in sizes],
+              *[f"{k} wait / run h, GPUs" for k in sizes], "GPU-hours, span h"]  # fmt: skip
     rows, raw = [], {}
     for w in g.loads:
         for p in g.policies:
-            ts = [_totals(res[main_key(g, w, s, p)]) for s in g.seeds]
-            cells = []
+            docs = [res[main_key(g, w, s, p)] for s in g.seeds]
+            ts = [_totals(d) for d in docs]
+            means = [_job_means(d, "size", reached=False) for d in docs if d]
+            cells, parts = [], []
             for k in sizes:
                 vals = [_h(t["jct_by_size_s"].get(k)) for t in ts if t]
                 jobs = [t["jobs_by_size"].get(k, 0) for t in ts if t]
-                raw[f"load{w:g}/{p}/{k}"] = {"jct_h": vals, "jobs": jobs}
+                _, gpus, wait, run = ([m[k][i] for m in means if k in m] for i in range(4))
+                raw[f"load{w:g}/{p}/{k}"] = {"jct_h": vals, "jobs": jobs, "wait_h": wait,
+                                             "run_h": run, "gpus": gpus}  # fmt: skip
                 n = f" ({statistics.fmean(jobs):.0f})" if jobs else ""
                 cells.append(_spread(vals) + n)
-            rows.append([f"{w:g}x", p, *cells])
+                parts.append(f"{_mean(wait)} / {_mean(run)}, {_mean(gpus)}")
+            spans = [_span(d) for d in docs if d]
+            gpu_h, span_h = [x[0] for x in spans], [x[1] for x in spans]
+            raw[f"load{w:g}/{p}"] = {"gpu_hours": gpu_h, "span_h": span_h}
+            whole = f"{_spread(gpu_h, '{:.0f}')}, {_spread(span_h, '{:.1f}')}"
+            rows.append([f"{w:g}x", p, *cells, *parts, whole])
     return header, rows, raw
 
 
-def _task_stats(doc: dict[str, Any] | None) -> dict[str, tuple[float, float, float]]:
-    """Per task, means over the jobs that reached the target: submit-to-target time (s),
-    GPUs from first start to finish (GPU-hours / those hours: a paused job counts 0 while
-    paused) and wait before the first start (h)."""
-    by: dict[str, list[tuple[float, float, float]]] = {}
+def _mean(values: Sequence[float]) -> str:
+    return f"{statistics.fmean(values):.2f}" if values else "-"
+
+
+def _span(doc: dict[str, Any]) -> tuple[float, float]:
+    """The run's GPU-hours over all its jobs, and its span (h): its first submission to its
+    last finish."""
+    ended = [j["finish"] for j in doc["jobs"] if j["finish"] is not None]
+    first = min((j["submit"] for j in doc["jobs"]), default=0.0)
+    return sum(j["gpu_hours"] for j in doc["jobs"]), (max(ended, default=first) - first) / 3600
+
+
+def _job_means(
+    doc: dict[str, Any] | None, by: str, *, reached: bool
+) -> dict[str, tuple[float, float, float, float]]:
+    """Per value of the jobs' field ``by``, means over its jobs that ran to their end (with
+    ``reached``, those that reached the target only): JCT, submit to end (s); GPUs from
+    first start to the end (GPU-hours / those hours: a paused job counts 0 while paused);
+    wait before the first start (h); hours from the first start to the end."""
+    by_value: dict[str, list[tuple[float, float, float, float]]] = {}
     for j in [] if doc is None else doc["jobs"]:
-        if not j["reached_target"] or j["jct_s"] is None:
+        if j["jct_s"] is None or j["start"] is None or (reached and not j["reached_target"]):
             continue
         span_h = (j["finish"] - j["start"]) / 3600
         gpus = j["gpu_hours"] / span_h if span_h > 0 else 0.0
-        by.setdefault(j["task"], []).append((j["jct_s"], gpus, (j["start"] - j["submit"]) / 3600))
-    return {t: (statistics.fmean(v[0] for v in vs), statistics.fmean(v[1] for v in vs),
-                statistics.fmean(v[2] for v in vs)) for t, vs in by.items()}  # fmt: skip
+        by_value.setdefault(j[by], []).append(
+            (j["jct_s"], gpus, (j["start"] - j["submit"]) / 3600, span_h)
+        )
+    out = {}
+    for v, xs in by_value.items():
+        jct, gpus, wait, run = (statistics.fmean(column) for column in zip(*xs, strict=True))
+        out[v] = (jct, gpus, wait, run)
+    return out
 
 
 def _pair(a: Iterable[float | None], b: Iterable[float | None], fmt: str) -> str:
@@ -171,8 +204,10 @@ def table_tta(g: Grid, res: dict[str, dict[str, Any] | None]) -> Table:
               "paper"]  # fmt: skip
     rows, raw = [], {}
     for w in g.loads:
-        ice = {s: _task_stats(res[main_key(g, w, s, "icefrog")]) for s in g.seeds}
-        pol = {s: _task_stats(res[main_key(g, w, s, "pollux+")]) for s in g.seeds}
+        ice = {s: _job_means(res[main_key(g, w, s, "icefrog")], "task", reached=True)
+               for s in g.seeds}  # fmt: skip
+        pol = {s: _job_means(res[main_key(g, w, s, "pollux+")], "task", reached=True)
+               for s in g.seeds}  # fmt: skip
         tasks = sorted({t for s in g.seeds for t in ice[s]} | {t for s in g.seeds for t in pol[s]})
         for t in tasks:
             # per seed, for ICEFROG and for Pollux+: TTA (s), GPUs, wait (h)

@@ -26,6 +26,7 @@ ev = SimpleNamespace(
     main_runs=grid.main_runs, faithful_runs=grid.faithful_runs, _key=tables.main_key,
     FREEZEOUT_SET=grid.FREEZEOUT_SET, BATCH_SCALING_SET=grid.BATCH_SCALING_SET,
     PAPER_SET=grid.PAPER_SET, table_main=tables.table_main, table_tta=tables.table_tta,
+    table_size=tables.table_size,
     table_ablation=tables.table_ablation, table_batch=tables.table_batch,
     table_sharing=tables.table_sharing, table_scale=tables.table_scale,
     scale_run=grid.scale_run,
@@ -100,6 +101,33 @@ def test_both_icefrog_rows_run_icefrog_and_name_the_batch_setting() -> None:
     assert raw["load1/lucid+"]["paper_protocol_speedup"] == [2.0]
     assert raw["load1/icefrog-paper"]["speedup"] == [1.5]
     assert raw["load1/icefrog-paper"]["paper_protocol_speedup"] is None
+
+
+def test_size_table_says_what_makes_each_class_jct() -> None:
+    """Per size class the seed means of its jobs' wait, run hours and GPUs (every job that
+    ended, its target reached or not), and per row the runs' GPU-hours and spans."""
+
+    def job(size: str, submit_h: float, wait_h: float, run_h: float, gpus: float,
+            reached: bool = True) -> dict[str, Any]:  # fmt: skip
+        start, finish = (submit_h + wait_h) * 3600, (submit_h + wait_h + run_h) * 3600
+        return {"size": size, "task": "t", "submit": submit_h * 3600, "start": start,
+                "finish": finish, "jct_s": finish - submit_h * 3600, "reached_target": reached,
+                "gpu_hours": gpus * run_h}  # fmt: skip
+
+    g = ev.Grid(loads=(1.0,), seeds=(1, 2), policies=("icefrog",))
+    res = {
+        ev._key(g, 1.0, 1, "icefrog"): _doc(1, [job("small", 0, 1, 2, 2), job("small", 1, 0, 4, 1,
+                                                                               reached=False)]),
+        ev._key(g, 1.0, 2, "icefrog"): _doc(1, [job("small", 2, 0.5, 1, 4)]),
+    }  # fmt: skip
+    header, rows, raw = ev.table_size(g, res)
+    cell = raw["load1/icefrog/small"]
+    assert (cell["wait_h"], cell["run_h"], cell["gpus"]) == ([0.5, 0.5], [3.0, 1.0], [1.5, 4.0])
+    assert raw["load1/icefrog"] == {"gpu_hours": [8.0, 4.0], "span_h": [5.0, 1.5]}
+    row = dict(zip(header, rows[0], strict=True))
+    assert row["small wait / run h, GPUs"] == "0.50 / 2.00, 2.75"
+    assert row["GPU-hours, span h"] == "6 (4-8), 3.2 (1.5-5.0)"
+    _parse(ev.markdown(header, rows))
 
 
 def test_tta_counts_only_jobs_that_reached_the_target() -> None:
